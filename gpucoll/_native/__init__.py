@@ -1,0 +1,1 @@
+"""Compiled transports (built from cython_src/)."""

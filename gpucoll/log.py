@@ -1,0 +1,95 @@
+"""Debug logs shaped `host:pid:rank gpucoll LEVEL [SUBSYS] message`.
+
+GPUCOLL_DEBUG sets the level (NONE, WARN, INFO, TRACE), GPUCOLL_DEBUG_SUBSYS the
+subsystems shown at INFO and TRACE (warnings always show), GPUCOLL_DEBUG_FILE the file::
+
+    from gpucoll import log
+    log.info("COLL", "allreduce %d B %s via %s", nbytes, algo, transport)
+"""
+import os
+import socket
+import sys
+import threading
+
+from . import config
+
+_LEVELS = {"none": 0, "warn": 1, "info": 2, "trace": 3}
+_state = threading.local()
+_lock = threading.Lock()
+
+
+class _Settings:
+    def __init__(self):
+        self.reload()
+
+    def reload(self):
+        self.level = _LEVELS[config.DEBUG.get()]
+        subsys = config.DEBUG_SUBSYS.get()
+        self.subsys = None if "ALL" in subsys else frozenset(subsys)
+        self.file_pattern = config.DEBUG_FILE.get()
+        self.stream = None
+        self.rank = os.environ.get("GPUCOLL_RANK") or os.environ.get("RANK") or "?"
+        self.host = socket.gethostname()
+
+
+_settings = None
+
+
+def settings():
+    global _settings
+    if _settings is None:
+        _settings = _Settings()
+    return _settings
+
+
+def reload():
+    """Re-read GPUCOLL_DEBUG* (after the environment changed)."""
+    global _settings
+    _settings = None
+
+
+def set_rank(rank):
+    settings().rank = str(rank)
+
+
+def enabled(level, subsys):
+    s = settings()
+    want = _LEVELS[level]
+    if s.level < want:
+        return False
+    return want <= 1 or s.subsys is None or subsys in s.subsys
+
+
+def _stream(s):
+    if s.stream is None:
+        if s.file_pattern:
+            path = (s.file_pattern.replace("%h", s.host).replace("%p", str(os.getpid()))
+                    .replace("%r", s.rank))
+            s.stream = open(path, "a", buffering=1)
+        else:
+            s.stream = sys.stderr
+    return s.stream
+
+
+def _emit(level, subsys, msg, args):
+    if not enabled(level, subsys):
+        return
+    s = settings()
+    text = msg % args if args else msg
+    line = f"{s.host}:{os.getpid()}:{s.rank} gpucoll {level.upper()} [{subsys}] {text}\n"
+    with _lock:
+        stream = _stream(s)
+        stream.write(line)
+        stream.flush()
+
+
+def warn(subsys, msg, *args):
+    _emit("warn", subsys, msg, args)
+
+
+def info(subsys, msg, *args):
+    _emit("info", subsys, msg, args)
+
+
+def trace(subsys, msg, *args):
+    _emit("trace", subsys, msg, args)
