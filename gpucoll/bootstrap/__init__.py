@@ -1,0 +1,11 @@
+"""How the ranks of a job find each other.
+
+`detect()` reads the launch environment (gpurun, an MPI launcher, Slurm srun,
+torchrun-style variables, or nothing: a singleton) and `connect()` returns a
+`Bootstrap` that knows rank, size, local rank and host, and offers a small
+allgather and barrier used to set up communicators.
+"""
+from .environment import LaunchInfo, detect
+from .connect import Bootstrap, connect
+
+__all__ = ["LaunchInfo", "detect", "Bootstrap", "connect"]
