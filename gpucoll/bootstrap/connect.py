@@ -1,0 +1,210 @@
+"""The bootstrap: rank, size, local rank and host, plus a small allgather and barrier.
+
+Three exchanges behind one interface: the TCP store (gpurun, Slurm, torchrun-style),
+mpi4py (MPI launchers), and the trivial one of a singleton. They only carry start-up
+traffic (host names, addresses); collectives run over the transports.
+"""
+import os
+import socket
+import struct
+import time
+
+from .. import config, log
+from ..errors import BootstrapError, StoreError
+from ..errors import TimeoutError as GpucollTimeout
+from .environment import LaunchInfo, detect
+
+
+class Bootstrap:
+    """Base: identity of this rank and the exchange primitives.
+
+    After `connect()`, `rank`, `size`, `local_rank`, `local_size`, `host` and `hosts`
+    (the host name of every rank) are known."""
+
+    method = "none"
+
+    def __init__(self, info: LaunchInfo):
+        self.info = info
+        self.rank = info.rank
+        self.size = info.size
+        self.job_id = info.job_id
+        self.host = socket.gethostname()
+        self.hosts = None
+        self.local_rank = info.local_rank
+        self.local_size = info.local_size
+        self.store = None
+
+    def allgather(self, data: bytes):
+        """Every rank's bytes, in rank order."""
+        raise NotImplementedError
+
+    def barrier(self):
+        self.allgather(b"")
+
+    def close(self):
+        pass
+
+    def _learn_hosts(self):
+        """One exchange of host names; local rank/size follow unless the launcher said."""
+        self.hosts = [h.decode() for h in self.allgather(self.host.encode())]
+        same = [r for r, h in enumerate(self.hosts) if h == self.host]
+        local_rank, local_size = same.index(self.rank), len(same)
+        if self.local_rank is None:
+            self.local_rank = local_rank
+        if self.local_size is None:
+            self.local_size = local_size
+        if (self.local_rank, self.local_size) != (local_rank, local_size):
+            log.warn("BOOTSTRAP", "launcher says local rank %s of %s, host names say %d of %d; using %d of %d",
+                     self.local_rank, self.local_size, local_rank, local_size, local_rank, local_size)
+            self.local_rank, self.local_size = local_rank, local_size
+
+
+class SingletonBootstrap(Bootstrap):
+    method = "singleton"
+
+    def allgather(self, data):
+        return [bytes(data)]
+
+
+class MpiBootstrap(Bootstrap):
+    """Exchange through mpi4py's COMM_WORLD; used only at start-up."""
+
+    method = "mpi"
+
+    def __init__(self, info):
+        from mpi4py import MPI
+
+        self._comm = MPI.COMM_WORLD
+        info.rank, info.size = self._comm.Get_rank(), self._comm.Get_size()
+        super().__init__(info)
+
+    def allgather(self, data):
+        return [bytes(d) for d in self._comm.allgather(bytes(data))]
+
+    def barrier(self):
+        self._comm.Barrier()
+
+
+def _pack(parts):
+    return b"".join(struct.pack("!I", len(p)) + p for p in parts)
+
+
+def _unpack(blob, count):
+    parts, pos = [], 0
+    for _ in range(count):
+        (n,) = struct.unpack_from("!I", blob, pos)
+        parts.append(blob[pos + 4:pos + 4 + n])
+        pos += 4 + n
+    return parts
+
+
+class StoreBootstrap(Bootstrap):
+    """Exchange through the TCP rendezvous store.
+
+    allgather: every rank sets `ag/<seq>/<rank>`; rank 0 waits for all of them and
+    publishes the concatenation as `ag/<seq>/all`, which the others read: two round
+    trips per rank, whatever the size."""
+
+    def __init__(self, info):
+        super().__init__(info)
+        self.method = info.method
+        self._timeout = config.INIT_TIMEOUT.get()
+        self._seq = 0
+        self._server = None
+        from .store import StoreClient, StoreServer
+
+        if info.host_store and info.rank == 0:
+            self._server = self._serve(StoreServer, info)
+        self.address = f"{info.store_host}:{info.store_port}"
+        try:
+            self.store = StoreClient(info.store_host, info.store_port, info.secret,
+                                     timeout=self._timeout, connect_timeout=self._timeout)
+        except GpucollTimeout as exc:
+            raise BootstrapError(
+                f"rank {info.rank} could not reach the rendezvous store at {self.address} within "
+                f"{self._timeout:g} s (GPUCOLL_INIT_TIMEOUT): {exc}") from None
+        self._check_size()
+
+    @staticmethod
+    def _serve(StoreServer, info):
+        try:
+            return StoreServer("0.0.0.0", info.store_port, info.secret).start()
+        except StoreError as exc:
+            raise BootstrapError(
+                f"rank 0 could not serve the rendezvous store on port {info.store_port}: {exc}. "
+                "Another job may hold the port: set MASTER_PORT or GPUCOLL_STORE to a free one.") from None
+
+    def _check_size(self):
+        """All ranks must agree on the size; the first to register fixes it."""
+        mine = str(self.size).encode()
+        stored = self.store.compare_set("gpucoll/size", None, mine)
+        if stored != mine:
+            raise BootstrapError(
+                f"rank {self.rank} was started with a world size of {self.size}, but other ranks of this "
+                f"job registered {stored.decode()} at the store {self.address}. Every rank must see the same "
+                "size (WORLD_SIZE / SLURM_NTASKS / -np).")
+
+    def _missing(self, keys):
+        missing = []
+        for rank, key in keys:
+            try:
+                self.store.get(key, timeout=0.001)
+            except GpucollTimeout:
+                missing.append(rank)
+        return missing
+
+    def allgather(self, data):
+        seq = self._seq
+        self._seq += 1
+        prefix = f"ag/{seq}/"
+        self.store.set(prefix + str(self.rank), bytes(data))
+        deadline = time.monotonic() + self._timeout
+        try:
+            if self.rank == 0:
+                keys = [prefix + str(r) for r in range(self.size)]
+                self.store.wait(keys, timeout=self._timeout)
+                parts = [self.store.get(k) for k in keys]
+                self.store.set(prefix + "all", _pack(parts))
+                return parts
+            return _unpack(self.store.get(prefix + "all", timeout=self._timeout), self.size)
+        except GpucollTimeout:
+            waited = max(0.0, self._timeout - (deadline - time.monotonic()))
+            missing = self._missing([(r, prefix + str(r)) for r in range(self.size)])
+            who = f"rank(s) {_ranges(missing)} never joined" if missing else "rank 0 did not publish the result"
+            raise BootstrapError(
+                f"bootstrap exchange #{seq} timed out after {waited:.0f} s: {who} "
+                f"(store {self.address}, size {self.size}). Check that every rank was started and "
+                "can reach the store; GPUCOLL_INIT_TIMEOUT sets the wait.") from None
+
+    def close(self):
+        if self.store is not None:
+            self.store.close()
+        # The store lives as long as rank 0's process: others may still be reading it.
+
+
+def _ranges(ranks):
+    """[0,1,2,5] -> '0-2,5'"""
+    out, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            out.append(str(start) if start == r else f"{start}-{r}")
+            start = None
+    return ",".join(out)
+
+
+_KINDS = {"singleton": SingletonBootstrap, "mpi": MpiBootstrap}
+
+
+def connect(info=None):
+    """Detect the launch environment and join the other ranks."""
+    info = info or detect()
+    kind = _KINDS.get(info.method, StoreBootstrap)
+    t0 = time.monotonic()
+    boot = kind(info)
+    boot._learn_hosts()
+    log.set_rank(boot.rank)
+    log.info("BOOTSTRAP", "rank %d of %d (local %d of %d) on %s via %s in %.1f ms, pid %d", boot.rank, boot.size,
+             boot.local_rank, boot.local_size, boot.host, boot.method, (time.monotonic() - t0) * 1e3, os.getpid())
+    return boot
