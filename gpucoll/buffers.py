@@ -1,0 +1,124 @@
+"""Turn what the caller passed into (address, element count, dtype code).
+
+Accepted: NumPy arrays, anything with the Python buffer protocol (bytearray, mmap,
+array.array, memoryview), and mpi4py's buffer specifications `[buf, MPI.DOUBLE]`,
+`[buf, count, MPI.BYTE]`. Arrays on a GPU (`__cuda_array_interface__`, `__dlpack__`)
+are recognised and routed to the GPU path.
+"""
+import numpy as np
+
+from . import dtypes
+from .errors import InvalidUsageError
+
+
+class Datatype:
+    """An element type named in a buffer specification (mpi4py's MPI.DOUBLE and friends)."""
+
+    __slots__ = ("name", "code", "np")
+
+    def __init__(self, name):
+        self.name = name
+        self.code = dtypes.code_of(name) if name != "bfloat16" else dtypes.BFLOAT16
+        self.np = dtypes.numpy_dtype(self.code)
+
+    def Get_size(self):
+        return self.np.itemsize
+
+    size = property(Get_size)
+
+    def __repr__(self):
+        return f"Datatype({self.name})"
+
+
+class HostBuffer:
+    """A contiguous host buffer: `array` is a 1-D NumPy view of the elements."""
+
+    __slots__ = ("array", "addr", "count", "code", "itemsize")
+    is_gpu = False
+
+    def __init__(self, array, code):
+        self.array = array
+        self.addr = array.__array_interface__["data"][0] if array.size else 0
+        self.count = array.size
+        self.code = code
+        self.itemsize = array.itemsize
+
+    @property
+    def nbytes(self):
+        return self.count * self.itemsize
+
+
+def _is_gpu_object(obj):
+    if hasattr(obj, "__cuda_array_interface__"):
+        return True
+    dl = getattr(obj, "__dlpack_device__", None)
+    if dl is not None and not isinstance(obj, np.ndarray):
+        try:
+            return dl()[0] in (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+        except Exception:
+            return False
+    return False
+
+
+def _as_array(obj, what):
+    if isinstance(obj, np.ndarray):
+        return obj
+    try:
+        return np.asarray(memoryview(obj))
+    except TypeError:
+        pass
+    if _is_gpu_object(obj):
+        raise NotImplementedError(
+            f"{what} is a GPU array; GPU buffers need the CUDA path (install gpucoll[cuda12] or "
+            "[cuda13] on a machine with a GPU)")
+    raise InvalidUsageError(
+        f"{what} of type {type(obj).__name__} is not a buffer: pass a NumPy array, a bytearray or "
+        "any object with the buffer protocol (or a CuPy/torch GPU array)")
+
+
+def _from_spec(spec, what):
+    """mpi4py's [buf, datatype] / [buf, count, datatype] forms."""
+    if len(spec) == 2:
+        obj, datatype = spec
+        count = None
+    elif len(spec) == 3:
+        obj, count, datatype = spec
+        if isinstance(count, (tuple, list)):
+            raise NotImplementedError(f"{what}: (count, displacement) buffer specifications are not supported")
+    else:
+        raise InvalidUsageError(f"{what}: a buffer specification is [buf, datatype] or [buf, count, datatype]")
+    if not isinstance(datatype, Datatype):
+        raise InvalidUsageError(f"{what}: {datatype!r} is not a datatype such as MPI.DOUBLE")
+    arr = _as_array(obj, what)
+    raw = _contiguous(arr, what).reshape(-1).view(np.uint8)
+    if raw.size % datatype.np.itemsize:
+        raise InvalidUsageError(f"{what}: {raw.size} bytes is not a whole number of {datatype.name} elements")
+    view = raw.view(datatype.np)
+    if count is not None:
+        if count > view.size:
+            raise InvalidUsageError(f"{what}: count {count} exceeds the buffer's {view.size} {datatype.name} elements")
+        view = view[:count]
+    return HostBuffer(view, datatype.code)
+
+
+def _contiguous(arr, what):
+    if not arr.flags.c_contiguous:
+        raise InvalidUsageError(
+            f"{what} is not contiguous (shape {arr.shape}, strides {arr.strides}); "
+            "pass np.ascontiguousarray(x) or a contiguous slice")
+    return arr
+
+
+def host_buffer(obj, what="buffer", writable=False):
+    """HostBuffer for obj; raises InvalidUsageError with the reason when it cannot be used."""
+    if isinstance(obj, (list, tuple)):
+        buf = _from_spec(obj, what)
+    else:
+        arr = _contiguous(_as_array(obj, what), what)
+        if arr.dtype.kind == "V" or arr.dtype.name not in dtypes.NAMES:
+            raise InvalidUsageError(f"{what} has dtype {arr.dtype}, which gpucoll does not reduce or move; "
+                                    f"use one of: {', '.join(dtypes.NAMES)}")
+        buf = HostBuffer(arr.reshape(-1), dtypes.code_of(arr.dtype))
+    if writable and not buf.array.flags.writeable:
+        raise InvalidUsageError(f"{what} is read-only; the result needs a writable buffer")
+    return buf

@@ -1,0 +1,82 @@
+"""Ordered execution of one communicator's collectives.
+
+Collectives must run in the order the caller issued them (every rank issues them in
+the same order). Blocking calls run inline in the caller's thread when nothing is
+queued, for the lowest latency; nonblocking calls, and blocking calls issued while
+nonblocking ones are pending, go to one worker thread that runs them in order. The
+native loops release the GIL, so queued operations overlap with the caller's work.
+"""
+import collections
+import threading
+
+from .request import Request
+
+
+class OrderedEngine:
+    def __init__(self, name):
+        self._name = name
+        self._cv = threading.Condition()
+        self._queue = collections.deque()
+        self._busy = False  # an operation is running (inline or on the worker)
+        self._worker = None
+        self._closed = False
+
+    def run(self, task):
+        """Run task() now, in order after anything pending; return its result."""
+        with self._cv:
+            inline = not self._queue and not self._busy
+            if inline:
+                self._busy = True
+        if not inline:
+            return self.submit(task, "blocking").wait()
+        try:
+            return task()
+        finally:
+            with self._cv:
+                self._busy = False
+                if self._queue:
+                    self._cv.notify_all()
+
+    def submit(self, task, name="request"):
+        """Queue task(); the Request completes with its result or error."""
+        req = Request(name)
+        with self._cv:
+            if self._closed:
+                raise RuntimeError(f"communicator {self._name} is freed")
+            self._queue.append((task, req))
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._loop, name=f"gpucoll-{self._name}", daemon=True)
+                self._worker.start()
+            self._cv.notify_all()
+        return req
+
+    def _loop(self):
+        while True:
+            with self._cv:
+                while not self._closed and (not self._queue or self._busy):
+                    self._cv.wait()
+                if self._closed and not self._queue:
+                    return
+                task, req = self._queue.popleft()
+                self._busy = True
+            try:
+                req._finish(task())
+            except BaseException as exc:  # delivered to whoever waits on the request
+                req._finish(error=exc)
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
+
+    def idle(self):
+        with self._cv:
+            return not self._queue and not self._busy
+
+    def close(self):
+        """Finish what is queued, then stop the worker."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+            worker = self._worker
+        if worker is not None and worker is not threading.current_thread():
+            worker.join()

@@ -1,0 +1,89 @@
+"""Requests: handles of nonblocking operations (mpi4py's Request shape)."""
+import threading
+
+
+class Request:
+    """Completion handle of a nonblocking operation.
+
+    `Wait()` blocks until it is done and re-raises its error; `Test()` says whether it is
+    done without blocking. `wait()`/`test()` (lowercase) also return the received object
+    of object methods such as `irecv`."""
+
+    __slots__ = ("_done", "_error", "_value", "name")
+
+    def __init__(self, name="request"):
+        self._done = threading.Event()
+        self._error = None
+        self._value = None
+        self.name = name
+
+    # --- completion, called by the engine -------------------------------------
+    def _finish(self, value=None, error=None):
+        self._value, self._error = value, error
+        self._done.set()
+
+    # --- mpi4py API --------------------------------------------------------------
+    def Wait(self, status=None):
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def Test(self, status=None):
+        if not self._done.is_set():
+            return False
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def wait(self, status=None):
+        self.Wait()
+        return self._value
+
+    def test(self, status=None):
+        return (True, self._value) if self.Test() else (False, None)
+
+    def Get_status(self):
+        return self._done.is_set()
+
+    def Cancel(self):
+        raise NotImplementedError("cancelling a started gpucoll operation is not supported")
+
+    def Free(self):
+        pass
+
+    @staticmethod
+    def Waitall(requests, statuses=None):
+        for req in requests:
+            req.Wait()
+        return True
+
+    @staticmethod
+    def Testall(requests, statuses=None):
+        return all([req.Test() for req in requests])
+
+    @staticmethod
+    def Waitany(requests, status=None):
+        """Index of a completed request (blocks until one is done)."""
+        while True:
+            for i, req in enumerate(requests):
+                if req._done.wait(0 if i else 0.0005):
+                    req.Wait()
+                    return i
+
+    @staticmethod
+    def waitall(requests, statuses=None):
+        return [req.wait() for req in requests]
+
+    def __repr__(self):
+        return f"<Request {self.name} {'done' if self._done.is_set() else 'pending'}>"
+
+
+class CompletedRequest(Request):
+    """A request that finished at creation (e.g. an operation on zero bytes)."""
+
+    __slots__ = ()
+
+    def __init__(self, name="request", value=None):
+        super().__init__(name)
+        self._finish(value)
