@@ -1,0 +1,137 @@
+"""Start-to-exit time of a hello + barrier job: gpurun beside torchrun and mpiexec.
+
+    python benchmarks/bench_launch.py                 # -np 4 and 32, 5 runs each
+    python benchmarks/bench_launch.py --np 4 --reps 9
+
+Each launcher runs N ranks of the same tiny program in its own library (import, join the
+job, print the rank, barrier, exit): gpucoll under `gpurun -np N`, torch.distributed (gloo)
+under `torchrun --standalone --nproc-per-node N`, mpi4py under `mpiexec -n N` (Open MPI).
+The table gives the median and the fastest of the timed runs (after one untimed warm-up),
+and how many times longer than gpurun each peer took. A peer that is not installed, or
+whose run fails, is skipped with the reason.
+"""
+import argparse
+import importlib.util
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PROGRAMS = {
+    "gpurun": "import gpucoll\nc = gpucoll.COMM_WORLD\nprint(c.rank)\nc.Barrier()\n",
+    # One write per line: torchrun and mpiexec hand all ranks one shared stdout pipe.
+    "torchrun": ("import sys\nimport torch.distributed as dist\n"
+                 "dist.init_process_group('gloo')\n"
+                 "sys.stdout.write(f'{dist.get_rank()}\\n')\n"
+                 "dist.barrier()\n"
+                 "dist.destroy_process_group()\n"),
+    "mpiexec": ("import sys\nfrom mpi4py import MPI\nc = MPI.COMM_WORLD\n"
+                "sys.stdout.write(f'{c.Get_rank()}\\n')\nc.Barrier()\n"),
+}
+
+
+def beside_python(name):
+    """The console script `name` installed with this interpreter, else one on PATH."""
+    path = os.path.join(os.path.dirname(sys.executable), name)
+    return path if os.access(path, os.X_OK) else shutil.which(name)
+
+
+def launchers(script_dir):
+    """{name: (argv builder, extra env) or the reason it is skipped}."""
+    out = {}
+    script = {name: os.path.join(script_dir, f"hello_{name}.py") for name in PROGRAMS}
+    for name, text in PROGRAMS.items():
+        with open(script[name], "w") as f:
+            f.write(text)
+
+    gpurun = beside_python("gpurun")
+    gpurun = [gpurun] if gpurun else [sys.executable, "-m", "gpucoll.launcher"]
+    out["gpurun"] = (lambda n: [*gpurun, "-np", str(n), script["gpurun"]], {})
+
+    if importlib.util.find_spec("torch") is None:
+        out["torchrun"] = "torch is not installed (pip install torch==2.13.0)"
+    else:
+        torchrun = beside_python("torchrun")
+        torchrun = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
+        out["torchrun"] = (lambda n: [*torchrun, "--standalone", f"--nproc-per-node={n}",
+                                      script["torchrun"]], {})
+
+    mpiexec = beside_python("mpiexec")
+    if mpiexec is None:
+        out["mpiexec"] = "mpiexec is not installed"
+    elif importlib.util.find_spec("mpi4py") is None:
+        out["mpiexec"] = "mpi4py is not installed"
+    else:
+        env = {}
+        if os.geteuid() == 0:
+            env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+        out["mpiexec"] = (lambda n: [mpiexec, "-n", str(n), "--oversubscribe", sys.executable,
+                                     script["mpiexec"]], env)
+    return out
+
+
+def run_once(argv, env, nprocs, timeout):
+    """Seconds from start to exit; raises RuntimeError when the job did not do its work."""
+    start = time.perf_counter()
+    proc = subprocess.run(argv, env=dict(os.environ, **env), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout)
+    took = time.perf_counter() - start
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-6:] or ["(no output)"]
+        raise RuntimeError(f"exit code {proc.returncode}:\n    " + "\n    ".join(t[:200] for t in tail))
+    ranks = [line.rsplit(" ", 1)[-1] for line in proc.stdout.splitlines() if line.strip()]
+    if sorted(ranks, key=lambda r: int(r) if r.isdigit() else -1) != [str(r) for r in range(nprocs)]:
+        raise RuntimeError(f"expected ranks 0..{nprocs - 1} to print, got {len(ranks)} lines")
+    return took
+
+
+def measure(argv, env, nprocs, reps, timeout):
+    run_once(argv, env, nprocs, timeout)  # warm-up: page cache, .pyc files
+    return [run_once(argv, env, nprocs, timeout) for _ in range(reps)]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--np", type=int, nargs="+", default=[4, 32], help="rank counts (4 32)")
+    parser.add_argument("--reps", type=int, default=5, help="timed runs per launcher and count (5)")
+    parser.add_argument("--only", nargs="+", choices=sorted(PROGRAMS), help="launchers to run")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds one run may take (300)")
+    args = parser.parse_args()
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench_launch_") as tmp:
+        table = launchers(tmp)
+        names = [n for n in PROGRAMS if not args.only or n in args.only]
+        for name in names:
+            if isinstance(table[name], str):
+                print(f"skip {name}: {table[name]}", file=sys.stderr)
+        for nprocs in args.np:
+            base = None
+            for name in names:
+                if isinstance(table[name], str):
+                    continue
+                build, env = table[name]
+                try:
+                    times = measure(build(nprocs), env, nprocs, args.reps, args.timeout)
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                    print(f"skip {name} -np {nprocs}: {exc}", file=sys.stderr)
+                    continue
+                median = statistics.median(times)
+                if name == "gpurun":
+                    base = median
+                rows.append((name, nprocs, median, min(times), median / base if base else None))
+                print(f"  {name} -np {nprocs}: median {median:.3f} s", file=sys.stderr)
+
+    print(f"\n{'launcher':<10} {'ranks':>5} {'median s':>9} {'min s':>7} {'x gpurun':>9}")
+    for name, nprocs, median, fastest, ratio in rows:
+        ratio_text = f"{ratio:.2f}" if ratio is not None else "-"
+        print(f"{name:<10} {nprocs:>5} {median:>9.3f} {fastest:>7.3f} {ratio_text:>9}")
+    print(f"\n{args.reps} timed runs each after one warm-up; 'x gpurun' = median / gpurun's median "
+          f"(above 1: gpurun is faster). {os.cpu_count()} CPUs.")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,273 @@
+"""Run a job: host the store, start the ranks, watch them, stop them, report.
+
+One thread does everything: a selector waits on every rank's stdout and stderr pipe and
+on the signal wakeup pipe (SIGCHLD included), with a timeout set by the next deadline
+(--timeout, the end of the --grace period, the end of draining). Nothing polls, so 32
+idle ranks cost gpurun no CPU, and a failure is seen the moment its SIGCHLD arrives.
+
+Stopping (after the first failure, --timeout, a leftover process or SIGINT/SIGTERM/SIGHUP)
+sends SIGTERM to each rank's process group (the forwarded signal itself when gpurun got
+one), SIGKILL to those still alive --grace seconds later, reaps everything, and returns
+gpurun's exit code (policy in report.py).
+"""
+import os
+import secrets
+import selectors
+import signal
+import socket
+import time
+
+from . import env as envmod
+from . import report
+from .output import RankStream, Sink
+from .signals import ENDING, FORWARDED, SignalInbox
+from .spawn import (LaunchError, become_subreaper, kill_orphans, program_argv, reap_orphans,
+                    start_rank)
+
+# After the ranks are gone, how long a pipe that some escaped process holds open may
+# delay the end of the job.
+DRAIN_S = 1.0
+# Longest sleep of the loop: a safety net in case a wakeup is ever missed.
+MAX_WAIT_S = 1.0
+
+
+class Options:
+    """What the command line asked for."""
+
+    def __init__(self, nprocs, command, module=None, tag_output=True, output_dir=None,
+                 timeout=None, grace=3.0, exports=()):
+        self.nprocs = nprocs
+        self.command = list(command)
+        self.module = module
+        self.tag_output = tag_output
+        self.output_dir = output_dir
+        self.timeout = timeout or None
+        self.grace = grace
+        self.exports = dict(exports)
+
+
+def launch(opts):
+    """Run the job that `opts` describes; return gpurun's exit code."""
+    try:
+        argv = program_argv(opts.command, opts.module)
+    except LaunchError as exc:
+        Sink(2).write(f"gpurun: {exc}\n".encode())
+        return exc.exit_code
+    if opts.output_dir:
+        os.makedirs(opts.output_dir, exist_ok=True)
+    become_subreaper()
+    inbox = SignalInbox()  # before any rank exists, so no signal or exit goes unseen
+    store = None
+    job = None
+    try:
+        store, host, secret_hex = _start_store()
+        common = envmod.common_environ(
+            os.environ, opts.nprocs, opts.nprocs, host, store.port, secret_hex,
+            secrets.token_hex(6))
+        ngpus = envmod.count_gpus(os.environ)
+        job = Job(opts, inbox)
+        try:
+            for r in range(opts.nprocs):
+                env = envmod.rank_environ(common, r, r, ngpus, opts.exports)
+                job.add(start_rank(r, argv, env, stdin_inherit=(r == 0)))
+        except LaunchError as exc:
+            job.abort()
+            Sink(2).write(f"gpurun: {exc}\n".encode())
+            return exc.exit_code
+        return job.run()
+    finally:
+        if job is not None:
+            job.close()
+        if store is not None:
+            store.close()
+        inbox.close()
+
+
+def _start_store():
+    """Our rendezvous store on a free port of the loopback interface (all ranks are local),
+    guarded by a fresh secret. It lives in gpurun, so it outlives any rank."""
+    from gpucoll.bootstrap.store import StoreServer  # lazily: keep `gpurun --help` quick
+
+    secret_hex = secrets.token_hex(16)
+    host = "127.0.0.1"
+    store = StoreServer(host=host, port=0, secret=bytes.fromhex(secret_hex)).start()
+    return store, host, secret_hex
+
+
+class Job:
+    """The running ranks, their output streams and the stop/kill state machine."""
+
+    def __init__(self, opts, inbox):
+        self.opts = opts
+        self.inbox = inbox
+        self.host = socket.gethostname()
+        self.ranks = []
+        self.streams = []
+        self.stdout = Sink(1)
+        self.stderr = Sink(2)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(inbox.fileno(), selectors.EVENT_READ, None)
+        self.first_failure = None      # the Rank that failed first
+        self.stop_reason = None        # "failure", "timeout", "signal", "leftovers"
+        self.stop_signal = None        # the ending signal gpurun got
+        self.still_running_at_stop = []
+        self.term_at = None
+        self.kill_at = None
+        self.all_ended_at = None
+
+    # --- starting -------------------------------------------------------------------
+    def add(self, rank):
+        """Take charge of a started rank and its two pipes."""
+        self.ranks.append(rank)
+        r = rank.rank
+        prefix = f"[{r}] ".encode() if self.opts.tag_output else b""
+        for name, pipe, sink, tail in (("out", rank.proc.stdout, self.stdout, 0),
+                                       ("err", rank.proc.stderr, self.stderr, report.TAIL_LINES)):
+            tee = None
+            if self.opts.output_dir:
+                tee = open(os.path.join(self.opts.output_dir, f"rank.{r}.{name}"), "wb")
+            stream = RankStream(r, name, pipe, sink, prefix, tee, keep_tail=tail)
+            self.streams.append(stream)
+            self.selector.register(stream.fd, selectors.EVENT_READ, stream)
+
+    def abort(self):
+        """Kill what was started when starting the rest failed."""
+        for rank in self.ranks:
+            rank.signal_group(signal.SIGKILL)
+        for rank in self.ranks:
+            rank.proc.wait()
+            rank.poll()
+
+    # --- the loop -------------------------------------------------------------------
+    def run(self):
+        """Forward output and signals until every rank has ended; return the exit code."""
+        start = time.monotonic()
+        self.deadline = start + self.opts.timeout if self.opts.timeout else None
+        while True:
+            now = time.monotonic()
+            events = self.selector.select(self._wait(now))
+            child_event = not events
+            for key, _ in events:
+                if key.data is None:
+                    child_event |= self._on_signals(self.inbox.take())
+                elif not key.data.pump():
+                    self.selector.unregister(key.fd)
+            if child_event:
+                self._reap()
+            if self._advance(time.monotonic()):
+                break
+        return self._finish()
+
+    def _wait(self, now):
+        """Seconds until the next thing the loop must do by itself."""
+        due = [now + MAX_WAIT_S]
+        if self.deadline is not None and self.stop_reason is None:
+            due.append(self.deadline)
+        if self.term_at is not None and self.kill_at is None:
+            due.append(self.term_at + self.opts.grace)
+        if self.all_ended_at is not None:
+            due.append(self._drain_until())
+        return max(0.0, min(due) - now)
+
+    def _on_signals(self, signums):
+        """Handle caught signals; True if a child may have ended."""
+        child = False
+        for signum in signums:
+            if signum == signal.SIGCHLD:
+                child = True
+            elif signum in ENDING:
+                if self.stop_reason is None:
+                    self.stop_signal = signum
+                    self._stop("signal", signum)
+                else:
+                    self._kill_all()  # already ending and asked again: no more waiting
+            elif signum in FORWARDED:
+                for rank in self.ranks:
+                    if rank.running:
+                        rank.signal_group(signum)
+        return child
+
+    def _reap(self):
+        # Reap all first, so that ranks which ended together are not reported as stopped.
+        ended = [rank for rank in self.ranks if rank.poll()]
+        failed = [rank for rank in ended if rank.returncode != 0]
+        if failed and self.stop_reason is None:
+            self.first_failure = failed[0]
+            self._stop("failure")
+        if self.all_ended_at is None and not any(r.running for r in self.ranks):
+            self.all_ended_at = time.monotonic()
+        if self.all_ended_at is not None:
+            reap_orphans()
+
+    def _stop(self, reason, signum=signal.SIGTERM):
+        """Begin ending the job: `signum` to every group now, SIGKILL after --grace."""
+        self.stop_reason = reason
+        self.still_running_at_stop = [r.rank for r in self.ranks if r.running]
+        self.term_at = time.monotonic()
+        for rank in self.ranks:
+            rank.signal_group(signum)
+
+    def _kill_all(self):
+        self.kill_at = time.monotonic()
+        for rank in self.ranks:
+            rank.signal_group(signal.SIGKILL)
+
+    def _advance(self, now):
+        """Act on deadlines; True once the job is over."""
+        if self.deadline is not None and self.stop_reason is None and now >= self.deadline:
+            self._stop("timeout")
+        if self.term_at is not None and self.kill_at is None and now >= self.term_at + self.opts.grace:
+            self._kill_all()
+        if self.all_ended_at is None:
+            return False
+        if self.kill_at is None and any(r.group_alive() for r in self.ranks):
+            if self.stop_reason is None:
+                # Every rank is done but something it started is still there: end it too.
+                self._stop("leftovers")
+            return False  # until they go, or --grace runs out
+        if all(s.closed for s in self.streams):
+            return True
+        return now >= self._drain_until()
+
+    def _drain_until(self):
+        if self.term_at is not None and self.kill_at is None:
+            return self.term_at + self.opts.grace + DRAIN_S
+        return max(self.all_ended_at, self.kill_at or 0.0) + DRAIN_S
+
+    # --- the end --------------------------------------------------------------------
+    def _finish(self):
+        """Kill what is left, flush the streams, print the report; the exit code."""
+        for rank in self.ranks:
+            rank.signal_group(signal.SIGKILL)
+        kill_orphans()
+        # SIGKILL is delivered asynchronously: wait (briefly) until the groups are really
+        # empty, reaping the orphans among them, so that none outlives gpurun as a zombie.
+        give_up = time.monotonic() + 1.0
+        while any(r.group_alive() for r in self.ranks) and time.monotonic() < give_up:
+            reap_orphans()
+            time.sleep(0.005)
+        reap_orphans()
+        for stream in self.streams:
+            stream.close()
+        if self.stop_reason == "signal":
+            code = 128 + self.stop_signal
+            lines = report.signal_report(self.stop_signal, self.still_running_at_stop)
+        elif self.stop_reason == "timeout":
+            code = report.EXIT_TIMEOUT
+            lines = report.timeout_report(self.opts.timeout, self.still_running_at_stop)
+        elif self.first_failure is not None:
+            rank = self.first_failure
+            code = report.exit_code_of(rank.returncode)
+            tail = self.streams[2 * rank.rank + 1].tail_text()
+            stopped = [r for r in self.still_running_at_stop if r != rank.rank]
+            lines = report.failure_report(rank, self.host, tail, stopped, code)
+        else:
+            return 0
+        self.stderr.write(("\n".join(lines) + "\n").encode())
+        return code
+
+    def close(self):
+        """Release the pipes and files even when the loop did not finish."""
+        for stream in self.streams:
+            stream.close()
+        self.selector.close()

@@ -1,0 +1,64 @@
+"""Turn the signals gpurun receives into events of its event loop.
+
+The handlers do nothing themselves: Python writes the number of every caught signal to a
+wakeup pipe (`signal.set_wakeup_fd`), and the loop reads the numbers from that pipe with
+the ranks' output pipes. So a signal is never lost between two checks, the loop never
+polls, and no work happens inside a handler.
+"""
+import os
+import signal
+
+#: Forwarded to every rank's process group.
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+#: Of those, the ones after which gpurun ends the job.
+ENDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _ignore(signum, frame):
+    """The byte in the wakeup pipe is the event; nothing to do here."""
+
+
+class SignalInbox:
+    """Catches FORWARDED and SIGCHLD until `close()`; `take()` returns what arrived."""
+
+    def __init__(self):
+        self._rfd, self._wfd = os.pipe()
+        os.set_blocking(self._rfd, False)
+        os.set_blocking(self._wfd, False)
+        self._old_wakeup = signal.set_wakeup_fd(self._wfd, warn_on_full_buffer=False)
+        self._old = {}
+        for sig in FORWARDED + (signal.SIGCHLD,):
+            self._old[sig] = signal.signal(sig, _ignore)
+
+    def fileno(self):
+        """Readable when a signal arrived."""
+        return self._rfd
+
+    def take(self):
+        """The signal numbers received since the last call, oldest first."""
+        got = bytearray()
+        while True:
+            try:
+                chunk = os.read(self._rfd, 512)
+            except (BlockingIOError, InterruptedError):
+                break
+            if not chunk:
+                break
+            got += chunk
+        return list(got)
+
+    def close(self):
+        """Put back the handlers that were there before."""
+        for sig, old in self._old.items():
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)
+        signal.set_wakeup_fd(self._old_wakeup)
+        os.close(self._rfd)
+        os.close(self._wfd)
+
+
+def name(signum):
+    """'SIGKILL' for 9; 'signal 77' for numbers without a name."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

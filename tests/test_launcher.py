@@ -1,0 +1,296 @@
+"""gpurun, tested as users run it: real gpurun processes, real ranks, no mocks."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPTS = os.path.join(HERE, "scripts")
+BEHAVE = os.path.join(SCRIPTS, "rank_behaviour.py")
+# The installed console script when there is one (it is what users run), else the same code.
+_SCRIPT = os.path.join(os.path.dirname(sys.executable), "gpurun")
+GPURUN = [_SCRIPT] if os.access(_SCRIPT, os.X_OK) else [sys.executable, "-m", "gpucoll.launcher"]
+
+
+def gpurun(*args, timeout=20, **kw):
+    """Run gpurun to the end; returns the CompletedProcess (text) and the seconds it took."""
+    start = time.monotonic()
+    proc = subprocess.run(GPURUN + [str(a) for a in args], capture_output=True, text=True,
+                          timeout=timeout, **kw)
+    return proc, time.monotonic() - start
+
+
+def python_c(code):
+    """Arguments that run `code` in each rank with this interpreter."""
+    return [sys.executable, "-c", code]
+
+
+def gone(pid):
+    """True if the process no longer exists (a zombie nobody reaps counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def job_pids(piddir, size):
+    """Every pid the ranks wrote: each rank's own and its `sleep` child's."""
+    pids = []
+    for r in range(size):
+        with open(os.path.join(piddir, f"rank.{r}")) as f:
+            pids += [int(p) for p in f.read().split()]
+    return pids
+
+
+def wait_for_pids(piddir, size, timeout=10):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(os.path.exists(os.path.join(piddir, f"rank.{r}")) for r in range(size)):
+            return job_pids(piddir, size)
+        time.sleep(0.02)
+    raise AssertionError("the ranks did not all start")
+
+
+def assert_all_gone(pids):
+    left = [p for p in pids if not gone(p)]
+    assert not left, f"processes of the job left behind: {left}"
+
+
+# --- environment, arguments, programs -------------------------------------------------
+def test_environment_of_four_ranks():
+    code = ("import os; keys = 'GPUCOLL_RANK GPUCOLL_SIZE GPUCOLL_LOCAL_RANK GPUCOLL_LOCAL_SIZE "
+            "GPUCOLL_STORE GPUCOLL_STORE_SECRET GPUCOLL_JOB_ID RANK WORLD_SIZE LOCAL_RANK "
+            "LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT PYTHONUNBUFFERED'.split(); "
+            "print(' '.join(k + '=' + os.environ.get(k, '<unset>') for k in keys))")
+    proc, _ = gpurun("-np", 4, *python_c(code))
+    assert proc.returncode == 0, proc.stderr
+    rows = {}
+    for line in proc.stdout.splitlines():
+        tag, rest = line.split(" ", 1)
+        rows[int(tag.strip("[]"))] = dict(kv.split("=", 1) for kv in rest.split())
+    assert sorted(rows) == [0, 1, 2, 3]
+    stores = {env["GPUCOLL_STORE"] for env in rows.values()}
+    secrets = {env["GPUCOLL_STORE_SECRET"] for env in rows.values()}
+    jobs = {env["GPUCOLL_JOB_ID"] for env in rows.values()}
+    assert len(stores) == len(secrets) == len(jobs) == 1
+    host, port = stores.pop().rsplit(":", 1)
+    assert int(port) > 0
+    assert re.fullmatch(r"[0-9a-f]{32}", secrets.pop())
+    for r, env in rows.items():
+        assert env["GPUCOLL_RANK"] == env["RANK"] == env["GPUCOLL_LOCAL_RANK"] == env["LOCAL_RANK"] == str(r)
+        assert env["GPUCOLL_SIZE"] == env["WORLD_SIZE"] == env["GPUCOLL_LOCAL_SIZE"] == "4"
+        assert env["LOCAL_WORLD_SIZE"] == "4"
+        assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == (host, port)
+        assert env["PYTHONUNBUFFERED"] == "1"
+
+
+def test_store_is_served_by_gpurun():
+    # A rank can reach the store at GPUCOLL_STORE, even after rank 0 is gone.
+    code = ("import os, socket, time; r = int(os.environ['RANK']); "
+            "host, port = os.environ['GPUCOLL_STORE'].rsplit(':', 1); "
+            "time.sleep(0.3 * r); socket.create_connection((host, int(port)), timeout=2).close(); "
+            "print('connected')")
+    proc, _ = gpurun("-np", 2, *python_c(code))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == ["[0] connected", "[1] connected"]
+
+
+def test_export_sets_and_passes_variables():
+    env = dict(os.environ, FROM_LAUNCHER="launcher-value")
+    env.pop("NOT_SET_ANYWHERE", None)
+    code = "import os; print(os.environ['A'], os.environ['FROM_LAUNCHER'], os.environ.get('NOT_SET_ANYWHERE'))"
+    proc, _ = gpurun("-np", 2, "-x", "A=1=2", "-x", "FROM_LAUNCHER", "-x", "NOT_SET_ANYWHERE",
+                     *python_c(code), env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == ["[0] 1=2 launcher-value None",
+                                                "[1] 1=2 launcher-value None"]
+    assert "NOT_SET_ANYWHERE" in proc.stderr
+
+
+def test_stdin_goes_to_rank_0_only():
+    code = "import sys; print(repr(sys.stdin.read()))"
+    proc, _ = gpurun("-np", 3, *python_c(code), input="line one\nline two\n")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == ["[0] 'line one\\nline two\\n'", "[1] ''", "[2] ''"]
+
+
+def test_module_with_its_own_arguments():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [SCRIPTS, os.environ.get("PYTHONPATH")])))
+    proc, _ = gpurun("-np", 2, "-m", "hello_module", "--np", "7", "-x", "y", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == ["[0] hello from rank 0 of 2, args ['--np', '7', '-x', 'y']",
+                                                "[1] hello from rank 1 of 2, args ['--np', '7', '-x', 'y']"]
+
+
+def test_python_script_and_plain_executable():
+    script = os.path.join(SCRIPTS, "hello_module.py")
+    proc, _ = gpurun("-np", 2, script, "a")
+    assert proc.returncode == 0, proc.stderr
+    assert "[1] hello from rank 1 of 2, args ['a']" in proc.stdout.splitlines()
+    proc, _ = gpurun("-np", 2, "echo", "hi", "--flag")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == ["[0] hi --flag", "[1] hi --flag"]
+
+
+def test_missing_program():
+    proc, _ = gpurun("-np", 2, "no-such-program-anywhere")
+    assert proc.returncode == 127
+    assert "command not found: no-such-program-anywhere" in proc.stderr
+    proc, _ = gpurun("-np", 2)
+    assert proc.returncode == 2
+
+
+# --- output ---------------------------------------------------------------------------
+LINES_CODE = """
+import os, sys
+r = int(os.environ['RANK'])
+for i in range(200):
+    body = f'rank={r} i={i} ' + str(r) * (300 + 37 * i)
+    print(body)
+    print('err ' + body, file=sys.stderr)
+print(f'rank={r} tail', end='')
+"""
+
+
+def check_lines(text, tagged, prefix=""):
+    seen = {}
+    for line in text.splitlines():
+        m = re.fullmatch(r"(?:\[(\d)\] )?" + prefix + r"rank=(\d) (i=(\d+) (\d+)|tail)", line)
+        assert m, f"mixed or broken line: {line[:120]!r}"
+        tag, r = m.group(1), int(m.group(2))
+        assert (tag is not None) == tagged
+        if tagged:
+            assert int(tag) == r
+        if m.group(4) is not None:
+            i = int(m.group(4))
+            assert m.group(5) == str(r) * (300 + 37 * i)
+            assert seen.get(r, -1) == i - 1, "lines of one rank out of order"
+            seen[r] = i
+        else:
+            seen[r] = "tail"
+    return seen
+
+
+def test_tagged_output_keeps_whole_lines():
+    proc, _ = gpurun("-np", 4, *python_c(LINES_CODE))
+    assert proc.returncode == 0, proc.stderr
+    assert check_lines(proc.stdout, tagged=True) == {r: "tail" for r in range(4)}
+    err_seen = check_lines(proc.stderr, tagged=True, prefix="err ")
+    assert err_seen == {r: 199 for r in range(4)}
+
+
+def test_no_tag_output():
+    proc, _ = gpurun("-np", 2, "--no-tag-output", *python_c(LINES_CODE))
+    assert proc.returncode == 0, proc.stderr
+    assert check_lines(proc.stdout, tagged=False) == {0: "tail", 1: "tail"}
+
+
+def test_output_dir(tmp_path):
+    code = "import os, sys; r = os.environ['RANK']; print('out', r); print('err', r, file=sys.stderr, end='')"
+    proc, _ = gpurun("-np", 2, "--output-dir", tmp_path / "logs", *python_c(code))
+    assert proc.returncode == 0, proc.stderr
+    for r in range(2):
+        assert (tmp_path / "logs" / f"rank.{r}.out").read_text() == f"out {r}\n"
+        assert (tmp_path / "logs" / f"rank.{r}.err").read_text() == f"err {r}"
+    assert f"[1] err 1\n" in proc.stderr
+
+
+# --- failures -------------------------------------------------------------------------
+def run_failing(tmp_path, mode, size=4, fail_rank=2):
+    proc, took = gpurun("-np", size, BEHAVE, mode, tmp_path, fail_rank)
+    assert took < 5, f"the job took {took:.1f} s to end"
+    assert_all_gone(job_pids(tmp_path, size))
+    return proc
+
+
+def test_rank_that_raises_ends_the_job(tmp_path):
+    proc = run_failing(tmp_path, "raise")
+    assert proc.returncode == 1
+    assert "rank 2 (host" in proc.stderr and "failed first: exit code 1" in proc.stderr
+    report = proc.stderr[proc.stderr.index("gpurun: rank 2"):]
+    assert "    RuntimeError: rank 2 fails on purpose" in report
+    assert "Traceback (most recent call last):" in report
+    assert "stopped 3 other rank(s): 0, 1, 3" in report
+
+
+def test_rank_that_exits_3(tmp_path):
+    proc = run_failing(tmp_path, "exit3", fail_rank=0)
+    assert proc.returncode == 3
+    assert "gpurun: rank 0 (host" in proc.stderr and "failed first: exit code 3" in proc.stderr
+
+
+def test_rank_killed_by_sigkill(tmp_path):
+    proc = run_failing(tmp_path, "sigkill", size=2, fail_rank=1)
+    assert proc.returncode == 128 + 9
+    assert "gpurun: rank 1 (host" in proc.stderr
+    assert "failed first: signal SIGKILL (9)" in proc.stderr
+
+
+def test_leftover_children_are_ended_after_a_clean_exit(tmp_path):
+    proc, took = gpurun("-np", 2, BEHAVE, "leave", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert took < 5
+    assert_all_gone(job_pids(tmp_path, 2))
+
+
+def test_timeout_names_ranks_still_running(tmp_path):
+    code = "import os, time; r = int(os.environ['RANK']); time.sleep(0 if r == 1 else 30)"
+    proc, took = gpurun("-np", 3, "--timeout", 1, *python_c(code))
+    assert proc.returncode == 124
+    assert took < 5
+    assert "ranks still running: 0, 2" in proc.stderr
+
+
+# --- signals --------------------------------------------------------------------------
+def start_gpurun(*args):
+    return subprocess.Popen(GPURUN + [str(a) for a in args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_sigint_and_sigterm_end_every_rank(tmp_path, sig):
+    proc = start_gpurun("-np", 3, BEHAVE, "wait", tmp_path)
+    try:
+        pids = wait_for_pids(tmp_path, 3)
+        start = time.monotonic()
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert time.monotonic() - start < 5
+    assert proc.returncode == 128 + sig, err
+    assert f"got {sig.name}" in err
+    assert_all_gone(pids)
+
+
+def test_rank_that_ignores_sigterm_is_killed_after_grace():
+    code = ("import os, signal, time; r = int(os.environ['RANK']); "
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready'); "
+            "time.sleep(0.5) if r == 0 else None; os._exit(5) if r == 0 else time.sleep(30)")
+    proc, took = gpurun("-np", 2, "--grace", 0.5, *python_c(code))
+    assert proc.returncode == 5
+    assert took < 3
+    assert "failed first: exit code 5" in proc.stderr
+
+
+def test_sigusr1_is_forwarded(tmp_path):
+    proc = start_gpurun("-np", 2, BEHAVE, "usr1", tmp_path)
+    try:
+        pids = wait_for_pids(tmp_path, 2)
+        time.sleep(0.1)  # let every rank print "ready" (its handler is in place before)
+        proc.send_signal(signal.SIGUSR1)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "[0] rank 0 got SIGUSR1" in out and "[1] rank 1 got SIGUSR1" in out
+    assert_all_gone(pids)
