@@ -1,0 +1,1 @@
+"""Python face of each transport (shared memory, TCP) and the choice of network interface."""

@@ -1,0 +1,265 @@
+"""TCP transport: one listening socket per process, striped channels to peers.
+
+Each process opens a `TcpEndpoint`, publishes `endpoint.address` ("ip:port") through the
+bootstrap, and asks for a channel per (communicator, peer) when it needs one. Of two
+peers, the lower world rank connects its GPUCOLL_NSOCKS sockets and the higher one
+accepts them; a short hello on each socket tells the acceptor who is calling and which
+stripe the socket carries. The channel (`gpucoll._native.sock.TcpChannel`) then owns the
+sockets and the executor drives it without the GIL through `channel.ptr`::
+
+    ep = TcpEndpoint(rank)                       # binds the GPUCOLL_SOCKET_IFNAME interface
+    store.set(f"tcp/{rank}", ep.address)
+    ch = ep.channel(peer, store.get(f"tcp/{peer}"), comm_id="world")
+    sock.chan_send_all(ch.ptr, b"...")
+"""
+import errno
+import socket
+import struct
+import threading
+import time
+
+from .. import config, log
+from .._native import sock as _sock
+from ..errors import ConfigError, InvalidUsageError, LostPeerError, TimeoutError
+from . import ifaces
+
+# Hello: magic, version, stripe index, stripe count, sender world rank, target world rank,
+# length of the communicator id that follows (utf-8).
+_HELLO = struct.Struct("!4sHHHIIH")
+_MAGIC = b"GCTC"
+_VERSION = 1
+# The stripe unit: large enough that a syscall moves a lot, small enough that several
+# sockets share a medium message.
+CHUNK_BYTES = 512 << 10
+# 0 keeps Linux's buffer autotuning, which grows past what an explicit SO_SNDBUF/SO_RCVBUF
+# may (net.core.[rw]mem_max caps those, and setting them switches autotuning off).
+SOCKBUF = 0
+_HELLO_TIMEOUT = 10.0
+
+
+def _split(address):
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise InvalidUsageError(f"not an ip:port address: {address!r}")
+    return host, int(port)
+
+
+class TcpEndpoint:
+    """This process's TCP presence: a listener on the selected interface, an accept thread
+    that files incoming sockets by (communicator, peer), and a cache of channels.
+
+    rank: this process's world rank. ifname: an interface spec in GPUCOLL_SOCKET_IFNAME's
+    syntax (``"lo"``, ``"=eth0"``, ``"^docker"``); None reads the variable.
+    """
+
+    def __init__(self, rank, ifname=None):
+        self.rank = int(rank)
+        source = "ifname" if ifname is not None else None
+        self.interface = ifaces.select_interface(ifname, source=source)
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        _sock.tune_socket(self._listener.fileno(), SOCKBUF)   # accepted sockets inherit it
+        self._listener.bind((self.interface.address, 0))
+        self._listener.listen(128)
+        host, port = self._listener.getsockname()
+        self.address = f"{host}:{port}"
+        self._cond = threading.Condition()
+        self._filed = {}        # (comm_id, peer) -> {stripe index: (socket, nsocks)}
+        self._channels = {}     # (comm_id, peer) -> TcpChannel
+        self._closed = False
+        self._thread = threading.Thread(target=self._accept_loop, daemon=True,
+                                        name=f"gpucoll-tcp-accept-{self.rank}")
+        self._thread.start()
+        log.info("NET", "TCP endpoint of rank %d listens on %s (%s)", self.rank, self.address,
+                 self.interface.name)
+
+    # -- accepting ---------------------------------------------------------------------
+    def _accept_loop(self):
+        while not self._closed:
+            try:
+                conn, addr = self._listener.accept()
+            except OSError:
+                if self._closed:
+                    return
+                time.sleep(0.01)    # EMFILE and friends: do not spin
+                continue
+            try:
+                self._file(conn, addr)
+            except Exception as exc:   # a stray or broken client must not stop the endpoint
+                log.warn("NET", "rank %d: dropped a connection from %s:%d: %s", self.rank, addr[0],
+                         addr[1], exc)
+                conn.close()
+
+    def _file(self, conn, addr):
+        conn.settimeout(_HELLO_TIMEOUT)
+        head = _recv_exact(conn, _HELLO.size)
+        magic, version, index, nsocks, sender, target, idlen = _HELLO.unpack(head)
+        if magic != _MAGIC or version != _VERSION:
+            raise ValueError(f"not a gpucoll TCP hello (magic {magic!r}, version {version})")
+        comm_id = _recv_exact(conn, idlen).decode()
+        if target != self.rank:
+            raise ValueError(f"hello from rank {sender} was meant for rank {target}")
+        conn.settimeout(None)
+        with self._cond:
+            slots = self._filed.setdefault((comm_id, sender), {})
+            old = slots.get(index)
+            if old is not None:
+                old[0].close()
+            slots[index] = (conn, nsocks)
+            self._cond.notify_all()
+
+    # -- channels ----------------------------------------------------------------------
+    def channel(self, peer_rank, peer_address, comm_id=0, nsocks=None, timeout=None,
+                ring_bytes=None, chunk_bytes=CHUNK_BYTES):
+        """The channel to world rank `peer_rank` (listening at `peer_address`) for
+        communicator `comm_id`, built on first use and cached.
+
+        nsocks defaults to GPUCOLL_NSOCKS and must agree on both sides; ring_bytes to
+        GPUCOLL_BUFFSIZE; timeout (seconds to connect or be connected) to
+        GPUCOLL_INIT_TIMEOUT. Raises gpucoll.TimeoutError naming the peer and its address.
+        """
+        peer_rank = int(peer_rank)
+        if peer_rank == self.rank:
+            raise InvalidUsageError(f"rank {self.rank} asked for a TCP channel to itself")
+        if self._closed:
+            raise InvalidUsageError("the TCP endpoint is closed")
+        comm_id = str(comm_id)
+        key = (comm_id, peer_rank)
+        ch = self._channels.get(key)
+        if ch is not None and not ch.closed:
+            return ch
+        nsocks = config.NSOCKS.get() if nsocks is None else int(nsocks)
+        if not 1 <= nsocks <= _sock.MAX_SOCKS:
+            raise InvalidUsageError(f"nsocks={nsocks}: a TCP channel takes 1 to {_sock.MAX_SOCKS} sockets")
+        ring_bytes = config.BUFFSIZE.get() if ring_bytes is None else int(ring_bytes)
+        ring_bytes = -(-ring_bytes // _sock.ALIGN) * _sock.ALIGN
+        timeout = config.INIT_TIMEOUT.get() if timeout is None else float(timeout)
+        if self.rank < peer_rank:
+            fds = self._connect(peer_rank, peer_address, comm_id, nsocks, timeout)
+        else:
+            fds = self._await(peer_rank, peer_address, comm_id, nsocks, timeout)
+        try:
+            ch = _sock.TcpChannel(fds, peer=peer_rank, ring_bytes=ring_bytes, chunk_bytes=chunk_bytes,
+                                  address=peer_address)
+        except BaseException:
+            for fd in fds:
+                socket.close(fd)
+            raise
+        self._channels[key] = ch
+        log.info("NET", "rank %d <-> rank %d at %s: TCP channel, comm %s, %d sockets, ring %d B, chunk %d B",
+                 self.rank, peer_rank, peer_address, comm_id, nsocks, ring_bytes, chunk_bytes)
+        return ch
+
+    def _connect(self, peer, address, comm_id, nsocks, timeout):
+        host, port = _split(address)
+        deadline = time.monotonic() + timeout
+        ident = comm_id.encode()
+        socks = []
+        try:
+            for index in range(nsocks):
+                s = _connect_retrying(host, port, deadline, peer, address, self.rank, timeout)
+                socks.append(s)
+                hello = _HELLO.pack(_MAGIC, _VERSION, index, nsocks, self.rank, peer, len(ident)) + ident
+                try:
+                    s.sendall(hello)
+                except OSError as exc:
+                    raise _lost(self.rank, peer, address, f"the hello failed: {exc}") from exc
+            return [s.detach() for s in socks]
+        finally:
+            for s in socks:
+                s.close()    # no-op once detached
+
+    def _await(self, peer, address, comm_id, nsocks, timeout):
+        key = (comm_id, peer)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                slots = self._filed.get(key, {})
+                mismatch = [n for _, n in slots.values() if n != nsocks]
+                if mismatch:
+                    raise ConfigError(
+                        f"rank {peer} at {address} opens {mismatch[0]} sockets per peer but rank "
+                        f"{self.rank} expects {nsocks}: set {config.NSOCKS.name} alike on every rank")
+                if len(slots) == nsocks and all(i in slots for i in range(nsocks)):
+                    del self._filed[key]
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(
+                        f"rank {self.rank}: rank {peer} at {address} connected {len(slots)} of {nsocks} "
+                        f"sockets for communicator {comm_id!r} within {timeout:g} s "
+                        f"(this rank listens on {self.address})")
+                self._cond.wait(min(left, 0.5))
+        return [slots[i][0].detach() for i in range(nsocks)]
+
+    def close(self):
+        """Close every channel, the listener and the sockets not yet claimed."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)   # wakes the blocked accept()
+        except OSError:
+            pass
+        self._listener.close()
+        self._thread.join(timeout=2)
+        for ch in self._channels.values():
+            ch.close()
+        self._channels.clear()
+        with self._cond:
+            for slots in self._filed.values():
+                for s, _ in slots.values():
+                    s.close()
+            self._filed.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"<TcpEndpoint rank={self.rank} {self.address} ({self.interface.name})>"
+
+
+def _recv_exact(conn, n):
+    data = b""
+    while len(data) < n:
+        part = conn.recv(n - len(data))
+        if not part:
+            raise ConnectionError("closed during the hello")
+        data += part
+    return data
+
+
+def _lost(rank, peer, address, why):
+    return LostPeerError(f"rank {rank}: TCP connection to rank {peer} at {address}: {why}", ranks=(peer,))
+
+
+def _connect_retrying(host, port, deadline, peer, address, rank, timeout):
+    """Connect, retrying with backoff while the peer is not listening yet (refused,
+    unreachable for a moment) until the deadline."""
+    delay = 0.01
+    last = None
+    while True:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        _sock.tune_socket(s.fileno(), SOCKBUF)   # before connect: the window scale depends on it
+        left = deadline - time.monotonic()
+        s.settimeout(max(left, 0.001))
+        try:
+            s.connect((host, port))
+            s.settimeout(_HELLO_TIMEOUT)
+            return s
+        except OSError as exc:
+            s.close()
+            last = exc
+            transient = isinstance(exc, (ConnectionRefusedError, socket.timeout)) or exc.errno in (
+                errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT,
+                errno.ECONNABORTED, errno.EAGAIN)
+            if not transient:
+                raise _lost(rank, peer, address, f"connect failed: {exc}") from exc
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"rank {rank}: could not connect to rank {peer} at {address} within "
+                               f"{timeout:g} s (last error: {last})")
+        time.sleep(min(delay, left))
+        delay = min(delay * 2, 0.5)
