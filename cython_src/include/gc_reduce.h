@@ -11,8 +11,10 @@
  *  - float MAX/MIN propagate NaN like numpy.maximum/minimum;
  *  - float16/bfloat16 are widened to float32 exactly, combined, and rounded back to nearest even
  *    once per element per call (NaN stays NaN, quieted; overflow gives inf);
- *  - complex: SUM/PROD/AVG only, PROD with the textbook formula (as NumPy, no C99 Annex G
- *    inf/nan recovery, which would also call out of line);
+ *  - complex: SUM/PROD/AVG only, PROD with the textbook formula (re = ar*br - ai*bi, im =
+ *    ar*bi + ai*br), unfused and without C99 Annex G inf/nan recovery (an out-of-line call):
+ *    NumPy's SIMD loop may fuse with FMA on some CPUs and then differ in the last bit, while
+ *    this stays the same on every rank;
  *  - bool: logical values (any non-zero byte is true, results are 0/1): SUM/MAX/BOR are OR,
  *    PROD/MIN/BAND are AND, BXOR is XOR; AVG is not defined for bool;
  *  - AVG reduces as SUM; gc_scale_avg divides once at the end.

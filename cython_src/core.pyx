@@ -1,0 +1,306 @@
+# cython: language_level=3
+"""Native core: element-wise reductions, shared-memory channels and the schedule executor.
+
+Thin bindings of cython_src/include/gc_reduce.h, gc_shmchan.h and gc_exec.h; the policy (names,
+sizes, retries, which channel serves which peer) lives in gpucoll/transports/. Every call that
+can fail goes through ``_check``, the one place where a native status becomes an exception.
+
+    >>> import numpy as np
+    >>> from gpucoll._native import core
+    >>> a = np.arange(4, dtype=np.float32); core.reduce(a, np.ones(4, np.float32), 10, 0); a
+    array([1., 2., 3., 4.], dtype=float32)
+"""
+from libc.stdint cimport int64_t, uint64_t, uintptr_t, int32_t
+from libc.string cimport strerror
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE, PyBUF_WRITABLE
+
+from gpucoll import errors
+
+cdef extern from "gc_types.h" nogil:
+    int GC_OK, GC_ERR_TIMEOUT, GC_ERR_PEER, GC_ERR_IO, GC_ERR_USAGE, GC_ERR_NOMEM
+    int GC_NUM_DTYPES, GC_NUM_OPS
+
+cdef extern from "gc_chan.h" nogil:
+    ctypedef struct gc_chan:
+        int fd
+        int peer
+        int (*alive)(gc_chan *c)
+
+cdef extern from "gc_reduce.h" nogil:
+    size_t gc_dtype_size(int dt)
+    int gc_op_valid(int dt, int op)
+    void gc_reduce(void *dst, const void *src, size_t count, int dt, int op)
+    void gc_scale_avg(void *buf, size_t count, int dt, int nranks)
+
+cdef extern from "gc_shmchan.h" nogil:
+    int GC_SHM_NOT_READY
+    ctypedef struct gc_shmchan:
+        gc_chan chan
+        uint64_t cap
+        int side
+    gc_shmchan *gc_shmchan_create(const char *name, uint64_t cap, int *err)
+    gc_shmchan *gc_shmchan_attach(const char *name, int creator_pid, int *err)
+    int gc_shmchan_unlink(const char *name)
+    void gc_shmchan_close(gc_shmchan *ch)
+    int gc_shmchan_peer_state(const gc_shmchan *ch)
+
+cdef extern from "gc_exec.h" nogil:
+    ctypedef struct gc_exec_args:
+        const int64_t *steps
+        int64_t nsteps
+        gc_chan **chans
+        int nchans
+        char *bufs[3]
+        int64_t buf_bytes[3]
+        size_t itemsize
+        int dtype
+        int op
+        int64_t deadline_ns
+    ctypedef struct gc_exec_err:
+        int code
+        int peer
+        int64_t step
+        const char *what
+        int64_t got, want
+        int errno_
+    int GC_STEP_COLS
+    int64_t gc_now_ns()
+    int gc_exec_run(const gc_exec_args *a, gc_exec_err *e)
+
+STEP_COLS = GC_STEP_COLS
+SEND, RECV, REDUCE, COPY = 1, 2, 4, 8
+
+
+cdef int _check(int rc, int peer=-1, int64_t step=-1, what=None, int64_t got=0,
+                int64_t want=0, int err_no=0, double timeout=0.0) except -1:
+    """The one error path: a GC_* status -> the gpucoll exception naming peer and step."""
+    if rc == GC_OK:
+        return 0
+    where = f" at step {step}" if step >= 0 else ""
+    desc = what or ""
+    if rc == GC_ERR_TIMEOUT:
+        raise errors.TimeoutError(
+            f"timed out after {timeout:g} s{where} {desc} rank {peer}".replace("  ", " "))
+    if rc == GC_ERR_PEER:
+        raise errors.LostPeerError(f"rank {peer} is gone ({desc} it{where})", ranks=(peer,))
+    if rc == GC_ERR_USAGE:
+        msg = desc or "invalid arguments"
+        if got != want:
+            msg += f" ({got} bytes announced, {want} expected)"
+        who = f" with rank {peer}" if peer >= 0 else ""
+        raise errors.InvalidUsageError(f"{msg}{where}{who}")
+    if rc == GC_ERR_NOMEM:
+        raise MemoryError(f"out of memory{where}")
+    reason = strerror(err_no).decode() if err_no else "I/O error"
+    who = f" with rank {peer}" if peer >= 0 else ""
+    raise errors.GpucollError(f"{desc or 'I/O failed'}{where}{who}: {reason}")
+
+
+cdef class _Buf:
+    """A contiguous buffer-protocol view held for the duration of one call."""
+    cdef Py_buffer view
+    cdef bint held
+
+    def __cinit__(self, obj, bint writable):
+        PyObject_GetBuffer(obj, &self.view, PyBUF_SIMPLE | (PyBUF_WRITABLE if writable else 0))
+        self.held = True
+
+    def __dealloc__(self):
+        if self.held:
+            PyBuffer_Release(&self.view)
+
+
+cdef size_t _itemsize(int dtype_code) except 0:
+    if dtype_code < 0 or dtype_code >= GC_NUM_DTYPES:
+        raise errors.InvalidUsageError(f"unknown dtype code {dtype_code}")
+    return gc_dtype_size(dtype_code)
+
+
+def dtype_size(int dtype_code):
+    """Bytes per element of a gc_dtype code."""
+    return _itemsize(dtype_code)
+
+
+def op_valid(int dtype_code, int op_code):
+    """True when the op is defined for the dtype (as gc_op_valid)."""
+    return bool(gc_op_valid(dtype_code, op_code))
+
+
+def reduce(dst, src, int dtype_code, int op_code):
+    """dst[i] = dst[i] OP src[i] over buffer-protocol objects of equal byte size.
+
+    AVG reduces as SUM (finish with scale_avg)."""
+    cdef size_t isz = _itemsize(dtype_code)
+    if not gc_op_valid(dtype_code, op_code):
+        raise errors.InvalidUsageError(f"op {op_code} is not defined for dtype {dtype_code}")
+    cdef _Buf d = _Buf(dst, True)
+    cdef _Buf s = _Buf(src, False)
+    if d.view.len != s.view.len or d.view.len % isz:
+        raise errors.InvalidUsageError(
+            f"reduce needs equal whole-element buffers, got {d.view.len} and {s.view.len} bytes")
+    with nogil:
+        gc_reduce(d.view.buf, s.view.buf, <size_t>d.view.len // isz, dtype_code, op_code)
+
+
+def scale_avg(buf, int dtype_code, int nranks):
+    """Finish an AVG in place: divide by nranks (floats) or floor-divide (integers, as //)."""
+    cdef size_t isz = _itemsize(dtype_code)
+    if nranks <= 0:
+        raise errors.InvalidUsageError(f"nranks must be positive, got {nranks}")
+    cdef _Buf b = _Buf(buf, True)
+    with nogil:
+        gc_scale_avg(b.view.buf, <size_t>b.view.len // isz, dtype_code, nranks)
+
+
+def shm_unlink(name):
+    """Remove a shared-memory name (mappings stay valid); a missing name is not an error."""
+    cdef bytes n = _shm_name(name)
+    cdef int rc = gc_shmchan_unlink(n)
+    _check(rc, -1, -1, f"cannot unlink shared memory {name}", 0, 0, errno)
+
+
+cdef extern from "errno.h":
+    int errno
+
+
+cdef bytes _shm_name(name):
+    n = name if name.startswith("/") else "/" + name
+    return n.encode()
+
+
+cdef class ShmChannel:
+    """One end of a shared-memory channel (two rings) between two ranks of one host.
+
+    ``ShmChannel.create(name, capacity)`` makes the segment (the lower rank of the pair);
+    ``ShmChannel.attach(name, creator_pid)`` maps it (the higher rank) and returns None while
+    it is not there yet. ``.ptr`` is the address of its gc_chan for run_schedule.
+    """
+    cdef gc_shmchan *ch
+    cdef readonly str name
+
+    @staticmethod
+    def create(name, capacity, int peer=-1):
+        """Create the segment (replacing a stale one of the same name) as side 0."""
+        cdef int err = 0
+        cdef bytes n = _shm_name(name)
+        cdef gc_shmchan *ch = gc_shmchan_create(n, <uint64_t>capacity, &err)
+        cdef int en = errno
+        if ch == NULL:
+            _check(err, -1, -1, f"cannot create shared memory {name}", 0, 0, en)
+        return ShmChannel._wrap(ch, name, peer)
+
+    @staticmethod
+    def attach(name, int creator_pid=0, int peer=-1):
+        """Attach as side 1; None when the segment does not exist or is not ready yet."""
+        cdef int err = 0
+        cdef bytes n = _shm_name(name)
+        cdef gc_shmchan *ch = gc_shmchan_attach(n, creator_pid, &err)
+        cdef int en = errno
+        if ch == NULL:
+            if err == GC_SHM_NOT_READY:
+                return None
+            _check(err, -1, -1, f"cannot attach shared memory {name}", 0, 0, en)
+        return ShmChannel._wrap(ch, name, peer)
+
+    @staticmethod
+    cdef ShmChannel _wrap(gc_shmchan *ch, name, int peer):
+        cdef ShmChannel self = ShmChannel.__new__(ShmChannel)
+        self.ch = ch
+        self.name = name
+        ch.chan.peer = peer
+        return self
+
+    def __dealloc__(self):
+        gc_shmchan_close(self.ch)
+        self.ch = NULL
+
+    cdef gc_shmchan *_live(self) except NULL:
+        if self.ch == NULL:
+            raise errors.InvalidUsageError(f"shared-memory channel {self.name} is closed")
+        return self.ch
+
+    @property
+    def ptr(self):
+        """Address of the gc_chan (an int) to put in run_schedule's chan_ptrs."""
+        return <uintptr_t>&self._live().chan
+
+    @property
+    def capacity(self):
+        """Bytes per ring (the creator's choice, rounded to pages)."""
+        return self._live().cap
+
+    @property
+    def side(self):
+        """0 for the creator (lower rank), 1 for the attacher."""
+        return self._live().side
+
+    @property
+    def peer(self):
+        return self._live().chan.peer
+
+    @property
+    def peer_attached(self):
+        """True once the other side has mapped the segment (it may have closed since)."""
+        return gc_shmchan_peer_state(self._live()) != 0
+
+    @property
+    def closed(self):
+        return self.ch == NULL
+
+    def alive(self):
+        """False once the peer closed its end or its process is gone."""
+        cdef gc_shmchan *ch = self._live()
+        return bool(ch.chan.alive(&ch.chan))
+
+    def close(self):
+        """Mark this end closed (the peer sees it as gone) and unmap; idempotent."""
+        gc_shmchan_close(self.ch)
+        self.ch = NULL
+
+    def unlink(self):
+        """Remove the segment's name; both ends keep their mappings."""
+        shm_unlink(self.name)
+
+    def __repr__(self):
+        state = "closed" if self.ch == NULL else f"side {self.ch.side}, {self.ch.cap} B/ring"
+        return f"<ShmChannel {self.name} {state}>"
+
+
+def run_schedule(const int64_t[:, ::1] steps, const uint64_t[::1] chan_ptrs,
+                 uintptr_t send_addr, uintptr_t recv_addr, uintptr_t scratch_addr,
+                 size_t itemsize, int dtype_code, int op_code, double timeout_s,
+                 int64_t send_bytes=-1, int64_t recv_bytes=-1, int64_t scratch_bytes=-1):
+    """Run one rank's schedule (int64 array (nsteps, 9)) without the GIL.
+
+    chan_ptrs[r] is the gc_chan address for peer rank r (0 where there is none), from any
+    transport. Addresses are raw pointers: the caller keeps the buffers alive. The *_bytes
+    sizes, when given (>= 0), bound every step's offsets. timeout_s <= 0 waits forever.
+    Raises TimeoutError, LostPeerError or InvalidUsageError naming the peer rank and step.
+    """
+    if steps.shape[1] != GC_STEP_COLS:
+        raise errors.InvalidUsageError(f"a schedule has {GC_STEP_COLS} columns, not {steps.shape[1]}")
+    if itemsize != _itemsize(dtype_code) or op_code < 0 or op_code >= GC_NUM_OPS:
+        raise errors.InvalidUsageError(
+            f"dtype {dtype_code} / itemsize {itemsize} / op {op_code} do not fit together")
+    cdef gc_exec_args a
+    cdef gc_exec_err e
+    a.steps = &steps[0, 0] if steps.shape[0] else NULL
+    a.nsteps = steps.shape[0]
+    a.chans = <gc_chan **>&chan_ptrs[0] if chan_ptrs.shape[0] else NULL
+    a.nchans = chan_ptrs.shape[0]
+    a.bufs[0] = <char *>send_addr
+    a.bufs[1] = <char *>recv_addr
+    a.bufs[2] = <char *>scratch_addr
+    a.buf_bytes[0] = send_bytes
+    a.buf_bytes[1] = recv_bytes
+    a.buf_bytes[2] = scratch_bytes
+    a.itemsize = itemsize
+    a.dtype = dtype_code
+    a.op = op_code
+    a.deadline_ns = gc_now_ns() + <int64_t>(timeout_s * 1e9) if timeout_s > 0 else 0
+    cdef int rc
+    with nogil:
+        rc = gc_exec_run(&a, &e)
+    if rc != GC_OK:
+        what = e.what.decode() if e.what != NULL else None
+        _check(rc, e.peer, e.step, what, e.got, e.want, e.errno_, timeout_s)
