@@ -1,0 +1,447 @@
+"""The communicator: mpi4py's names and argument order, NCCL's speed.
+
+Every method checks its arguments on the calling rank before anything is sent, then
+hands a validated `Call` to the dispatcher (gpucoll/dispatch.py), which picks the
+algorithm and transport. Blocking methods return when the result is in place;
+`I*` methods return a `Request`.
+
+    import numpy as np, gpucoll
+    comm = gpucoll.COMM_WORLD
+    x = np.full(4, comm.rank, dtype=np.float32)
+    comm.Allreduce(gpucoll.IN_PLACE, x, op=gpucoll.SUM)
+"""
+import pickle
+
+import numpy as np
+
+from . import ops as _ops
+from .buffers import host_buffer
+from .dispatch import Call, Dispatcher
+from .engine import OrderedEngine
+from .errors import InvalidUsageError
+from .request import CompletedRequest
+from . import p2p as _p2p
+
+
+class _InPlace:
+    """Marker for mpi4py's IN_PLACE: the input is taken from the receive buffer."""
+
+    def __repr__(self):
+        return "gpucoll.IN_PLACE"
+
+
+IN_PLACE = _InPlace()
+UNDEFINED = -32766  # Split colour that leaves a rank out of every new communicator
+
+
+class Communicator:
+    """A group of ranks that run collectives together.
+
+    Attributes: `rank`, `size`, `local_rank` (rank among this host's ranks of the
+    communicator), `local_size`, `host`, `name`."""
+
+    def __init__(self, context, comm_id, world_ranks):
+        self._ctx = context
+        self._id = comm_id
+        self._world_ranks = tuple(world_ranks)
+        self.size = len(world_ranks)
+        self.rank = self._world_ranks.index(context.rank)
+        self.host = context.hosts[context.rank]
+        same_host = [r for r in self._world_ranks if context.hosts[r] == self.host]
+        self.local_rank = same_host.index(context.rank)
+        self.local_size = len(same_host)
+        self.name = comm_id
+        self._freed = False
+        self._engine = OrderedEngine(comm_id)
+        self._dispatch = Dispatcher(self)
+        self._p2p = _p2p.PointToPoint(self)
+        self._children = 0  # Split/Dup counter: names children identically on every rank
+
+    # --- identity ---------------------------------------------------------------
+    def Get_rank(self):
+        return self.rank
+
+    def Get_size(self):
+        return self.size
+
+    def Get_name(self):
+        return self.name
+
+    @property
+    def world_ranks(self):
+        """The world rank of each rank of this communicator."""
+        return self._world_ranks
+
+    def __repr__(self):
+        return f"<gpucoll.Communicator {self._id} rank {self.rank} of {self.size}>"
+
+    def _check_alive(self):
+        if self._freed:
+            raise InvalidUsageError(f"communicator {self._id} was freed; create a new one with Dup() or Split()")
+
+    def _check_root(self, root):
+        if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
+            raise InvalidUsageError(f"root {root!r} is out of range for a communicator of size {self.size}")
+        return int(root)
+
+    # --- communicator management ------------------------------------------------
+    def Dup(self):
+        """A new communicator with the same ranks, isolated from this one."""
+        self._check_alive()
+        self._children += 1
+        return Communicator(self._ctx, f"{self._id}.d{self._children}", self._world_ranks)
+
+    def Split(self, color=0, key=0):
+        """Ranks with the same color form a new communicator, ordered by (key, rank).
+        A color of UNDEFINED (or a negative one) gives None."""
+        self._check_alive()
+        self._children += 1
+        table = self.allgather((int(color), int(key)))
+        tag = self._children
+        if color is None or color < 0:
+            return None
+        members = sorted((k, r) for r, (c, k) in enumerate(table) if c == color)
+        world = [self._world_ranks[r] for _, r in members]
+        return Communicator(self._ctx, f"{self._id}.s{tag}c{color}", world)
+
+    def Free(self):
+        """Release the communicator's transports; using it afterwards raises."""
+        if self._freed:
+            return
+        self._engine.close()
+        self._p2p.close()
+        self._dispatch.close()
+        self._freed = True
+
+    # --- the buffer collectives ---------------------------------------------------
+    def _blocking(self, call):
+        self._engine.run(call.run)
+
+    def _nonblocking(self, call):
+        return self._engine.submit(call.run, call.kind)
+
+    def _allreduce_call(self, sendbuf, recvbuf, op):
+        self._check_alive()
+        op = _ops.as_op(op)
+        recv = host_buffer(recvbuf, "recvbuf", writable=True)
+        send = recv if sendbuf is IN_PLACE else host_buffer(sendbuf, "sendbuf")
+        _same_shape(send, recv, "sendbuf", "recvbuf", "Allreduce")
+        op.check(recv.code)
+        return Call(self._dispatch, "allreduce", send, recv, recv.count, recv.code, op)
+
+    def Allreduce(self, sendbuf, recvbuf, op=_ops.SUM):
+        """recvbuf = op over every rank's sendbuf (IN_PLACE: recvbuf is also the input)."""
+        self._blocking(self._allreduce_call(sendbuf, recvbuf, op))
+
+    def Iallreduce(self, sendbuf, recvbuf, op=_ops.SUM):
+        return self._nonblocking(self._allreduce_call(sendbuf, recvbuf, op))
+
+    def _bcast_call(self, buf, root):
+        self._check_alive()
+        root = self._check_root(root)
+        b = host_buffer(buf, "buf", writable=self.rank != root)
+        return Call(self._dispatch, "bcast", b, b, b.count, b.code, root=root)
+
+    def Bcast(self, buf, root=0):
+        """Copy root's buf into every rank's buf."""
+        self._blocking(self._bcast_call(buf, root))
+
+    def Ibcast(self, buf, root=0):
+        return self._nonblocking(self._bcast_call(buf, root))
+
+    def _reduce_call(self, sendbuf, recvbuf, op, root):
+        self._check_alive()
+        op = _ops.as_op(op)
+        root = self._check_root(root)
+        if self.rank == root:
+            recv = host_buffer(recvbuf, "recvbuf", writable=True)
+            send = recv if sendbuf is IN_PLACE else host_buffer(sendbuf, "sendbuf")
+            _same_shape(send, recv, "sendbuf", "recvbuf", "Reduce")
+        else:
+            if sendbuf is IN_PLACE:
+                raise InvalidUsageError("Reduce: IN_PLACE is only allowed on the root")
+            send = host_buffer(sendbuf, "sendbuf")
+            recv = None
+        op.check(send.code)
+        return Call(self._dispatch, "reduce", send, recv, send.count, send.code, op, root)
+
+    def Reduce(self, sendbuf, recvbuf, op=_ops.SUM, root=0):
+        """root's recvbuf = op over every rank's sendbuf; recvbuf is ignored elsewhere."""
+        self._blocking(self._reduce_call(sendbuf, recvbuf, op, root))
+
+    def Ireduce(self, sendbuf, recvbuf, op=_ops.SUM, root=0):
+        return self._nonblocking(self._reduce_call(sendbuf, recvbuf, op, root))
+
+    def _allgather_call(self, sendbuf, recvbuf):
+        self._check_alive()
+        recv = host_buffer(recvbuf, "recvbuf", writable=True)
+        _divisible(recv, self.size, "Allgather", "recvbuf")
+        block = recv.count // self.size
+        if sendbuf is IN_PLACE:
+            send = None
+        else:
+            send = host_buffer(sendbuf, "sendbuf")
+            _block_fits(send, recv, block, self.size, "Allgather", "sendbuf", "recvbuf")
+        return Call(self._dispatch, "allgather", send, recv, block, recv.code)
+
+    def Allgather(self, sendbuf, recvbuf):
+        """recvbuf = every rank's sendbuf, concatenated in rank order."""
+        self._blocking(self._allgather_call(sendbuf, recvbuf))
+
+    def Iallgather(self, sendbuf, recvbuf):
+        return self._nonblocking(self._allgather_call(sendbuf, recvbuf))
+
+    def _reduce_scatter_call(self, sendbuf, recvbuf, op):
+        self._check_alive()
+        op = _ops.as_op(op)
+        recv = host_buffer(recvbuf, "recvbuf", writable=True)
+        if sendbuf is IN_PLACE:
+            # MPI: the input is the whole recvbuf, the result lands in its first block.
+            _divisible(recv, self.size, "Reduce_scatter_block", "recvbuf")
+            block = recv.count // self.size
+            send = None
+        else:
+            send = host_buffer(sendbuf, "sendbuf")
+            block = recv.count
+            _block_fits(recv, send, block, self.size, "Reduce_scatter_block", "recvbuf", "sendbuf")
+        op.check(recv.code)
+        return Call(self._dispatch, "reduce_scatter", send, recv, block, recv.code, op)
+
+    def Reduce_scatter_block(self, sendbuf, recvbuf, op=_ops.SUM):
+        """Rank i's recvbuf = op over every rank's block i of sendbuf."""
+        self._blocking(self._reduce_scatter_call(sendbuf, recvbuf, op))
+
+    def Ireduce_scatter_block(self, sendbuf, recvbuf, op=_ops.SUM):
+        return self._nonblocking(self._reduce_scatter_call(sendbuf, recvbuf, op))
+
+    def _alltoall_call(self, sendbuf, recvbuf):
+        self._check_alive()
+        recv = host_buffer(recvbuf, "recvbuf", writable=True)
+        _divisible(recv, self.size, "Alltoall", "recvbuf")
+        if sendbuf is IN_PLACE:
+            send = None
+        else:
+            send = host_buffer(sendbuf, "sendbuf")
+            _same_shape(send, recv, "sendbuf", "recvbuf", "Alltoall")
+        return Call(self._dispatch, "alltoall", send, recv, recv.count // self.size, recv.code)
+
+    def Alltoall(self, sendbuf, recvbuf):
+        """Block j of rank i's sendbuf becomes block i of rank j's recvbuf."""
+        self._blocking(self._alltoall_call(sendbuf, recvbuf))
+
+    def Ialltoall(self, sendbuf, recvbuf):
+        return self._nonblocking(self._alltoall_call(sendbuf, recvbuf))
+
+    def _gather_call(self, sendbuf, recvbuf, root):
+        self._check_alive()
+        root = self._check_root(root)
+        if self.rank == root:
+            recv = host_buffer(recvbuf, "recvbuf", writable=True)
+            _divisible(recv, self.size, "Gather", "recvbuf")
+            block = recv.count // self.size
+            send = None if sendbuf is IN_PLACE else host_buffer(sendbuf, "sendbuf")
+            if send is not None:
+                _block_fits(send, recv, block, self.size, "Gather", "sendbuf", "recvbuf")
+            code = recv.code
+        else:
+            if sendbuf is IN_PLACE:
+                raise InvalidUsageError("Gather: IN_PLACE is only allowed on the root")
+            send, recv = host_buffer(sendbuf, "sendbuf"), None
+            block, code = send.count, send.code
+        return Call(self._dispatch, "gather", send, recv, block, code, root=root)
+
+    def Gather(self, sendbuf, recvbuf, root=0):
+        """root's recvbuf = every rank's sendbuf in rank order."""
+        self._blocking(self._gather_call(sendbuf, recvbuf, root))
+
+    def Igather(self, sendbuf, recvbuf, root=0):
+        return self._nonblocking(self._gather_call(sendbuf, recvbuf, root))
+
+    def _scatter_call(self, sendbuf, recvbuf, root):
+        self._check_alive()
+        root = self._check_root(root)
+        if self.rank == root:
+            send = host_buffer(sendbuf, "sendbuf")
+            _divisible(send, self.size, "Scatter", "sendbuf")
+            block = send.count // self.size
+            recv = None if recvbuf is IN_PLACE else host_buffer(recvbuf, "recvbuf", writable=True)
+            if recv is not None:
+                _block_fits(recv, send, block, self.size, "Scatter", "recvbuf", "sendbuf")
+            code = send.code
+        else:
+            if recvbuf is IN_PLACE:
+                raise InvalidUsageError("Scatter: IN_PLACE is only allowed on the root")
+            send, recv = None, host_buffer(recvbuf, "recvbuf", writable=True)
+            block, code = recv.count, recv.code
+        return Call(self._dispatch, "scatter", send, recv, block, code, root=root)
+
+    def Scatter(self, sendbuf, recvbuf, root=0):
+        """Block i of root's sendbuf goes to rank i's recvbuf."""
+        self._blocking(self._scatter_call(sendbuf, recvbuf, root))
+
+    def Iscatter(self, sendbuf, recvbuf, root=0):
+        return self._nonblocking(self._scatter_call(sendbuf, recvbuf, root))
+
+    def _barrier_call(self):
+        self._check_alive()
+        return Call(self._dispatch, "barrier", None, None, 0, 0)
+
+    def Barrier(self):
+        """Return once every rank has entered the barrier."""
+        self._blocking(self._barrier_call())
+
+    def Ibarrier(self):
+        return self._nonblocking(self._barrier_call())
+
+    barrier = Barrier
+
+    # --- point to point -------------------------------------------------------------
+    def Send(self, buf, dest, tag=0):
+        self._check_alive()
+        self._p2p.send(host_buffer(buf, "buf"), dest, tag)
+
+    def Isend(self, buf, dest, tag=0):
+        self._check_alive()
+        return self._p2p.isend(host_buffer(buf, "buf"), dest, tag)
+
+    def Recv(self, buf, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG, status=None):
+        self._check_alive()
+        self._p2p.irecv(host_buffer(buf, "buf", writable=True), source, tag, status).Wait()
+
+    def Irecv(self, buf, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG):
+        self._check_alive()
+        return self._p2p.irecv(host_buffer(buf, "buf", writable=True), source, tag)
+
+    def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=_p2p.ANY_SOURCE,
+                 recvtag=_p2p.ANY_TAG, status=None):
+        self._check_alive()
+        req = self._p2p.irecv(host_buffer(recvbuf, "recvbuf", writable=True), source, recvtag, status)
+        self._p2p.send(host_buffer(sendbuf, "sendbuf"), dest, sendtag)
+        req.Wait()
+
+    # --- object methods (pickle) ---------------------------------------------------
+    def send(self, obj, dest, tag=0):
+        self._check_alive()
+        self._p2p.send_object(obj, dest, tag)
+
+    def isend(self, obj, dest, tag=0):
+        self._check_alive()
+        return self._p2p.isend_object(obj, dest, tag)
+
+    def recv(self, buf=None, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG, status=None):
+        self._check_alive()
+        return self._p2p.irecv_object(source, tag, status).wait()
+
+    def irecv(self, buf=None, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG):
+        self._check_alive()
+        return self._p2p.irecv_object(source, tag)
+
+    def sendrecv(self, sendobj, dest, sendtag=0, recvbuf=None, source=_p2p.ANY_SOURCE,
+                 recvtag=_p2p.ANY_TAG, status=None):
+        req = self.irecv(None, source, recvtag)
+        self.send(sendobj, dest, sendtag)
+        return req.wait()
+
+    def bcast(self, obj, root=0):
+        """root's Python object, on every rank."""
+        root = self._check_root(root)
+        data = _dumps(obj) if self.rank == root else b""
+        length = np.array([len(data)], dtype=np.int64)
+        self.Bcast(length, root)
+        buf = np.frombuffer(data, np.uint8).copy() if self.rank == root else np.empty(length[0], np.uint8)
+        self.Bcast(buf, root)
+        return obj if self.rank == root else pickle.loads(buf.tobytes())
+
+    def allgather(self, obj):
+        """Every rank's object, in rank order."""
+        return [pickle.loads(b) for b in self._allgather_bytes(_dumps(obj))]
+
+    def _allgather_bytes(self, data):
+        lengths = np.empty(self.size, np.int64)
+        self.Allgather(np.array([len(data)], np.int64), lengths)
+        width = int(lengths.max()) if self.size else 0
+        mine = np.zeros(width, np.uint8)
+        mine[:len(data)] = np.frombuffer(data, np.uint8)
+        table = np.empty(width * self.size, np.uint8)
+        self.Allgather(mine, table)
+        return [table[r * width:r * width + int(lengths[r])].tobytes() for r in range(self.size)]
+
+    def gather(self, obj, root=0):
+        """On root: every rank's object in rank order; None elsewhere."""
+        root = self._check_root(root)
+        items = self.allgather(obj) if self.size <= 64 else self._gather_via_root(obj, root)
+        return items if self.rank == root else None
+
+    def _gather_via_root(self, obj, root):
+        if self.rank != root:
+            self.send(obj, root, tag=_p2p.OBJECT_GATHER_TAG)
+            return None
+        return [obj if r == root else self.recv(source=r, tag=_p2p.OBJECT_GATHER_TAG) for r in range(self.size)]
+
+    def scatter(self, sendobj, root=0):
+        """Rank i gets root's sendobj[i]."""
+        root = self._check_root(root)
+        if self.rank == root:
+            if sendobj is None or len(sendobj) != self.size:
+                raise InvalidUsageError(f"scatter: root must pass a sequence of {self.size} objects")
+            for r in range(self.size):
+                if r != root:
+                    self.send(sendobj[r], r, tag=_p2p.OBJECT_SCATTER_TAG)
+            return sendobj[root]
+        return self.recv(source=root, tag=_p2p.OBJECT_SCATTER_TAG)
+
+    def allreduce(self, obj, op=_ops.SUM):
+        """op over every rank's object, combined in rank order (same result everywhere)."""
+        op = _ops.as_op(op)
+        items = self.allgather(obj)
+        if op is _ops.AVG:
+            total = items[0]
+            for item in items[1:]:
+                total = total + item
+            return total / self.size
+        result = items[0]
+        for item in items[1:]:
+            result = op.py(result, item)
+        return result
+
+    def reduce(self, obj, op=_ops.SUM, root=0):
+        result = self.allreduce(obj, op)
+        return result if self.rank == self._check_root(root) else None
+
+    def alltoall(self, sendobj):
+        if sendobj is None or len(sendobj) != self.size:
+            raise InvalidUsageError(f"alltoall: pass a sequence of {self.size} objects")
+        table = self.allgather(list(sendobj))
+        return [table[r][self.rank] for r in range(self.size)]
+
+
+def _dumps(obj):
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _same_shape(a, b, an, bn, what):
+    if a.count != b.count or a.code != b.code:
+        raise InvalidUsageError(
+            f"{what}: {an} ({a.count} x {_tn(a)}) and {bn} ({b.count} x {_tn(b)}) must have the same "
+            "number of elements and the same dtype")
+
+
+def _divisible(buf, size, what, name):
+    if buf.count % size:
+        raise InvalidUsageError(f"{what}: {name} has {buf.count} elements, not a multiple of the "
+                                f"communicator size {size}")
+
+
+def _block_fits(block_buf, whole_buf, block, size, what, bn, wn):
+    if block_buf.code != whole_buf.code:
+        raise InvalidUsageError(f"{what}: {bn} is {_tn(block_buf)} but {wn} is {_tn(whole_buf)}")
+    if block_buf.count * size != whole_buf.count or block_buf.count != block:
+        raise InvalidUsageError(
+            f"{what}: {wn} must hold size x {bn} = {size} x {block_buf.count} elements, "
+            f"it holds {whole_buf.count}")
+
+
+def _tn(buf):
+    from .dtypes import name
+
+    return name(buf.code)

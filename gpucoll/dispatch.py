@@ -1,0 +1,204 @@
+"""From a validated call to bytes on the wire: algorithm choice, execution, logs, errors.
+
+The dispatcher of a communicator picks, for each call, the algorithm (the cost model of
+gpucoll.algorithms.selector, or GPUCOLL_ALGO) and runs it: the intra-host `direct`
+algorithms on one shared segment, or a schedule over the peer channels. Every call gets a
+sequence number; errors name the operation, that number and the ranks involved.
+"""
+import numpy as np
+
+from . import config, dtypes, log
+from . import ops as _ops
+from .algorithms import schedule as build_schedule
+from .algorithms import selector
+from .errors import GpucollError, MismatchError
+
+KIND_IDS = {"allreduce": 1, "bcast": 2, "reduce": 3, "allgather": 4, "reduce_scatter": 5, "alltoall": 6,
+            "gather": 7, "scatter": 8, "barrier": 9}
+_KIND_NAMES = {v: k for k, v in KIND_IDS.items()}
+_REDUCING = frozenset({"allreduce", "reduce", "reduce_scatter"})
+
+
+class Call:
+    """One validated collective call. `count` is the per-rank block for allgather,
+    reduce_scatter, alltoall, gather and scatter, else the buffer's element count."""
+
+    __slots__ = ("dispatch", "kind", "send", "recv", "count", "code", "op", "root")
+
+    def __init__(self, dispatch, kind, send, recv, count, code, op=None, root=0):
+        self.dispatch, self.kind, self.send, self.recv = dispatch, kind, send, recv
+        self.count, self.code, self.op, self.root = count, code, op, root
+
+    def run(self):
+        return self.dispatch.execute(self)
+
+    def signature(self):
+        op = self.op.code if self.op is not None else -1
+        return (KIND_IDS[self.kind], self.count, self.code, op, self.root)
+
+
+def _peers_of(sched):
+    """Peer ranks a schedule talks to (columns send_peer and recv_peer)."""
+    cols = sched.steps[:, [1, 5]]
+    return [int(p) for p in np.unique(cols[cols >= 0])]
+
+
+def _addr(buf):
+    return 0 if buf is None else buf.addr
+
+
+class Dispatcher:
+    def __init__(self, comm):
+        self.comm = comm
+        self.seq = 0
+        self.timeout = config.TIMEOUT.get()
+        self.checks = config.DEBUG_CHECKS.get()
+        self.forced = config.ALGO.get()
+        single_host = comm.local_size == comm.size
+        self.shm = single_host and not config.SHM_DISABLE.get()
+        self.transport = "shm" if self.shm else "tcp"
+        self.available = frozenset({"direct"}) if self.shm and comm.size > 1 else frozenset()
+        self._direct = None
+        self._channels = None
+        self._scratch = np.empty(0, np.uint8)
+
+    # --- resources, made on first use (every rank makes them in the same call) -----------
+    def direct(self):
+        if self._direct is None:
+            from .transports.shm_direct import create_or_attach
+
+            ctx = self.comm._ctx
+            self._direct = create_or_attach(ctx.job_id, self.comm._id, self.comm.rank, self.comm.size,
+                                            timeout=config.INIT_TIMEOUT.get())
+        return self._direct
+
+    def channels(self):
+        if self._channels is None:
+            from .transports.channels import ChannelSet
+
+            self._channels = ChannelSet(self.comm, "coll", use_shm=self.shm)
+        return self._channels
+
+    def scratch(self, nbytes):
+        if self._scratch.size < nbytes:
+            self._scratch = np.empty(max(nbytes, 2 * self._scratch.size), np.uint8)
+        return self._scratch.__array_interface__["data"][0]
+
+    def close(self):
+        if self._direct is not None:
+            self._direct.close()
+        if self._channels is not None:
+            self._channels.close()
+
+    # --- execution -------------------------------------------------------------------------
+    def execute(self, call):
+        seq = self.seq
+        self.seq += 1
+        comm = self.comm
+        try:
+            if self.checks and comm.size > 1:
+                self._cross_check(call, seq)
+            itemsize = dtypes.ITEMSIZE[call.code]
+            nbytes = call.count * itemsize
+            algo = selector.select(call.kind, nbytes, comm.size, self.transport,
+                                   forced=self.forced, available=self.available)
+            if log.enabled("info", "COLL"):
+                log.info("COLL", "%s #%d %d B %s%s%s %s via %s", call.kind, seq, nbytes,
+                         dtypes.name(call.code), f" {call.op.name}" if call.op else "",
+                         f" root {call.root}" if call.kind in ("bcast", "reduce", "gather", "scatter") else "",
+                         algo, "SHM/direct" if algo == "direct" else self.transport.upper())
+            if algo == "direct":
+                self._run_direct(call)
+            else:
+                self._run_schedule(call, algo)
+        except GpucollError as exc:
+            exc.args = (f"{call.kind} #{seq} on communicator {comm.name} (rank {comm.rank} of {comm.size}): "
+                        f"{exc.args[0] if exc.args else exc}",) + exc.args[1:]
+            raise
+
+    def _buffers(self, call):
+        """(buffer 0, buffer 1) addresses with MPI's IN_PLACE aliasing (docs/internals.md):
+        allgather and gather read this rank's (the root's) block of the receive buffer,
+        scatter's root keeps its own block of the send buffer, the rest use one buffer."""
+        kind = call.kind
+        send, recv = _addr(call.send), _addr(call.recv)
+        block = call.count * dtypes.ITEMSIZE[call.code]
+        if call.send is None and call.recv is not None:
+            if kind == "allgather":
+                send = recv + self.comm.rank * block
+            elif kind == "gather":
+                send = recv + call.root * block
+            elif kind != "scatter":
+                send = recv
+        elif call.recv is None and kind == "scatter" and self.comm.rank == call.root:
+            recv = send + call.root * block
+        return send, recv
+
+    def _run_direct(self, call):
+        group = self.direct()
+        kind, t, n, root = call.kind, self.timeout, call.count, call.root
+        op = call.op.code if call.op is not None else 0
+        isz = dtypes.ITEMSIZE[call.code]
+        send, recv = self._buffers(call)
+        if kind == "allreduce":
+            group.allreduce(send, recv, n, call.code, op, t)
+        elif kind == "bcast":
+            group.bcast(recv, n, isz, root, t)
+        elif kind == "reduce":
+            group.reduce(send, recv, n, call.code, op, root, t)
+        elif kind == "allgather":
+            group.allgather(send, recv, n, isz, t)
+        elif kind == "reduce_scatter":
+            group.reduce_scatter_block(send, recv, n, call.code, op, t)
+        elif kind == "alltoall":
+            group.alltoall(send, recv, n, isz, t)
+        elif kind == "gather":
+            group.gather(send, recv, n, isz, root, t)
+        elif kind == "scatter":
+            group.scatter(send, recv, n, isz, root, t)
+        else:
+            group.barrier(t)
+
+    def _run_schedule(self, call, algo):
+        from ._native import core
+
+        comm = self.comm
+        isz = dtypes.ITEMSIZE[call.code]
+        sched = build_schedule(call.kind, algo, comm.rank, comm.size, call.count, root=call.root,
+                               inplace=call.send is None or call.send.addr == _addr(call.recv))
+        send, recv = self._buffers(call)
+        scratch = self.scratch(sched.scratch_count * isz) if sched.scratch_count else 0
+        op = call.op.code if call.op is not None else _ops.SUM.code
+        if op == _ops.AVG.code:
+            op = _ops.SUM.code
+        chans = self.channels().pointers(_peers_of(sched))
+        core.run_schedule(sched.steps, chans, send, recv, scratch, isz, call.code, op, self.timeout)
+        if call.op is _ops.AVG and call.recv is not None and (call.kind != "reduce" or comm.rank == call.root):
+            core.scale_avg(call.recv.array[:call.count], call.code, comm.size)
+
+    # --- GPUCOLL_DEBUG_CHECKS ------------------------------------------------------------------
+    def _cross_check(self, call, seq):
+        """Allgather every rank's (kind, count, dtype, op, root) and raise on every rank,
+        naming the ranks that differ, when they do not all agree."""
+        from ._native import core
+
+        comm = self.comm
+        mine = np.array(call.signature(), dtype=np.int64)
+        table = np.empty(comm.size * mine.size, dtype=np.int64)
+        sched = build_schedule("allgather", "ring", comm.rank, comm.size, mine.size)
+        core.run_schedule(sched.steps, self.channels().pointers(_peers_of(sched)), mine.__array_interface__["data"][0],
+                          table.__array_interface__["data"][0], 0, 8, dtypes.INT64, 0, self.timeout)
+        rows = table.reshape(comm.size, mine.size)
+        if (rows == rows[0]).all():
+            return
+        fields = ("operation", "count", "dtype", "op", "root")
+        described = []
+        for r, row in enumerate(rows):
+            kind, count, code, op, root = (int(v) for v in row)
+            op_name = _ops.ALL[op].name if op >= 0 else "-"
+            described.append(f"rank {r}: {_KIND_NAMES.get(kind, kind)} count={count} "
+                             f"dtype={dtypes.name(code)} op={op_name} root={root}")
+        differing = sorted({fields[j] for r in range(comm.size) for j in range(mine.size)
+                            if rows[r, j] != rows[0, j]})
+        raise MismatchError(f"ranks called different collectives (differing: {', '.join(differing)}); "
+                            + "; ".join(described))

@@ -1,0 +1,387 @@
+"""Tagged point-to-point messages (Send/Recv, Isend/Irecv, send/recv of objects).
+
+Every process keeps one inbox: a listening socket and one reader thread. A sender
+opens one connection per destination process and writes framed messages
+(communicator key, source rank, tag, length, payload). The reader matches each
+message against the receives posted on that communicator, in arrival order, and
+reads the payload straight into the matching buffer; a message nobody waits for yet
+is kept until a receive asks for it. So a Send never waits for its Recv (as an
+eager MPI send), messages between two ranks never overtake each other, and
+ANY_SOURCE / ANY_TAG work.
+"""
+import hashlib
+import hmac
+import pickle
+import selectors
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+
+from . import config, log
+from .engine import OrderedEngine
+from .errors import GpucollError, InvalidUsageError, LostPeerError
+from .errors import TimeoutError as GpucollTimeout
+from .request import Request
+
+ANY_SOURCE = -1
+ANY_TAG = -1
+OBJECT_GATHER_TAG = -1001  # tags below zero are reserved for gpucoll's object methods
+OBJECT_SCATTER_TAG = -1002
+
+_FRAME = struct.Struct("!QiiQ")  # communicator key, source rank, tag, payload bytes
+_HELLO = struct.Struct("!8si32s")  # magic, sender world rank, proof of the job secret
+_MAGIC = b"GCP2P001"
+
+
+def comm_key(comm_id):
+    return int.from_bytes(hashlib.blake2b(comm_id.encode(), digest_size=8).digest(), "big")
+
+
+class Status:
+    """Source, tag and size of a received message (mpi4py's Status)."""
+
+    def __init__(self):
+        self.source = ANY_SOURCE
+        self.tag = ANY_TAG
+        self.nbytes = 0
+
+    def Get_source(self):
+        return self.source
+
+    def Get_tag(self):
+        return self.tag
+
+    def Get_count(self, datatype=None):
+        size = 1 if datatype is None else datatype.Get_size()
+        return self.nbytes // size
+
+    def Get_elements(self, datatype=None):
+        return self.Get_count(datatype)
+
+
+class _Posted:
+    """A receive waiting for its message."""
+
+    __slots__ = ("source", "tag", "view", "request", "status", "want_bytes")
+
+    def __init__(self, source, tag, view, request, status, want_bytes):
+        self.source, self.tag, self.view = source, tag, view
+        self.request, self.status, self.want_bytes = request, status, want_bytes
+
+    def matches(self, source, tag):
+        return self.source in (ANY_SOURCE, source) and (self.tag == tag or (self.tag == ANY_TAG and tag >= 0))
+
+
+class _Box:
+    """Per-communicator matching state (created on first use from either side)."""
+
+    def __init__(self):
+        self.unexpected = []  # (source, tag, bytes) in arrival order
+        self.posted = []
+        self.lost = set()  # source ranks whose connection dropped
+
+
+class Inbox:
+    """The process-wide listener and reader thread; see the module docstring."""
+
+    def __init__(self, secret, host_hint):
+        self._secret = secret or b""
+        self._listener = socket.create_server(("0.0.0.0", 0), backlog=1024)
+        self.address = f"{host_hint}:{self._listener.getsockname()[1]}"
+        self._lock = threading.Lock()
+        self._boxes = {}  # comm key -> _Box
+        self._members = {}  # comm key -> {world rank: comm rank}
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._listener, selectors.EVENT_READ, None)
+        self._thread = threading.Thread(target=self._loop, name="gpucoll-inbox", daemon=True)
+        self._thread.start()
+
+    def proof(self, rank):
+        return hmac.new(self._secret, b"p2p:%d" % rank, hashlib.sha256).digest()
+
+    def box(self, key):
+        with self._lock:
+            return self._boxes.setdefault(key, _Box())
+
+    # --- reader thread ---------------------------------------------------------------
+    def _loop(self):
+        while True:
+            for key, _ in self._sel.select():
+                if key.data is None:
+                    self._accept()
+                else:
+                    self._read_frame(key.fileobj, key.data)
+
+    def _accept(self):
+        conn, _ = self._listener.accept()
+        conn.settimeout(10)
+        try:
+            magic, rank, proof = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
+        except (OSError, ConnectionError, struct.error):
+            conn.close()
+            return
+        if magic != _MAGIC or not hmac.compare_digest(proof, self.proof(rank)):
+            log.warn("P2P", "refused a point-to-point connection that did not prove the job secret")
+            conn.close()
+            return
+        conn.settimeout(None)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sel.register(conn, selectors.EVENT_READ, rank)
+
+    def _read_frame(self, conn, world_rank):
+        try:
+            key, source, tag, nbytes = _FRAME.unpack(_recv_exact(conn, _FRAME.size))
+        except (OSError, ConnectionError):
+            self._sel.unregister(conn)
+            conn.close()
+            self._peer_lost(world_rank)
+            return
+        box = self.box(key)
+        with self._lock:
+            posted = next((p for p in box.posted if p.matches(source, tag)), None)
+            if posted is not None:
+                box.posted.remove(posted)
+        try:
+            if posted is None:
+                payload = bytearray(nbytes)
+                _recv_into(conn, memoryview(payload))
+                with self._lock:
+                    # A receive may have been posted while the payload arrived.
+                    posted = next((p for p in box.posted if p.matches(source, tag)), None)
+                    if posted is None:
+                        box.unexpected.append((source, tag, payload))
+                        return
+                    box.posted.remove(posted)
+                _deliver(posted, source, tag, memoryview(payload))
+            else:
+                _deliver_from_socket(posted, source, tag, nbytes, conn)
+        except (OSError, ConnectionError):
+            self._sel.unregister(conn)
+            conn.close()
+            self._peer_lost(world_rank)
+
+    def _peer_lost(self, world_rank):
+        with self._lock:
+            for key, members in self._members.items():
+                if world_rank in members:
+                    box = self._boxes.setdefault(key, _Box())
+                    box.lost.add(members[world_rank])
+                    for p in list(box.posted):
+                        if p.source == members[world_rank]:
+                            box.posted.remove(p)
+                            p.request._finish(error=LostPeerError(
+                                f"Recv from rank {p.source}: its connection closed (the process ended or "
+                                "crashed) before the message arrived", ranks=[p.source]))
+
+    def register(self, key, world_ranks):
+        with self._lock:
+            self._members[key] = {w: r for r, w in enumerate(world_ranks)}
+
+    # --- matching for receives ---------------------------------------------------------
+    def post(self, key, posted):
+        box = self.box(key)
+        with self._lock:
+            for i, (source, tag, payload) in enumerate(box.unexpected):
+                if posted.matches(source, tag):
+                    del box.unexpected[i]
+                    break
+            else:
+                if posted.source != ANY_SOURCE and posted.source in box.lost:
+                    raise LostPeerError(f"Recv from rank {posted.source}: that rank's connection is closed",
+                                        ranks=[posted.source])
+                box.posted.append(posted)
+                return
+        _deliver(posted, source, tag, memoryview(payload))
+
+    def withdraw(self, key, posted):
+        box = self.box(key)
+        with self._lock:
+            if posted in box.posted:
+                box.posted.remove(posted)
+                return True
+        return False
+
+
+def _recv_exact(conn, n):
+    data = bytearray(n)
+    _recv_into(conn, memoryview(data))
+    return bytes(data)
+
+
+def _recv_into(conn, view):
+    while len(view):
+        got = conn.recv_into(view)
+        if not got:
+            raise ConnectionError("connection closed")
+        view = view[got:]
+
+
+def _check_fits(posted, source, tag, nbytes):
+    if posted.want_bytes is not None and nbytes > posted.want_bytes:
+        return GpucollError(
+            f"message truncated: rank {source} sent {nbytes} bytes with tag {tag}, the receive buffer "
+            f"holds {posted.want_bytes}; pass a larger buffer")
+    return None
+
+
+def _deliver(posted, source, tag, payload):
+    error = _check_fits(posted, source, tag, len(payload))
+    if error is None and posted.view is not None:
+        posted.view[:len(payload)] = payload
+    _complete(posted, source, tag, len(payload), error, payload)
+
+
+def _deliver_from_socket(posted, source, tag, nbytes, conn):
+    error = _check_fits(posted, source, tag, nbytes)
+    if error is None and posted.view is not None:
+        _recv_into(conn, posted.view[:nbytes])
+        payload = None
+    else:
+        payload = memoryview(_recv_exact(conn, nbytes))
+    _complete(posted, source, tag, nbytes, error, payload)
+
+
+def _complete(posted, source, tag, nbytes, error, payload):
+    if posted.status is not None:
+        posted.status.source, posted.status.tag, posted.status.nbytes = source, tag, nbytes
+    value = None
+    if error is None and posted.view is None:  # an object receive
+        value = pickle.loads(payload)
+    posted.request._finish(value, error)
+
+
+class PointToPoint:
+    """Point-to-point messaging of one communicator."""
+
+    def __init__(self, comm):
+        self._comm = comm
+        self._ctx = comm._ctx
+        self._key = comm_key(comm._id)
+        self._ctx.inbox.register(self._key, comm.world_ranks)
+        self._senders = {}
+        self._conns = {}
+        self._lock = threading.Lock()
+        self._timeout = config.TIMEOUT.get()
+
+    def _check_peer(self, peer, what):
+        if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self._comm.size:
+            raise InvalidUsageError(f"{what} rank {peer!r} is out of range for a communicator of size "
+                                    f"{self._comm.size}")
+        return int(peer)
+
+    def _connection(self, dest):
+        world = self._comm.world_ranks[dest]
+        conn = self._conns.get(world) or self._ctx.p2p_connections.get(world)
+        if conn is None:
+            conn = self._ctx.connect_p2p(world)
+        self._conns[world] = conn
+        return conn
+
+    def _sender(self, dest):
+        with self._lock:
+            engine = self._senders.get(dest)
+            if engine is None:
+                engine = self._senders[dest] = OrderedEngine(f"{self._comm._id}-send{dest}")
+            return engine
+
+    def _send_task(self, payload, dest, tag):
+        header = _FRAME.pack(self._key, self._comm.rank, tag, len(payload))
+
+        def task():
+            conn, lock = self._connection(dest)
+            try:
+                with lock:
+                    conn.sendall(header)
+                    if len(payload):
+                        conn.sendall(payload)
+            except OSError as exc:
+                raise LostPeerError(f"Send to rank {dest} failed: {exc} (the process ended or crashed)",
+                                    ranks=[dest]) from None
+        return task
+
+    @staticmethod
+    def _payload(buf):
+        return memoryview(buf.array).cast("B") if buf.count else memoryview(b"")
+
+    def send(self, buf, dest, tag):
+        dest = self._check_peer(dest, "destination")
+        self._sender(dest).run(self._send_task(self._payload(buf), dest, int(tag)))
+
+    def isend(self, buf, dest, tag):
+        dest = self._check_peer(dest, "destination")
+        return self._sender(dest).submit(self._send_task(self._payload(buf), dest, int(tag)), "Isend")
+
+    def send_object(self, obj, dest, tag):
+        dest = self._check_peer(dest, "destination")
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        self._sender(dest).run(self._send_task(memoryview(data), dest, int(tag)))
+
+    def isend_object(self, obj, dest, tag):
+        dest = self._check_peer(dest, "destination")
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        return self._sender(dest).submit(self._send_task(memoryview(data), dest, int(tag)), "isend")
+
+    def _post(self, view, source, tag, status, want_bytes, name):
+        if source != ANY_SOURCE:
+            source = self._check_peer(source, "source")
+        req = _TimedRequest(name, self, source, tag)
+        posted = _Posted(source, int(tag), view, req, status, want_bytes)
+        req.posted = posted
+        self._ctx.inbox.post(self._key, posted)
+        return req
+
+    def irecv(self, buf, source, tag, status=None):
+        view = memoryview(buf.array).cast("B") if buf.count else memoryview(bytearray(0))
+        return self._post(view, source, tag, status, buf.nbytes, "Irecv")
+
+    def irecv_object(self, source, tag, status=None):
+        return self._post(None, source, tag, status, None, "irecv")
+
+    def close(self):
+        for engine in self._senders.values():
+            engine.close()
+
+
+class _TimedRequest(Request):
+    """A receive request whose Wait gives up after GPUCOLL_TIMEOUT, naming what it waited for."""
+
+    __slots__ = ("p2p", "source", "tag", "posted")
+
+    def __init__(self, name, p2p, source, tag):
+        super().__init__(name)
+        self.p2p, self.source, self.tag, self.posted = p2p, source, tag, None
+
+    def Wait(self, status=None):
+        timeout = self.p2p._timeout
+        if not self._done.wait(timeout):
+            if self.p2p._ctx.inbox.withdraw(self.p2p._key, self.posted):
+                src = "any rank" if self.source == ANY_SOURCE else f"rank {self.source}"
+                tag = "any tag" if self.tag == ANY_TAG else f"tag {self.tag}"
+                raise GpucollTimeout(
+                    f"{self.name} on rank {self.p2p._comm.rank}: no message from {src} with {tag} within "
+                    f"{timeout:g} s (GPUCOLL_TIMEOUT)")
+            self._done.wait()
+        return super().Wait(status)
+
+
+def connect_to(address, my_rank, proof, timeout):
+    """Open the sending connection to another process's inbox."""
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    while True:
+        try:
+            conn = socket.create_connection((host, int(port)), timeout=timeout)
+            break
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise LostPeerError(f"cannot open a point-to-point connection to {address}: {exc}") from None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+    conn.settimeout(None)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    conn.sendall(_HELLO.pack(_MAGIC, my_rank, proof))
+    return conn, threading.Lock()

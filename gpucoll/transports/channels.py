@@ -1,0 +1,59 @@
+"""The peer channels of one communicator, made on first use.
+
+A peer on this host gets a shared-memory channel (unless GPUCOLL_SHM_DISABLE=1); a peer
+on another host a TCP channel. The executor receives a table of raw channel pointers
+indexed by peer rank; this object keeps the channel objects alive behind it.
+"""
+import numpy as np
+
+from .. import config, log
+
+
+class ChannelSet:
+    def __init__(self, comm, purpose, use_shm):
+        self._comm = comm
+        self._ctx = comm._ctx
+        self._id = f"{comm._id}/{purpose}"
+        self._use_shm = use_shm
+        self._ptrs = np.zeros(comm.size, dtype=np.uint64)
+        self._objs = {}
+        self._shm = None
+        self._nsocks = config.NSOCKS.get()
+
+    def _shm_factory(self):
+        if self._shm is None:
+            from .shm import ShmChannels
+
+            comm = self._comm
+            self._shm = ShmChannels(self._ctx.job_id, self._id, comm.rank,
+                                    [self._ctx.pids[w] for w in comm.world_ranks],
+                                    timeout=config.INIT_TIMEOUT.get())
+        return self._shm
+
+    def _connect(self, peer):
+        comm, ctx = self._comm, self._ctx
+        world = comm.world_ranks[peer]
+        if self._use_shm and ctx.hosts[world] == ctx.hosts[ctx.rank]:
+            chan, how = self._shm_factory().channel(peer), "SHM"
+        else:
+            chan = ctx.tcp().channel(world, ctx.tcp_addresses[world], comm_id=self._id, nsocks=self._nsocks)
+            how = f"TCP x{self._nsocks}"
+        log.info("INIT", "%s: channel to rank %d (world %d, %s) via %s", self._id, peer, world,
+                 ctx.hosts[world], how)
+        self._objs[peer] = chan
+        self._ptrs[peer] = chan.ptr
+
+    def pointers(self, peers):
+        """The pointer table, with a channel to each of `peers` (connected if new)."""
+        for peer in peers:
+            if not self._ptrs[peer]:
+                self._connect(peer)
+        return self._ptrs
+
+    def close(self):
+        for chan in self._objs.values():
+            chan.close()
+        self._objs.clear()
+        self._ptrs[:] = 0
+        if self._shm is not None:
+            self._shm.close()

@@ -1,0 +1,108 @@
+"""The process-wide context and COMM_WORLD.
+
+`init()` runs the bootstrap once, exchanges what every rank needs to reach every
+other (host, pid, point-to-point and transport addresses) and builds COMM_WORLD.
+"""
+import atexit
+import json
+import os
+import threading
+
+from . import config, log
+from .bootstrap import connect
+from .errors import InvalidUsageError
+
+
+class Context:
+    """What every communicator of this process shares."""
+
+    def __init__(self, boot):
+        from .p2p import Inbox, connect_to
+
+        self._connect_to = connect_to
+        self.boot = boot
+        self.rank, self.size, self.job_id = boot.rank, boot.size, boot.job_id
+        self.secret = boot.info.secret or b""
+        self.hosts = boot.hosts
+        self.inbox = Inbox(self.secret, _advertised_host())
+        self.p2p_connections = {}
+        self._p2p_lock = threading.Lock()
+        self._tcp = None
+        mine = {"pid": os.getpid(), "p2p": self.inbox.address}
+        if self.size > 1:
+            mine["tcp"] = self.tcp().address
+        table = [json.loads(b) for b in boot.allgather(json.dumps(mine).encode())]
+        self.pids = [t["pid"] for t in table]
+        self.p2p_addresses = [t["p2p"] for t in table]
+        self.tcp_addresses = [t.get("tcp") for t in table]
+
+    def tcp(self):
+        """This process's TCP endpoint (listening from start-up, so peers can reach it)."""
+        if self._tcp is None:
+            from .transports.tcp import TcpEndpoint
+
+            self._tcp = TcpEndpoint(self.rank)
+        return self._tcp
+
+    def connect_p2p(self, world_rank):
+        with self._p2p_lock:
+            conn = self.p2p_connections.get(world_rank)
+            if conn is None:
+                conn = self._connect_to(self.p2p_addresses[world_rank], self.rank,
+                                        self.inbox.proof(self.rank), config.INIT_TIMEOUT.get())
+                self.p2p_connections[world_rank] = conn
+            return conn
+
+
+def _advertised_host():
+    from .transports import ifaces
+
+    return ifaces.select_interface().address
+
+
+_lock = threading.Lock()
+_world = None
+
+
+def init():
+    """Join the job (idempotent) and return COMM_WORLD."""
+    global _world
+    with _lock:
+        if _world is None:
+            bad = config.check_all()
+            if bad:
+                log.warn("ENV", "unknown variable(s) %s: nothing reads them (a typo?)", ", ".join(bad))
+            from .comm import Communicator
+
+            ctx = Context(connect())
+            _world = Communicator(ctx, "world", range(ctx.size))
+            atexit.register(_finalize)
+        return _world
+
+
+def initialized():
+    return _world is not None
+
+
+def _finalize():
+    """At exit: rank 0 of a job whose store lives in rank 0 waits until the others are
+    done with it, so no rank loses the store while still shutting down."""
+    world = _world
+    if world is None:
+        return
+    boot = world._ctx.boot
+    if not getattr(boot, "info", None) or not boot.info.host_store or world.size == 1:
+        return
+    try:
+        if boot.store.add("gpucoll/finished", 1) >= world.size:
+            boot.store.set("gpucoll/all-finished", b"1")
+        if boot._server is not None:
+            boot.store.wait(["gpucoll/all-finished"], timeout=30)
+    except Exception:  # the job is ending anyway; never turn exit into a hang or a traceback
+        pass
+
+
+def world():
+    if _world is None:
+        raise InvalidUsageError("gpucoll is not initialised: call gpucoll.init() or use gpucoll.COMM_WORLD")
+    return _world
