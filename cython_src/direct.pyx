@@ -1,0 +1,290 @@
+"""Intra-host direct collectives over one shared-memory segment (thin binding of gc_direct.h).
+
+Every rank of a communicator on one host attaches to the same segment (see
+gpucoll/transports/shm_direct.py for naming, creation and cleanup) and calls the same
+collectives in the same order. Buffers are passed as plain integer addresses (the
+communicator layer takes them from NumPy arrays); each method is one native call made
+without the GIL::
+
+    g = DirectGroup(mm, rank, nranks)          # mm: a writable buffer holding the segment
+    g.allreduce(x.ctypes.data, y.ctypes.data, x.size, FLOAT32, SUM, 30.0)
+
+In place: pass the receive address as the send address (MPI's IN_PLACE; see each method).
+Failures raise gpucoll.errors.TimeoutError or LostPeerError whose `ranks` are the ranks that
+had not arrived (LostPeerError: those found dead); after one, the group is unusable.
+"""
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABLE
+from libc.stdint cimport int32_t, int64_t
+
+from gpucoll.errors import GpucollError, InvalidUsageError, LostPeerError, TimeoutError
+
+
+cdef extern from "gc_direct.h" nogil:
+    int GC_OK, GC_ERR_TIMEOUT, GC_ERR_PEER, GC_ERR_USAGE, GC_ERR_NOMEM
+    ctypedef int gc_dtype
+    ctypedef int gc_op
+
+    ctypedef struct gc_direct:
+        int rank
+        int nranks
+        size_t slot_bytes
+        int broken
+        size_t oneshot_max
+        size_t round_max
+        int spins
+        int64_t yield_ns
+        int64_t sleep_ns
+        int nmissing
+        int ndead
+        int *missing
+        int *dead
+        double waited_s
+
+    size_t gc_direct_segment_size(int nranks, size_t slot_bytes)
+    int gc_direct_format(void *base, size_t size, int nranks, size_t slot_bytes, int32_t creator_pid)
+    int gc_direct_probe(const void *base, size_t size, int nranks)
+    int gc_direct_attach(gc_direct *g, void *base, size_t size, int rank, int nranks, int *nattached)
+    void gc_direct_detach(gc_direct *g)
+
+    int gc_direct_allreduce(gc_direct *g, const void *send, void *recv, size_t count,
+                            gc_dtype dt, gc_op op, double timeout_s)
+    int gc_direct_reduce(gc_direct *g, const void *send, void *recv, size_t count,
+                         gc_dtype dt, gc_op op, int root, double timeout_s)
+    int gc_direct_reduce_scatter_block(gc_direct *g, const void *send, void *recv, size_t count,
+                                       gc_dtype dt, gc_op op, double timeout_s)
+    int gc_direct_bcast(gc_direct *g, void *buf, size_t nbytes, int root, double timeout_s)
+    int gc_direct_allgather(gc_direct *g, const void *send, void *recv, size_t nbytes,
+                            double timeout_s)
+    int gc_direct_gather(gc_direct *g, const void *send, void *recv, size_t nbytes, int root,
+                         double timeout_s)
+    int gc_direct_scatter(gc_direct *g, const void *send, void *recv, size_t nbytes, int root,
+                          double timeout_s)
+    int gc_direct_alltoall(gc_direct *g, const void *send, void *recv, size_t nbytes,
+                           double timeout_s)
+    int gc_direct_barrier(gc_direct *g, double timeout_s)
+
+
+def segment_size(int nranks, size_t slot_bytes):
+    """Bytes of a segment for `nranks` ranks with slots of `slot_bytes` (rounded up to pages)."""
+    return gc_direct_segment_size(nranks, slot_bytes)
+
+
+cdef object _address_of(object buf, Py_buffer *view):
+    PyObject_GetBuffer(buf, view, PyBUF_WRITABLE)
+    return <size_t>view.buf
+
+
+def format_segment(object buf, int nranks, size_t slot_bytes, int creator_pid):
+    """Lay out a zero-filled writable buffer (the creator does this once, before anyone attaches)."""
+    cdef Py_buffer view
+    _address_of(buf, &view)
+    try:
+        st = gc_direct_format(view.buf, <size_t>view.len, nranks, slot_bytes, creator_pid)
+    finally:
+        PyBuffer_Release(&view)
+    if st != GC_OK:
+        raise InvalidUsageError(f"a direct segment for {nranks} ranks needs "
+                                f"{gc_direct_segment_size(nranks, slot_bytes)} bytes, got {len(buf)}")
+
+
+def probe_segment(object buf, int nranks):
+    """'ok', 'stale' (not formatted yet, or left by a crashed job) or 'mismatch'."""
+    cdef Py_buffer view
+    _address_of(buf, &view)
+    try:
+        st = gc_direct_probe(view.buf, <size_t>view.len, nranks)
+    finally:
+        PyBuffer_Release(&view)
+    return "ok" if st == GC_OK else ("stale" if st == GC_ERR_PEER else "mismatch")
+
+
+cdef class DirectGroup:
+    """This rank's handle on a direct segment: rank `rank` of `nranks`.
+
+    `segment` is a writable buffer holding a formatted segment (an mmap, or for raw memory
+    `(ctypes.c_char * size).from_address(addr)`); it is kept alive, and closed by close() if it
+    has a close method. Counts are elements for the reductions
+    (dtype_code / op_code are gc_dtype / gc_op codes, see gpucoll.dtypes and gpucoll.ops) and
+    `count * itemsize` bytes for data movement. timeout_s < 0 waits without a deadline (dead
+    peers are still detected).
+    """
+    cdef gc_direct g
+    cdef Py_buffer view
+    cdef bint have_view
+    cdef readonly int nattached
+    cdef public object segment
+
+    def __cinit__(self):
+        self.have_view = False
+
+    def __init__(self, object segment, int rank, int nranks):
+        cdef int n = 0
+        PyObject_GetBuffer(segment, &self.view, PyBUF_WRITABLE)
+        self.have_view = True
+        self.segment = segment
+        st = gc_direct_attach(&self.g, self.view.buf, <size_t>self.view.len, rank, nranks, &n)
+        if st != GC_OK:
+            self._release()
+            raise InvalidUsageError(
+                f"cannot attach rank {rank} of {nranks} to this direct segment: it is not "
+                f"formatted for {nranks} ranks, or too small" if st == GC_ERR_USAGE else
+                "out of memory attaching a direct segment")
+        self.nattached = n
+
+    cdef _release(self):
+        if self.have_view:
+            PyBuffer_Release(&self.view)
+            self.have_view = False
+
+    def close(self):
+        """Detach; closes the segment object too when it has a close method. Idempotent."""
+        if self.have_view:
+            gc_direct_detach(&self.g)
+            self._release()
+        seg, self.segment = self.segment, None
+        if seg is not None and hasattr(seg, "close"):
+            seg.close()
+
+    def __dealloc__(self):
+        if self.have_view:
+            gc_direct_detach(&self.g)
+            PyBuffer_Release(&self.view)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def rank(self):
+        return self.g.rank
+
+    @property
+    def nranks(self):
+        return self.g.nranks
+
+    @property
+    def slot_bytes(self):
+        return self.g.slot_bytes
+
+    @property
+    def oneshot_max(self):
+        """Largest allreduce/reduce (bytes) done one-shot; larger ones are two-shot."""
+        return self.g.oneshot_max
+
+    @oneshot_max.setter
+    def oneshot_max(self, size_t value):
+        self.g.oneshot_max = value
+
+    @property
+    def round_max(self):
+        """Bytes of one two-shot round (at most a slot)."""
+        return self.g.round_max
+
+    @round_max.setter
+    def round_max(self, size_t value):
+        self.g.round_max = value
+
+    def set_wait(self, int spins, double yield_s, double sleep_s):
+        """How a wait behaves: pause-spins, then seconds of sched_yield, then sleeps of sleep_s."""
+        self.g.spins = spins
+        self.g.yield_ns = <int64_t>(yield_s * 1e9)
+        self.g.sleep_ns = <int64_t>(sleep_s * 1e9)
+
+    cdef int _raise(self, int st) except -1:
+        """The one error path: a failed native status becomes an exception."""
+        missing = [self.g.missing[i] for i in range(self.g.nmissing)]
+        dead = [self.g.dead[i] for i in range(self.g.ndead)]
+        names = lambda rs: ", ".join(map(str, rs))
+        if st == GC_ERR_PEER:
+            raise LostPeerError(
+                f"rank(s) {names(dead or missing)} exited while rank {self.g.rank} waited for "
+                f"rank(s) {names(missing)} (direct shared-memory group of {self.g.nranks})",
+                dead or missing)
+        if st == GC_ERR_TIMEOUT:
+            err = TimeoutError(
+                f"rank {self.g.rank} timed out after {self.g.waited_s:.3g} s waiting for rank(s) "
+                f"{names(missing)} (direct shared-memory group of {self.g.nranks})")
+            err.ranks = tuple(missing)
+            raise err
+        if st == GC_ERR_USAGE:
+            if self.g.broken or not self.have_view:
+                raise GpucollError("this direct group is unusable: it was closed, or an earlier "
+                                   "collective on it failed")
+            raise InvalidUsageError("invalid arguments for a direct collective (dtype, op or root)")
+        raise GpucollError(f"direct collective failed with status {st}")
+
+    def allreduce(self, size_t send_addr, size_t recv_addr, size_t count, int dtype_code,
+                  int op_code, double timeout_s=-1.0):
+        """recv = reduction of every rank's send (count elements); send == recv is in place."""
+        with nogil:
+            st = gc_direct_allreduce(&self.g, <const void *>send_addr, <void *>recv_addr, count,
+                                     dtype_code, op_code, timeout_s)
+        if st: self._raise(st)
+
+    def reduce(self, size_t send_addr, size_t recv_addr, size_t count, int dtype_code,
+               int op_code, int root, double timeout_s=-1.0):
+        """Like allreduce, but only `root` receives (recv_addr is ignored elsewhere)."""
+        with nogil:
+            st = gc_direct_reduce(&self.g, <const void *>send_addr, <void *>recv_addr, count,
+                                  dtype_code, op_code, root, timeout_s)
+        if st: self._raise(st)
+
+    def reduce_scatter_block(self, size_t send_addr, size_t recv_addr, size_t count_per_rank,
+                             int dtype_code, int op_code, double timeout_s=-1.0):
+        """send holds nranks blocks of count_per_rank; rank i gets block i of the reduction.
+        send == recv is in place (input: the whole buffer; result: its first block)."""
+        with nogil:
+            st = gc_direct_reduce_scatter_block(&self.g, <const void *>send_addr,
+                                                <void *>recv_addr, count_per_rank, dtype_code,
+                                                op_code, timeout_s)
+        if st: self._raise(st)
+
+    def bcast(self, size_t addr, size_t count, size_t itemsize, int root, double timeout_s=-1.0):
+        """Copy root's count elements of itemsize bytes into every rank's buffer."""
+        with nogil:
+            st = gc_direct_bcast(&self.g, <void *>addr, count * itemsize, root, timeout_s)
+        if st: self._raise(st)
+
+    def allgather(self, size_t send_addr, size_t recv_addr, size_t count_per_rank,
+                  size_t itemsize, double timeout_s=-1.0):
+        """recv (nranks blocks) gets every rank's send; send == recv means this rank's block is
+        already at recv + rank * block."""
+        with nogil:
+            st = gc_direct_allgather(&self.g, <const void *>send_addr, <void *>recv_addr,
+                                     count_per_rank * itemsize, timeout_s)
+        if st: self._raise(st)
+
+    def gather(self, size_t send_addr, size_t recv_addr, size_t count_per_rank, size_t itemsize,
+               int root, double timeout_s=-1.0):
+        """root's recv (nranks blocks) gets every rank's send; send == recv at the root means
+        its block is already in place."""
+        with nogil:
+            st = gc_direct_gather(&self.g, <const void *>send_addr, <void *>recv_addr,
+                                  count_per_rank * itemsize, root, timeout_s)
+        if st: self._raise(st)
+
+    def scatter(self, size_t send_addr, size_t recv_addr, size_t count_per_rank, size_t itemsize,
+                int root, double timeout_s=-1.0):
+        """Rank i's recv gets block i of root's send (nranks blocks); send == recv at the root
+        leaves its block in place."""
+        with nogil:
+            st = gc_direct_scatter(&self.g, <const void *>send_addr, <void *>recv_addr,
+                                   count_per_rank * itemsize, root, timeout_s)
+        if st: self._raise(st)
+
+    def alltoall(self, size_t send_addr, size_t recv_addr, size_t count_per_rank,
+                 size_t itemsize, double timeout_s=-1.0):
+        """Block j of send goes to rank j, landing at block i (the sender's rank) of its recv;
+        send == recv is in place."""
+        with nogil:
+            st = gc_direct_alltoall(&self.g, <const void *>send_addr, <void *>recv_addr,
+                                    count_per_rank * itemsize, timeout_s)
+        if st: self._raise(st)
+
+    def barrier(self, double timeout_s=-1.0):
+        """Return once every rank has entered the barrier."""
+        with nogil:
+            st = gc_direct_barrier(&self.g, timeout_s)
+        if st: self._raise(st)

@@ -1,0 +1,749 @@
+/* Intra-host "direct" collectives: every rank of a communicator maps ONE shared-memory
+ * segment and exchanges data through it, with no channel, no schedule and no Python per round.
+ *
+ * Segment layout (offsets from the base, all set by gc_direct_format):
+ *
+ *   0        gc_direct_hdr       magic, version, nranks, slot size, creator pid, attach count,
+ *                                first lost rank (so that one rank's discovery reaches all)
+ *   64       pids[nranks]        the process id of each rank, for liveness checks
+ *   F        flags[nranks]       one uint64 epoch per rank, each on its own 64-byte line so that
+ *                                a rank's posts never invalidate the line another rank polls
+ *   S        slots[nranks][2]    per-rank staging buffers of slot_bytes, page aligned
+ *
+ * Synchronisation. Each rank owns one flag and only ever raises it ("post"): the epoch is a
+ * counter that is never reset, so there is no reset pass and no ABA problem. Every rank posts the
+ * same number of times per collective, so "rank j has posted epoch e" means the same step on
+ * every rank, and a reader waits for exactly the writers it reads from (flag[j] >= e, acquire),
+ * not for a full barrier.
+ *
+ * Double buffering. Each rank writes only its own slots. A collective is cut into generations
+ * (rounds); generation u writes slot parity u % 2. Every rank posts at least once per
+ * generation, and finishes reading generation u-2 before its first post of generation u-1. So
+ * before writing generation u a rank only needs every flag >= the first epoch of generation u-1
+ * (gc__gen_begin); in the steady state that is already known from the rank's own waits, and
+ * consecutive rounds and consecutive collectives need no extra barrier.
+ *
+ * Determinism. Every reduced element is combined in rank order 0..N-1 (one-shot: by every rank
+ * the same way; two-shot: by exactly one rank, then copied), so results are bitwise identical on
+ * every rank.
+ *
+ * Waiting spins with a pause instruction, then yields the core (ranks may outnumber cores),
+ * then sleeps; about every millisecond it checks the deadline and whether the ranks that have
+ * not arrived are still alive. All functions run without the GIL and are called by one thread
+ * at a time per group.
+ */
+#ifndef GC_DIRECT_H
+#define GC_DIRECT_H
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "gc_types.h"
+#include "gc_reduce.h"
+
+#define GC_DIRECT_MAGIC 0x7463657269646367ULL /* "gcdirect" read as little-endian bytes */
+#define GC_DIRECT_VERSION 1u
+#define GC_DIRECT_LINE 64u
+#define GC_DIRECT_PAGE 4096u
+
+/* Defaults of the tunables kept in gc_direct (the Python layer may change them per group). */
+#define GC_DIRECT_ONESHOT_MAX (32u << 10)  /* allreduce/reduce: one-shot up to this many bytes */
+#define GC_DIRECT_ROUND_MAX (1u << 20)     /* two-shot round: fits L2 once split among ranks */
+#define GC_DIRECT_SPINS 256                /* pause-spins before yielding the core */
+#define GC_DIRECT_YIELD_NS 200000          /* then sched_yield for this long before sleeping */
+#define GC_DIRECT_SLEEP_NS 20000           /* then nanosleep steps of this length */
+#define GC_DIRECT_CHECK_NS 1000000         /* deadline / liveness check period */
+
+typedef struct {
+    uint64_t magic;       /* written last by the creator, so a reader never sees half a header */
+    uint32_t version;
+    uint32_t nranks;
+    uint64_t slot_bytes;  /* bytes of one slot; each rank owns two */
+    uint64_t total_bytes;
+    int32_t creator_pid;  /* lets an attacher tell a stale segment of a crashed job */
+    uint32_t attached;    /* ranks that have mapped the segment (atomic) */
+    int32_t lost;         /* 1 + the first rank found dead, 0 while none (atomic) */
+    uint32_t pad_;
+} gc_direct_hdr;
+
+typedef struct {
+    /* mapping */
+    uint8_t *base;
+    size_t size;
+    gc_direct_hdr *hdr;
+    int32_t *pids;
+    uint8_t *flags;
+    uint8_t *slots;
+    size_t slot_bytes;
+    int rank, nranks;
+    /* synchronisation state, private to this rank */
+    uint64_t epoch;           /* last epoch this rank posted */
+    uint64_t gen_prev_first;  /* first epoch posted in the previous generation */
+    int parity;               /* slot parity of the current generation */
+    uint64_t *seen;           /* highest value seen of each flag: repeated waits cost no load */
+    int broken;               /* a wait failed: epochs are out of step, the group is unusable */
+    /* tunables */
+    size_t oneshot_max;
+    size_t round_max;
+    int spins;
+    int64_t yield_ns, sleep_ns;
+    /* report of the last failure: the ranks that had not arrived, and those found dead */
+    int nmissing, ndead;
+    int *missing, *dead;
+    double waited_s;
+} gc_direct;
+
+/* ---- layout ------------------------------------------------------------------------------- */
+
+static inline size_t gc__round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+static inline size_t gc__pids_off(void) { return GC_DIRECT_LINE; }
+static inline size_t gc__flags_off(int nranks)
+{
+    return gc__pids_off() + gc__round_up(sizeof(int32_t) * (size_t)nranks, GC_DIRECT_LINE);
+}
+static inline size_t gc__slots_off(int nranks)
+{
+    return gc__round_up(gc__flags_off(nranks) + (size_t)GC_DIRECT_LINE * nranks, GC_DIRECT_PAGE);
+}
+
+/* Slot sizes are whole pages so that every slot starts page (and cache-line) aligned, and
+ * hold at least one cache line per rank (the unit of the per-rank pieces of a round). */
+static inline size_t gc_direct_slot_size(size_t slot_bytes, int nranks)
+{
+    size_t least = (size_t)GC_DIRECT_LINE * (size_t)(nranks > 0 ? nranks : 1);
+    if (slot_bytes < least)
+        slot_bytes = least;
+    return gc__round_up(slot_bytes, GC_DIRECT_PAGE);
+}
+
+/* Bytes of a segment for nranks ranks with slots of (at least) slot_bytes. */
+static inline size_t gc_direct_segment_size(int nranks, size_t slot_bytes)
+{
+    return gc__slots_off(nranks) + (size_t)nranks * 2 * gc_direct_slot_size(slot_bytes, nranks);
+}
+
+/* Creator: lay out a zero-filled segment. */
+static inline int gc_direct_format(void *base, size_t size, int nranks, size_t slot_bytes,
+                                   int32_t creator_pid)
+{
+    gc_direct_hdr *h = (gc_direct_hdr *)base;
+    slot_bytes = gc_direct_slot_size(slot_bytes, nranks);
+    if (nranks < 1 || size < gc_direct_segment_size(nranks, slot_bytes))
+        return GC_ERR_USAGE;
+    h->version = GC_DIRECT_VERSION;
+    h->nranks = (uint32_t)nranks;
+    h->slot_bytes = slot_bytes;
+    h->total_bytes = size;
+    h->creator_pid = creator_pid;
+    __atomic_store_n(&h->magic, GC_DIRECT_MAGIC, __ATOMIC_RELEASE);
+    return GC_OK;
+}
+
+static inline int gc__pid_dead(int32_t pid);
+
+/* Attacher: GC_OK when base holds a formatted segment for nranks, GC_ERR_PEER when it is a
+ * leftover whose creator is gone (retry: the creator replaces it), GC_ERR_USAGE on a mismatch. */
+static inline int gc_direct_probe(const void *base, size_t size, int nranks)
+{
+    const gc_direct_hdr *h = (const gc_direct_hdr *)base;
+    if (size < sizeof *h || __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != GC_DIRECT_MAGIC)
+        return GC_ERR_PEER;
+    if (h->version != GC_DIRECT_VERSION || h->nranks != (uint32_t)nranks || h->total_bytes > size)
+        return GC_ERR_USAGE;
+    if (gc__pid_dead(h->creator_pid))
+        return GC_ERR_PEER;
+    return GC_OK;
+}
+
+/* Map this rank into a formatted segment. *nattached receives how many ranks have attached,
+ * this one included (the last one may unlink the segment's name). */
+static inline int gc_direct_attach(gc_direct *g, void *base, size_t size, int rank, int nranks,
+                                   int *nattached)
+{
+    memset(g, 0, sizeof *g);
+    gc_direct_hdr *h = (gc_direct_hdr *)base;
+    if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != GC_DIRECT_MAGIC ||
+        h->version != GC_DIRECT_VERSION || h->nranks != (uint32_t)nranks || rank < 0 ||
+        rank >= nranks || h->total_bytes > size ||
+        size < gc_direct_segment_size(nranks, h->slot_bytes))
+        return GC_ERR_USAGE;
+    g->seen = (uint64_t *)calloc((size_t)nranks, sizeof(uint64_t));
+    g->missing = (int *)calloc((size_t)nranks, sizeof(int));
+    g->dead = (int *)calloc((size_t)nranks, sizeof(int));
+    if (!g->seen || !g->missing || !g->dead) {
+        free(g->seen); free(g->missing); free(g->dead);
+        memset(g, 0, sizeof *g);
+        return GC_ERR_NOMEM;
+    }
+    g->base = (uint8_t *)base;
+    g->size = size;
+    g->hdr = h;
+    g->pids = (int32_t *)(g->base + gc__pids_off());
+    g->flags = g->base + gc__flags_off(nranks);
+    g->slots = g->base + gc__slots_off(nranks);
+    g->slot_bytes = h->slot_bytes;
+    g->rank = rank;
+    g->nranks = nranks;
+    g->oneshot_max = GC_DIRECT_ONESHOT_MAX;
+    g->round_max = GC_DIRECT_ROUND_MAX;
+    g->spins = GC_DIRECT_SPINS;
+    g->yield_ns = GC_DIRECT_YIELD_NS;
+    g->sleep_ns = GC_DIRECT_SLEEP_NS;
+    /* Flags start at zero and only this rank raises its own: resume from its current value
+     * (zero in a fresh segment). */
+    g->epoch = __atomic_load_n((uint64_t *)(g->flags + (size_t)rank * GC_DIRECT_LINE),
+                               __ATOMIC_ACQUIRE);
+    __atomic_store_n(&g->pids[rank], (int32_t)getpid(), __ATOMIC_RELEASE);
+    int n = (int)__atomic_add_fetch(&h->attached, 1, __ATOMIC_ACQ_REL);
+    if (nattached)
+        *nattached = n;
+    return GC_OK;
+}
+
+static inline void gc_direct_detach(gc_direct *g)
+{
+    free(g->seen);
+    free(g->missing);
+    free(g->dead);
+    memset(g, 0, sizeof *g);
+}
+
+/* ---- waiting ------------------------------------------------------------------------------ */
+
+static inline uint64_t *gc__flag(const gc_direct *g, int r)
+{
+    return (uint64_t *)(g->flags + (size_t)r * GC_DIRECT_LINE);
+}
+
+static inline uint8_t *gc__slot(const gc_direct *g, int r)
+{
+    return g->slots + ((size_t)r * 2 + (size_t)g->parity) * g->slot_bytes;
+}
+
+static inline void gc__pause(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static inline int64_t gc__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Deadline of a call: -1 for none (timeout_s negative, infinite or NaN). */
+static inline int64_t gc__deadline(double timeout_s)
+{
+    if (!(timeout_s >= 0) || isinf(timeout_s))
+        return -1;
+    return gc__now_ns() + (int64_t)(timeout_s * 1e9);
+}
+
+/* 1 when the process is known to be gone. kill(pid, 0) still succeeds on a zombie (a dead rank
+ * whose parent has not reaped it yet), so a live answer is confirmed through /proc. */
+static inline int gc__pid_dead(int32_t pid)
+{
+    if (pid <= 0)
+        return 0; /* never attached: nothing to tell; the deadline decides */
+    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH)
+        return 1;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')'); /* the command name may itself hold ')' or spaces */
+    return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+}
+
+/* Fill the failure report: who had not posted `target`, and who of them is gone. */
+static inline void gc__report(gc_direct *g, uint64_t target, int64_t started_ns)
+{
+    g->nmissing = g->ndead = 0;
+    for (int r = 0; r < g->nranks; r++) {
+        if (__atomic_load_n(gc__flag(g, r), __ATOMIC_ACQUIRE) >= target)
+            continue;
+        g->missing[g->nmissing++] = r;
+        if (gc__pid_dead(__atomic_load_n(&g->pids[r], __ATOMIC_ACQUIRE)))
+            g->dead[g->ndead++] = r;
+    }
+    int lost = __atomic_load_n(&g->hdr->lost, __ATOMIC_ACQUIRE);
+    if (g->ndead == 0 && lost > 0)
+        g->dead[g->ndead++] = lost - 1;
+    g->waited_s = (double)(gc__now_ns() - started_ns) * 1e-9;
+    g->broken = 1;
+}
+
+/* The slow part of a wait, out of line so that the fast path stays a load and a compare. */
+static int gc__wait_slow(gc_direct *g, int peer, uint64_t target, int64_t deadline)
+{
+    const uint64_t *f = gc__flag(g, peer);
+    uint64_t v;
+    for (int i = 0; i < g->spins; i++) {
+        gc__pause();
+        if ((v = __atomic_load_n(f, __ATOMIC_ACQUIRE)) >= target)
+            goto arrived;
+    }
+    int64_t start = gc__now_ns(), next_check = start + GC_DIRECT_CHECK_NS;
+    for (;;) {
+        if ((v = __atomic_load_n(f, __ATOMIC_ACQUIRE)) >= target)
+            goto arrived;
+        int64_t now = gc__now_ns();
+        if (now - start < g->yield_ns) {
+            /* Ranks may outnumber cores: give the core to the rank we wait for. */
+            sched_yield();
+        } else {
+            /* A long wait: leave the core idle so that the scheduler moves a runnable rank
+             * onto it, and stop burning a core that other work may need. */
+            struct timespec ts = {0, (long)g->sleep_ns};
+            nanosleep(&ts, NULL);
+        }
+        if (now >= next_check) {
+            next_check = now + GC_DIRECT_CHECK_NS;
+            int failed = __atomic_load_n(&g->hdr->lost, __ATOMIC_ACQUIRE) > 0;
+            for (int r = 0; r < g->nranks && !failed; r++)
+                if (__atomic_load_n(gc__flag(g, r), __ATOMIC_ACQUIRE) < target &&
+                    gc__pid_dead(__atomic_load_n(&g->pids[r], __ATOMIC_ACQUIRE))) {
+                    int32_t none = 0;
+                    /* Tell every other rank, so they name the dead one, not the ranks that
+                     * stopped posting because they noticed it first. */
+                    __atomic_compare_exchange_n(&g->hdr->lost, &none, r + 1, 0,
+                                                __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+                    failed = 1;
+                }
+            if (failed) {
+                gc__report(g, target, start);
+                return GC_ERR_PEER;
+            }
+            if (deadline >= 0 && now >= deadline) {
+                gc__report(g, target, start);
+                return GC_ERR_TIMEOUT;
+            }
+        }
+    }
+arrived:
+    g->seen[peer] = v;
+    return GC_OK;
+}
+
+static inline int gc__wait(gc_direct *g, int peer, uint64_t target, int64_t deadline)
+{
+    if (g->seen[peer] >= target)
+        return GC_OK;
+    uint64_t v = __atomic_load_n(gc__flag(g, peer), __ATOMIC_ACQUIRE);
+    if (v >= target) {
+        g->seen[peer] = v;
+        return GC_OK;
+    }
+    return gc__wait_slow(g, peer, target, deadline);
+}
+
+static inline int gc__wait_all(gc_direct *g, uint64_t target, int64_t deadline)
+{
+    /* Start after ourselves so that ranks do not all poll rank 0 first. */
+    for (int k = 1; k < g->nranks; k++) {
+        int st = gc__wait(g, (g->rank + k) % g->nranks, target, deadline);
+        if (st)
+            return st;
+    }
+    return GC_OK;
+}
+
+/* Release: everything this rank wrote to its slot, and every read it made of other slots,
+ * happens before a peer sees the new epoch. */
+static inline uint64_t gc__post(gc_direct *g)
+{
+    uint64_t e = ++g->epoch;
+    __atomic_store_n(gc__flag(g, g->rank), e, __ATOMIC_RELEASE);
+    g->seen[g->rank] = e;
+    return e;
+}
+
+/* Start a generation: flip the slot parity, and make sure every rank is done reading the
+ * generation before the previous one (which used the same parity). */
+static inline int gc__gen_begin(gc_direct *g, int64_t deadline)
+{
+    uint64_t need = g->gen_prev_first;
+    g->gen_prev_first = g->epoch + 1;
+    g->parity ^= 1;
+    return need ? gc__wait_all(g, need, deadline) : GC_OK;
+}
+
+static inline int gc__enter(gc_direct *g)
+{
+    return g->broken || !g->base ? GC_ERR_USAGE : GC_OK;
+}
+
+static inline void gc__copy(void *dst, const void *src, size_t n)
+{
+    if (dst != src && n)
+        memcpy(dst, src, n);
+}
+
+#define GC__TRY(x)              \
+    do {                        \
+        int st_ = (x);          \
+        if (st_)                \
+            return st_;         \
+    } while (0)
+
+/* dst = x_0 OP x_1 OP ... OP x_{N-1}, left to right, where x_r is rank r's slot at slot_off,
+ * or `own` for this rank when own != NULL (its data is then not staged). Each rank's term is
+ * combined as soon as that rank has posted epoch e. */
+static inline int gc__reduce_ranks(gc_direct *g, void *dst, const void *own, size_t slot_off,
+                                   size_t n, gc_dtype dt, gc_op op, uint64_t e, int64_t dl)
+{
+#define GC__SRC(r) ((r) == g->rank && own ? own : (const void *)(gc__slot(g, (r)) + slot_off))
+    GC__TRY(gc__wait(g, 0, e, dl));
+    GC__TRY(gc__wait(g, 1, e, dl));
+    gc_reduce2(dst, GC__SRC(0), GC__SRC(1), n, dt, op);
+    for (int r = 2; r < g->nranks; r++) {
+        GC__TRY(gc__wait(g, r, e, dl));
+        gc_reduce(dst, GC__SRC(r), n, dt, op);
+    }
+#undef GC__SRC
+    return GC_OK;
+}
+
+/* Split `c` elements into nranks parts aligned to cache lines: part j is [lo, lo + len). */
+static inline void gc__part(size_t c, int nranks, size_t isz, int j, size_t *lo, size_t *len)
+{
+    size_t align = isz >= GC_DIRECT_LINE ? 1 : GC_DIRECT_LINE / isz;
+    size_t q = gc__round_up((c + (size_t)nranks - 1) / (size_t)nranks, align);
+    size_t a = q * (size_t)j;
+    *lo = a < c ? a : c;
+    *len = (a + q < c ? a + q : c) - *lo;
+}
+
+/* Elements per piece when a round stages one piece per rank in a slot. */
+static inline size_t gc__piece_elems(const gc_direct *g, size_t isz)
+{
+    size_t per = g->slot_bytes / (size_t)g->nranks;
+    per -= per % GC_DIRECT_LINE;
+    return per / isz;
+}
+
+static inline int gc__check_reduce(gc_direct *g, gc_dtype dt, gc_op op, size_t *isz)
+{
+    GC__TRY(gc__enter(g));
+    if (!gc_op_valid(dt, op) || (*isz = gc_dtype_size(dt)) == 0)
+        return GC_ERR_USAGE;
+    return GC_OK;
+}
+
+/* ---- reductions ----------------------------------------------------------------------------- */
+
+/* Allreduce (root < 0) or reduce to root. send == recv is in place. recv may be NULL on the
+ * non-root ranks of a reduce. */
+static int gc__allreduce_impl(gc_direct *g, const void *send, void *recv, size_t count,
+                              gc_dtype dt, gc_op op, int root, double timeout_s)
+{
+    size_t isz;
+    GC__TRY(gc__check_reduce(g, dt, op, &isz));
+    if (root >= g->nranks)
+        return GC_ERR_USAGE;
+    const int N = g->nranks, me = g->rank;
+    const gc_op rop = op == GC_AVG ? GC_SUM : op;
+    const int mine = root < 0 || root == me; /* this rank receives the result */
+    const uint8_t *in = (const uint8_t *)send;
+    uint8_t *out = (uint8_t *)recv;
+    if (count == 0)
+        return GC_OK;
+    if (N == 1) {
+        gc__copy(out, in, count * isz); /* AVG over one rank is the identity */
+        return GC_OK;
+    }
+    int64_t dl = gc__deadline(timeout_s);
+    size_t bytes = count * isz;
+
+    if (bytes <= g->oneshot_max && bytes <= g->slot_bytes) {
+        /* One-shot: one post, then every receiving rank combines all slots itself. */
+        GC__TRY(gc__gen_begin(g, dl));
+        memcpy(gc__slot(g, me), in, bytes);
+        uint64_t e = gc__post(g);
+        if (mine) {
+            GC__TRY(gc__reduce_ranks(g, out, NULL, 0, count, dt, rop, e, dl));
+            if (op == GC_AVG)
+                gc_scale_avg(out, count, dt, N);
+        }
+        return GC_OK;
+    }
+
+    /* Two-shot, pipelined in rounds: rank i combines part i of every rank's chunk into its own
+     * slot (its own term read from its input, not staged), then every receiver copies all
+     * combined parts out. */
+    size_t round = g->round_max < g->slot_bytes ? g->round_max : g->slot_bytes;
+    size_t per_round = round / isz;
+    if (per_round < (size_t)N)
+        per_round = g->slot_bytes / isz;
+    for (size_t off = 0; off < count; off += per_round) {
+        size_t c = count - off < per_round ? count - off : per_round;
+        GC__TRY(gc__gen_begin(g, dl));
+        uint8_t *mys = gc__slot(g, me);
+        size_t lo, len;
+        for (int j = 0; j < N; j++) {
+            if (j == me)
+                continue;
+            gc__part(c, N, isz, j, &lo, &len);
+            if (len)
+                memcpy(mys + lo * isz, in + (off + lo) * isz, len * isz);
+        }
+        uint64_t ea = gc__post(g);
+        gc__part(c, N, isz, me, &lo, &len);
+        if (len) {
+            GC__TRY(gc__reduce_ranks(g, mys + lo * isz, in + (off + lo) * isz, lo * isz, len, dt,
+                                     rop, ea, dl));
+            if (op == GC_AVG)
+                gc_scale_avg(mys + lo * isz, len, dt, N);
+        }
+        uint64_t eb = gc__post(g);
+        if (!mine)
+            continue;
+        for (int k = 0; k < N; k++) {
+            int j = (me + k) % N;
+            gc__part(c, N, isz, j, &lo, &len);
+            if (!len)
+                continue;
+            GC__TRY(gc__wait(g, j, eb, dl));
+            memcpy(out + (off + lo) * isz, gc__slot(g, j) + lo * isz, len * isz);
+        }
+    }
+    return GC_OK;
+}
+
+static inline int gc_direct_allreduce(gc_direct *g, const void *send, void *recv, size_t count,
+                                      gc_dtype dt, gc_op op, double timeout_s)
+{
+    return gc__allreduce_impl(g, send, recv, count, dt, op, -1, timeout_s);
+}
+
+static inline int gc_direct_reduce(gc_direct *g, const void *send, void *recv, size_t count,
+                                   gc_dtype dt, gc_op op, int root, double timeout_s)
+{
+    if (root < 0)
+        return GC_ERR_USAGE;
+    return gc__allreduce_impl(g, send, recv, count, dt, op, root, timeout_s);
+}
+
+/* Rank i receives block i of the element-wise reduction of every rank's N blocks of `count`.
+ * send == recv is in place: the input is the whole buffer, the result its first block. */
+static int gc_direct_reduce_scatter_block(gc_direct *g, const void *send, void *recv,
+                                          size_t count, gc_dtype dt, gc_op op, double timeout_s)
+{
+    size_t isz;
+    GC__TRY(gc__check_reduce(g, dt, op, &isz));
+    const int N = g->nranks, me = g->rank;
+    const gc_op rop = op == GC_AVG ? GC_SUM : op;
+    const uint8_t *in = (const uint8_t *)send;
+    uint8_t *out = (uint8_t *)recv;
+    if (count == 0)
+        return GC_OK;
+    if (N == 1) {
+        gc__copy(out, in, count * isz);
+        return GC_OK;
+    }
+    int64_t dl = gc__deadline(timeout_s);
+    size_t piece = gc__piece_elems(g, isz);
+    for (size_t off = 0; off < count; off += piece) {
+        size_t c = count - off < piece ? count - off : piece;
+        GC__TRY(gc__gen_begin(g, dl));
+        uint8_t *mys = gc__slot(g, me);
+        for (int j = 0; j < N; j++)
+            if (j != me)
+                memcpy(mys + (size_t)j * piece * isz, in + ((size_t)j * count + off) * isz,
+                       c * isz);
+        uint64_t e = gc__post(g);
+        uint8_t *dst = out + off * isz;
+        GC__TRY(gc__reduce_ranks(g, dst, in + ((size_t)me * count + off) * isz,
+                                 (size_t)me * piece * isz, c, dt, rop, e, dl));
+        if (op == GC_AVG)
+            gc_scale_avg(dst, c, dt, N);
+    }
+    return GC_OK;
+}
+
+/* ---- data movement (sizes in bytes) --------------------------------------------------------- */
+
+static int gc_direct_bcast(gc_direct *g, void *buf, size_t bytes, int root, double timeout_s)
+{
+    GC__TRY(gc__enter(g));
+    if (root < 0 || root >= g->nranks)
+        return GC_ERR_USAGE;
+    if (bytes == 0 || g->nranks == 1)
+        return GC_OK;
+    int64_t dl = gc__deadline(timeout_s);
+    uint8_t *p = (uint8_t *)buf;
+    for (size_t off = 0; off < bytes; off += g->slot_bytes) {
+        size_t c = bytes - off < g->slot_bytes ? bytes - off : g->slot_bytes;
+        GC__TRY(gc__gen_begin(g, dl));
+        if (g->rank == root)
+            memcpy(gc__slot(g, root), p + off, c);
+        uint64_t e = gc__post(g);
+        if (g->rank != root) {
+            GC__TRY(gc__wait(g, root, e, dl));
+            memcpy(p + off, gc__slot(g, root), c);
+        }
+    }
+    return GC_OK;
+}
+
+/* recv holds N blocks of `bytes`; send == recv means this rank's block is already in place
+ * at recv + rank * bytes. */
+static int gc_direct_allgather(gc_direct *g, const void *send, void *recv, size_t bytes,
+                               double timeout_s)
+{
+    GC__TRY(gc__enter(g));
+    const int N = g->nranks, me = g->rank;
+    uint8_t *out = (uint8_t *)recv;
+    const uint8_t *own = send == recv ? out + (size_t)me * bytes : (const uint8_t *)send;
+    if (bytes == 0)
+        return GC_OK;
+    gc__copy(out + (size_t)me * bytes, own, bytes);
+    if (N == 1)
+        return GC_OK;
+    int64_t dl = gc__deadline(timeout_s);
+    for (size_t off = 0; off < bytes; off += g->slot_bytes) {
+        size_t c = bytes - off < g->slot_bytes ? bytes - off : g->slot_bytes;
+        GC__TRY(gc__gen_begin(g, dl));
+        memcpy(gc__slot(g, me), own + off, c);
+        uint64_t e = gc__post(g);
+        for (int k = 1; k < N; k++) {
+            int j = (me + k) % N;
+            GC__TRY(gc__wait(g, j, e, dl));
+            memcpy(out + (size_t)j * bytes + off, gc__slot(g, j), c);
+        }
+    }
+    return GC_OK;
+}
+
+/* Root's recv holds N blocks; send == recv at the root means its block is already in place. */
+static int gc_direct_gather(gc_direct *g, const void *send, void *recv, size_t bytes, int root,
+                            double timeout_s)
+{
+    GC__TRY(gc__enter(g));
+    const int N = g->nranks, me = g->rank;
+    if (root < 0 || root >= N)
+        return GC_ERR_USAGE;
+    uint8_t *out = (uint8_t *)recv;
+    if (bytes == 0)
+        return GC_OK;
+    if (me == root && send != recv)
+        gc__copy(out + (size_t)me * bytes, send, bytes);
+    if (N == 1)
+        return GC_OK;
+    int64_t dl = gc__deadline(timeout_s);
+    const uint8_t *in = (const uint8_t *)send;
+    for (size_t off = 0; off < bytes; off += g->slot_bytes) {
+        size_t c = bytes - off < g->slot_bytes ? bytes - off : g->slot_bytes;
+        GC__TRY(gc__gen_begin(g, dl));
+        if (me != root)
+            memcpy(gc__slot(g, me), in + off, c);
+        uint64_t e = gc__post(g);
+        if (me != root)
+            continue;
+        for (int k = 1; k < N; k++) {
+            int j = (me + k) % N;
+            GC__TRY(gc__wait(g, j, e, dl));
+            memcpy(out + (size_t)j * bytes + off, gc__slot(g, j), c);
+        }
+    }
+    return GC_OK;
+}
+
+/* Root's send holds N blocks; send == recv at the root leaves its block where it is. */
+static int gc_direct_scatter(gc_direct *g, const void *send, void *recv, size_t bytes, int root,
+                             double timeout_s)
+{
+    GC__TRY(gc__enter(g));
+    const int N = g->nranks, me = g->rank;
+    if (root < 0 || root >= N)
+        return GC_ERR_USAGE;
+    const uint8_t *in = (const uint8_t *)send;
+    uint8_t *out = (uint8_t *)recv;
+    if (bytes == 0)
+        return GC_OK;
+    if (me == root && send != recv)
+        gc__copy(out, in + (size_t)me * bytes, bytes);
+    if (N == 1)
+        return GC_OK;
+    int64_t dl = gc__deadline(timeout_s);
+    size_t piece = gc__piece_elems(g, 1);
+    for (size_t off = 0; off < bytes; off += piece) {
+        size_t c = bytes - off < piece ? bytes - off : piece;
+        GC__TRY(gc__gen_begin(g, dl));
+        if (me == root)
+            for (int j = 0; j < N; j++)
+                if (j != root)
+                    memcpy(gc__slot(g, root) + (size_t)j * piece, in + (size_t)j * bytes + off,
+                           c);
+        uint64_t e = gc__post(g);
+        if (me != root) {
+            GC__TRY(gc__wait(g, root, e, dl));
+            memcpy(out + off, gc__slot(g, root) + (size_t)me * piece, c);
+        }
+    }
+    return GC_OK;
+}
+
+/* send and recv hold N blocks of `bytes`; block j of send goes to rank j. send == recv is in
+ * place. */
+static int gc_direct_alltoall(gc_direct *g, const void *send, void *recv, size_t bytes,
+                              double timeout_s)
+{
+    GC__TRY(gc__enter(g));
+    const int N = g->nranks, me = g->rank;
+    const uint8_t *in = (const uint8_t *)send;
+    uint8_t *out = (uint8_t *)recv;
+    if (bytes == 0)
+        return GC_OK;
+    gc__copy(out + (size_t)me * bytes, in + (size_t)me * bytes, bytes);
+    if (N == 1)
+        return GC_OK;
+    int64_t dl = gc__deadline(timeout_s);
+    size_t piece = gc__piece_elems(g, 1);
+    for (size_t off = 0; off < bytes; off += piece) {
+        size_t c = bytes - off < piece ? bytes - off : piece;
+        GC__TRY(gc__gen_begin(g, dl));
+        uint8_t *mys = gc__slot(g, me);
+        for (int j = 0; j < N; j++)
+            if (j != me)
+                memcpy(mys + (size_t)j * piece, in + (size_t)j * bytes + off, c);
+        uint64_t e = gc__post(g);
+        for (int k = 1; k < N; k++) {
+            int j = (me + k) % N;
+            GC__TRY(gc__wait(g, j, e, dl));
+            memcpy(out + (size_t)j * bytes + off, gc__slot(g, j) + (size_t)me * piece, c);
+        }
+    }
+    return GC_OK;
+}
+
+static int gc_direct_barrier(gc_direct *g, double timeout_s)
+{
+    GC__TRY(gc__enter(g));
+    if (g->nranks == 1)
+        return GC_OK;
+    uint64_t e = gc__post(g);
+    return gc__wait_all(g, e, gc__deadline(timeout_s));
+}
+
+#undef GC__TRY
+#endif
