@@ -79,3 +79,9 @@ def test_debug_info_lines_are_shaped_and_name_algorithm_and_transport():
     line = next(l for l in out.stderr.splitlines() if "allreduce #0" in l)
     assert re.match(r"^\[\d\] [\w.-]+:\d+:\d gpucoll INFO \[COLL\] allreduce #0 4096 B float32 SUM \S+ via \S+", line)
     assert "[BOOTSTRAP] rank" in out.stderr
+
+
+def test_readme_documents_every_variable():
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+    missing = [v.name for v in config.ALL if f"`{v.name}`" not in readme]
+    assert not missing, f"README.md lacks {missing}"
