@@ -2,13 +2,16 @@
 
     python benchmarks/bench_launch.py                 # -np 4 and 32, 5 runs each
     python benchmarks/bench_launch.py --np 4 --reps 9
+    python benchmarks/bench_launch.py --bare        # the launchers alone: no library, no barrier
 
 Each launcher runs N ranks of the same tiny program in its own library (import, join the
 job, print the rank, barrier, exit): gpucoll under `gpurun -np N`, torch.distributed (gloo)
 under `torchrun --standalone --nproc-per-node N`, mpi4py under `mpiexec -n N` (Open MPI).
 The table gives the median and the fastest of the timed runs (after one untimed warm-up),
 and how many times longer than gpurun each peer took. A peer that is not installed, or
-whose run fails, is skipped with the reason.
+whose run fails, is skipped with the reason. With --bare every launcher runs a Python
+program that only prints its rank, which separates the launcher's own cost from the
+library's start-up (imports, joining the job, the barrier).
 """
 import argparse
 import importlib.util
@@ -31,6 +34,8 @@ PROGRAMS = {
     "mpiexec": ("import sys\nfrom mpi4py import MPI\nc = MPI.COMM_WORLD\n"
                 "sys.stdout.write(f'{c.Get_rank()}\\n')\nc.Barrier()\n"),
 }
+BARE = ("import os, sys\n"
+        "sys.stdout.write((os.environ.get('RANK') or os.environ['OMPI_COMM_WORLD_RANK']) + '\\n')\n")
 
 
 def beside_python(name):
@@ -39,13 +44,13 @@ def beside_python(name):
     return path if os.access(path, os.X_OK) else shutil.which(name)
 
 
-def launchers(script_dir):
+def launchers(script_dir, bare=False):
     """{name: (argv builder, extra env) or the reason it is skipped}."""
     out = {}
     script = {name: os.path.join(script_dir, f"hello_{name}.py") for name in PROGRAMS}
     for name, text in PROGRAMS.items():
         with open(script[name], "w") as f:
-            f.write(text)
+            f.write(BARE if bare else text)
 
     gpurun = beside_python("gpurun")
     gpurun = [gpurun] if gpurun else [sys.executable, "-m", "gpucoll.launcher"]
@@ -98,12 +103,13 @@ def main():
     parser.add_argument("--np", type=int, nargs="+", default=[4, 32], help="rank counts (4 32)")
     parser.add_argument("--reps", type=int, default=5, help="timed runs per launcher and count (5)")
     parser.add_argument("--only", nargs="+", choices=sorted(PROGRAMS), help="launchers to run")
+    parser.add_argument("--bare", action="store_true", help="programs that only print their rank")
     parser.add_argument("--timeout", type=float, default=300, help="seconds one run may take (300)")
     args = parser.parse_args()
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_launch_") as tmp:
-        table = launchers(tmp)
+        table = launchers(tmp, args.bare)
         names = [n for n in PROGRAMS if not args.only or n in args.only]
         for name in names:
             if isinstance(table[name], str):
@@ -129,7 +135,8 @@ def main():
     for name, nprocs, median, fastest, ratio in rows:
         ratio_text = f"{ratio:.2f}" if ratio is not None else "-"
         print(f"{name:<10} {nprocs:>5} {median:>9.3f} {fastest:>7.3f} {ratio_text:>9}")
-    print(f"\n{args.reps} timed runs each after one warm-up; 'x gpurun' = median / gpurun's median "
+    print(f"\n{'bare programs (launcher cost only)' if args.bare else 'hello + barrier'}: "
+          f"{args.reps} timed runs each after one warm-up; 'x gpurun' = median / gpurun's median "
           f"(above 1: gpurun is faster). {os.cpu_count()} CPUs.")
 
 

@@ -188,6 +188,20 @@ def test_tagged_output_keeps_whole_lines():
     assert err_seen == {r: 199 for r in range(4)}
 
 
+def test_very_long_lines_stay_whole():
+    # Lines much longer than one pipe read (64 KiB) arrive in pieces and must be joined.
+    code = ("import os, sys; r = os.environ['RANK']; "
+            "[sys.stdout.write(f'{r}:{k}:' + chr(97 + k) * 300000 + chr(10)) for k in range(3)]")
+    proc, _ = gpurun("-np", 3, *python_c(code))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 9
+    for line in lines:
+        m = re.fullmatch(r"\[(\d)\] (\d):(\d):([a-c]+)", line)
+        assert m and m.group(1) == m.group(2), line[:80]
+        assert m.group(4) == chr(97 + int(m.group(3))) * 300000
+
+
 def test_no_tag_output():
     proc, _ = gpurun("-np", 2, "--no-tag-output", *python_c(LINES_CODE))
     assert proc.returncode == 0, proc.stderr
