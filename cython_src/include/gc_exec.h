@@ -42,9 +42,16 @@ enum { GC_COL_FLAGS, GC_COL_SEND_PEER, GC_COL_SRC_BUF, GC_COL_SRC_OFF, GC_COL_SR
 
 #define GC_MSG_MAGIC        0x6763736dU     /* "gcsm" */
 #define GC_MSG_HDR_BYTES    16u
-#define GC_EXEC_SLICE       (128u << 10)    /* bytes moved per turn of a direction */
+/* Tunables; -D overrides them for experiments. */
+#ifndef GC_EXEC_SLICE
+#define GC_EXEC_SLICE       (256u << 10)    /* bytes moved per turn of a direction */
+#endif
+#ifndef GC_EXEC_SPINS
 #define GC_EXEC_SPINS       256             /* idle turns with a pause before yielding */
+#endif
+#ifndef GC_EXEC_YIELD_NS
 #define GC_EXEC_YIELD_NS    2000000LL       /* idle time spent yielding before sleeping */
+#endif
 #define GC_EXEC_CHECK_NS    1000000LL       /* deadline / liveness check interval while idle */
 #define GC_EXEC_SLEEP_NS    50000L          /* one nap when no channel has an fd */
 
