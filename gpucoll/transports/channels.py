@@ -51,9 +51,9 @@ class ChannelSet:
         return self._ptrs
 
     def close(self):
+        if self._shm is not None:
+            self._shm.close()  # first: it reads its channels' state to know which names to remove
         for chan in self._objs.values():
             chan.close()
         self._objs.clear()
         self._ptrs[:] = 0
-        if self._shm is not None:
-            self._shm.close()

@@ -1,0 +1,97 @@
+"""Shared helpers for the tests that start real jobs with gpurun.
+
+    def test_something(gpurun_job):
+        job = gpurun_job(4, "coll_cases.py", "--cases", path, env={"GPUCOLL_ALGO": "ring"})
+        job.check()                       # exit code 0, else fail showing the job's output
+        assert "SUMMARY" in job.stdout
+
+Rank scripts live in tests/scripts/; a bare file name is looked up there. Every job runs
+with a wall-clock limit (the subprocess timeout, and gpurun's own --timeout a little
+earlier, so a hung job still ends with gpurun's report of which ranks were running).
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPTS = os.path.join(HERE, "scripts")
+_CONSOLE = os.path.join(os.path.dirname(sys.executable), "gpurun")
+# The installed console script when there is one (what users run), else the same code.
+GPURUN = [_CONSOLE] if os.access(_CONSOLE, os.X_OK) else [sys.executable, "-m", "gpucoll.launcher"]
+
+# Variables of the test runner's own environment that would change what a job does.
+_SCRUB = ("GPUCOLL_ALGO", "GPUCOLL_PROTO", "GPUCOLL_SHM_DISABLE", "GPUCOLL_DEBUG", "GPUCOLL_DEBUG_SUBSYS",
+          "GPUCOLL_DEBUG_FILE", "GPUCOLL_DEBUG_CHECKS", "GPUCOLL_TIMEOUT", "GPUCOLL_BUFFSIZE",
+          "GPUCOLL_NCHANNELS", "GPUCOLL_RANK", "GPUCOLL_SIZE", "GPUCOLL_STORE", "GPUCOLL_BOOTSTRAP")
+
+
+class Job:
+    """The outcome of one gpurun run."""
+
+    def __init__(self, args, returncode, stdout, stderr, seconds):
+        self.args, self.returncode, self.stdout, self.stderr, self.seconds = args, returncode, stdout, stderr, seconds
+
+    def lines(self, rank=None, stream="stdout"):
+        """Output lines without their "[rank] " tag; only rank's when rank is given."""
+        out = []
+        for line in getattr(self, stream).splitlines():
+            if line.startswith("[") and "] " in line:
+                tag, rest = line.split("] ", 1)
+                if rank is None or tag[1:] == str(rank):
+                    out.append(rest)
+            elif rank is None:
+                out.append(line)
+        return out
+
+    def tagged(self, prefix, stream="stdout"):
+        """{rank: [rest of line]} for the lines that start with `prefix` after the tag."""
+        found = {}
+        for line in getattr(self, stream).splitlines():
+            if line.startswith("[") and "] " in line:
+                tag, rest = line.split("] ", 1)
+                if rest.startswith(prefix) and tag[1:].isdigit():
+                    found.setdefault(int(tag[1:]), []).append(rest[len(prefix):].strip())
+        return found
+
+    def json_lines(self, prefix="RESULT "):
+        """{rank: parsed JSON} of each rank's single `prefix{json}` line."""
+        return {r: json.loads(v[-1]) for r, v in self.tagged(prefix).items()}
+
+    def describe(self, limit=6000):
+        return (f"gpurun {' '.join(self.args)}\nexit code {self.returncode} after {self.seconds:.1f} s\n"
+                f"--- stdout (tail) ---\n{self.stdout[-limit:]}\n--- stderr (tail) ---\n{self.stderr[-limit:]}")
+
+    def check(self):
+        assert self.returncode == 0, self.describe()
+        return self
+
+
+def run_job(np_, script, *args, env=None, timeout=60, launcher_args=()):
+    """Run `gpurun -np np_ [launcher_args] python SCRIPT ARGS` to its end and return a Job.
+
+    `env` adds variables to the job's environment (every rank inherits them). `timeout`
+    bounds the whole job: gpurun's --timeout ends it a little before the subprocess limit."""
+    path = script if os.path.isabs(script) else os.path.join(SCRIPTS, script)
+    full_env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
+    full_env["PYTHONDONTWRITEBYTECODE"] = "1"
+    full_env.update({k: str(v) for k, v in (env or {}).items()})
+    cmd = [str(a) for a in (*GPURUN, "-np", np_, "--timeout", max(1, timeout - 5), *launcher_args,
+                            sys.executable, path, *args)]
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"gpurun did not end within {timeout} s: {' '.join(cmd)}\n"
+                    f"stdout: {exc.stdout!r:.3000}\nstderr: {exc.stderr!r:.3000}")
+    return Job(cmd, proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
+
+
+@pytest.fixture
+def gpurun_job():
+    """run_job, as a fixture: gpurun_job(np, script, *args, env=..., timeout=...) -> Job."""
+    return run_job
