@@ -8,26 +8,38 @@
 Start several ranks with `gpurun -np 4 python script.py` (or mpiexec, srun,
 torchrun); run a script alone and it is a single rank.
 """
-from .comm import IN_PLACE, UNDEFINED, Communicator
-from .errors import (AuthenticationError, BootstrapError, ConfigError, GpucollError, InvalidUsageError,
-                     LostPeerError, MismatchError, StoreError, TimeoutError)
-from .ops import AVG, BAND, BOR, BXOR, MAX, MIN, PROD, SUM, Op
-from .p2p import ANY_SOURCE, ANY_TAG, Status
-from .request import Request
-from .world import init, initialized
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "COMM_WORLD", "init", "initialized", "Communicator", "Request", "Status", "IN_PLACE", "UNDEFINED",
-    "ANY_SOURCE", "ANY_TAG", "SUM", "PROD", "MAX", "MIN", "AVG", "BAND", "BOR", "BXOR", "Op",
-    "GpucollError", "ConfigError", "InvalidUsageError", "BootstrapError", "StoreError", "AuthenticationError",
-    "TimeoutError", "LostPeerError", "MismatchError",
-]
+# Public names, resolved on first use: `import gpucoll` (and so the gpurun launcher,
+# which lives in gpucoll.launcher) stays cheap and imports neither NumPy nor sockets.
+_EXPORTS = {
+    "Communicator": "comm", "IN_PLACE": "comm", "UNDEFINED": "comm",
+    "init": "world", "initialized": "world",
+    "Request": "request",
+    "ANY_SOURCE": "p2p", "ANY_TAG": "p2p", "Status": "p2p",
+    "SUM": "ops", "PROD": "ops", "MAX": "ops", "MIN": "ops", "AVG": "ops", "BAND": "ops", "BOR": "ops",
+    "BXOR": "ops", "Op": "ops",
+    "Datatype": "buffers",
+    "GpucollError": "errors", "ConfigError": "errors", "InvalidUsageError": "errors",
+    "BootstrapError": "errors", "StoreError": "errors", "AuthenticationError": "errors",
+    "TimeoutError": "errors", "LostPeerError": "errors", "MismatchError": "errors",
+}
+
+__all__ = ["COMM_WORLD", *_EXPORTS]
 
 
 def __getattr__(name):
-    # COMM_WORLD joins the job on first use, so importing gpucoll never blocks.
-    if name == "COMM_WORLD":
-        return init()
-    raise AttributeError(f"module 'gpucoll' has no attribute {name!r}")
+    if name == "COMM_WORLD":  # joins the job on first use, so importing never blocks
+        return importlib.import_module(".world", __name__).init()
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gpucoll' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
