@@ -59,11 +59,12 @@ def launch(opts):
     inbox = SignalInbox()  # before any rank exists, so no signal or exit goes unseen
     store = None
     job = None
+    job_id = None
     try:
         store, host, secret_hex = _start_store()
+        job_id = secrets.token_hex(6)
         common = envmod.common_environ(
-            os.environ, opts.nprocs, opts.nprocs, host, store.port, secret_hex,
-            secrets.token_hex(6))
+            os.environ, opts.nprocs, opts.nprocs, host, store.port, secret_hex, job_id)
         ngpus = envmod.count_gpus(os.environ)
         job = Job(opts, inbox)
         try:
@@ -81,6 +82,18 @@ def launch(opts):
         if store is not None:
             store.close()
         inbox.close()
+        if job_id is not None:
+            _remove_shared_memory(job_id)
+
+
+def _remove_shared_memory(job_id):
+    """Shared-memory segments are unlinked as soon as every rank mapped them; a rank that
+    died before that leaves a name under /dev/shm, which the end of the job removes."""
+    try:
+        from gpucoll.transports.shm import unlink_job
+    except ImportError:  # the native extension is not built: no segment can exist either
+        return
+    unlink_job(job_id)
 
 
 def _start_store():
