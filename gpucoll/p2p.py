@@ -328,7 +328,9 @@ class PointToPoint:
         if source != ANY_SOURCE:
             source = self._check_peer(source, "source")
         req = _TimedRequest(name, self, source, tag)
-        posted = _Posted(source, int(tag), view, req, status, want_bytes)
+        # Keep a status even when the caller passed none: Wait(status)/Test(status) copy it.
+        req.status = status if status is not None else Status()
+        posted = _Posted(source, int(tag), view, req, req.status, want_bytes)
         req.posted = posted
         self._ctx.inbox.post(self._key, posted)
         return req
@@ -348,11 +350,15 @@ class PointToPoint:
 class _TimedRequest(Request):
     """A receive request whose Wait gives up after GPUCOLL_TIMEOUT, naming what it waited for."""
 
-    __slots__ = ("p2p", "source", "tag", "posted")
+    __slots__ = ("p2p", "source", "tag", "posted", "status")
 
     def __init__(self, name, p2p, source, tag):
         super().__init__(name)
-        self.p2p, self.source, self.tag, self.posted = p2p, source, tag, None
+        self.p2p, self.source, self.tag, self.posted, self.status = p2p, source, tag, None, None
+
+    def _fill(self, status):
+        if status is not self.status and self.status is not None:
+            status.source, status.tag, status.nbytes = self.status.source, self.status.tag, self.status.nbytes
 
     def Wait(self, status=None):
         timeout = self.p2p._timeout

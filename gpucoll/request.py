@@ -22,9 +22,15 @@ class Request:
         self._value, self._error = value, error
         self._done.set()
 
+    def _fill(self, status):
+        """Copy what is known about the finished operation into the caller's Status
+        (receives override this; other operations leave the status as it is)."""
+
     # --- mpi4py API --------------------------------------------------------------
     def Wait(self, status=None):
         self._done.wait()
+        if status is not None:
+            self._fill(status)
         if self._error is not None:
             raise self._error
         return True
@@ -32,16 +38,18 @@ class Request:
     def Test(self, status=None):
         if not self._done.is_set():
             return False
+        if status is not None:
+            self._fill(status)
         if self._error is not None:
             raise self._error
         return True
 
     def wait(self, status=None):
-        self.Wait()
+        self.Wait(status)
         return self._value
 
     def test(self, status=None):
-        return (True, self._value) if self.Test() else (False, None)
+        return (True, self._value) if self.Test(status) else (False, None)
 
     def Get_status(self):
         return self._done.is_set()
@@ -54,13 +62,18 @@ class Request:
 
     @staticmethod
     def Waitall(requests, statuses=None):
-        for req in requests:
-            req.Wait()
+        """Wait for every request; `statuses` (a list as long as `requests`) gets each one's status."""
+        for i, req in enumerate(requests):
+            req.Wait(statuses[i] if statuses is not None else None)
         return True
 
     @staticmethod
     def Testall(requests, statuses=None):
-        return all([req.Test() for req in requests])
+        if not all([req._done.is_set() for req in requests]):
+            return False
+        for i, req in enumerate(requests):
+            req.Test(statuses[i] if statuses is not None else None)
+        return True
 
     @staticmethod
     def Waitany(requests, status=None):
@@ -68,12 +81,12 @@ class Request:
         while True:
             for i, req in enumerate(requests):
                 if req._done.wait(0 if i else 0.0005):
-                    req.Wait()
+                    req.Wait(status)
                     return i
 
     @staticmethod
     def waitall(requests, statuses=None):
-        return [req.wait() for req in requests]
+        return [req.wait(statuses[i] if statuses is not None else None) for i, req in enumerate(requests)]
 
     def __repr__(self):
         return f"<Request {self.name} {'done' if self._done.is_set() else 'pending'}>"
