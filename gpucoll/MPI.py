@@ -51,6 +51,9 @@ _MISSING = {
 }
 
 
+_COMM_SELF = None
+
+
 def Wtime():
     return time.perf_counter()
 
@@ -90,8 +93,13 @@ def __getattr__(name):
     if name == "COMM_WORLD":
         return _world.init()
     if name == "COMM_SELF":
-        world = _world.init()
-        return _comm.Communicator(world._ctx, f"self{world.rank}", [world.rank])
+        # One object, as in mpi4py: each new one would share the first one's name (and so its
+        # message matching) without sharing its state.
+        global _COMM_SELF
+        if _COMM_SELF is None:
+            world = _world.init()
+            _COMM_SELF = _comm.Communicator(world._ctx, f"self{world.rank}", [world.rank])
+        return _COMM_SELF
     if name in _MISSING:
         raise NotImplementedError(f"gpucoll.MPI.{name}: {_MISSING[name]} are not supported by gpucoll")
     raise AttributeError(f"gpucoll.MPI has no attribute {name!r} (mpi4py names that gpucoll lacks raise "

@@ -1,0 +1,49 @@
+"""What gpucoll.MPI offers beyond the common path, and how it refuses what it lacks.
+
+    gpurun -np 2 python mpi_names.py      -> "RESULT {json}" per rank
+"""
+import json
+
+import numpy as np
+
+from gpucoll import MPI
+
+comm = MPI.COMM_WORLD
+out = {"initialized": MPI.Is_initialized(), "version": list(MPI.Get_version())}
+
+# names that mpi4py has and gpucoll does not: NotImplementedError naming the missing piece
+missing = {}
+for name in ("MAXLOC", "MINLOC", "LAND", "Win", "File", "Cartcomm"):
+    try:
+        getattr(MPI, name)
+        missing[name] = "no error"
+    except NotImplementedError as exc:
+        missing[name] = str(exc)
+out["missing"] = missing
+try:  # as it happens in a real program: the op argument itself is what fails
+    comm.Allreduce(MPI.IN_PLACE, [np.zeros(2), MPI.DOUBLE], op=MPI.MAXLOC)
+    out["allreduce_maxloc"] = "no error"
+except NotImplementedError as exc:
+    out["allreduce_maxloc"] = str(exc)
+try:
+    MPI.NO_SUCH_NAME
+except AttributeError as exc:
+    out["unknown_name"] = str(exc)
+
+# COMM_SELF, Split with MPI.UNDEFINED, [buf, count, datatype], Datatype sizes, requests
+self_comm = MPI.COMM_SELF
+x = np.array([comm.Get_rank() + 1.0])
+self_comm.Allreduce(MPI.IN_PLACE, [x, MPI.DOUBLE], op=MPI.SUM)
+out["comm_self"] = [self_comm.Get_size(), self_comm.Get_rank(), float(x[0]), MPI.COMM_SELF is self_comm]
+sub = comm.Split(MPI.UNDEFINED if comm.Get_rank() == 0 else 1, 0)
+out["split_undefined_is_none"] = sub is None
+buf = np.arange(6, dtype=np.int32) * (comm.Get_rank() + 1)
+comm.Allreduce(MPI.IN_PLACE, [buf, 4, MPI.INT], op=MPI.SUM)  # only the first 4 elements
+out["count_spec"] = buf.tolist()
+out["sizes"] = [MPI.DOUBLE.Get_size(), MPI.INT.Get_size(), MPI.BYTE.Get_size(), MPI.FLOAT.Get_size()]
+reqs = [comm.Iallreduce(MPI.IN_PLACE, [np.ones(3), MPI.DOUBLE]) for _ in range(3)]
+MPI.Request.Waitall(reqs)
+out["waitall"] = True
+out["exception_is_base"] = issubclass(MPI.Exception, Exception)
+MPI.Finalize()
+print("RESULT " + json.dumps(out), flush=True)

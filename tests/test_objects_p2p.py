@@ -1,0 +1,40 @@
+"""Object methods (pickle) in real gpurun jobs: bcast, allgather, gather, scatter, allreduce,
+reduce, alltoall, send/recv, isend/irecv, sendrecv (tests/scripts/objects_p2p.py)."""
+import math
+
+import pytest
+
+
+@pytest.mark.parametrize("size", [1, 4])
+def test_object_methods(gpurun_job, size):
+    job = gpurun_job(size, "objects_p2p.py").check()
+    res = job.json_lines()
+    assert sorted(res) == list(range(size)), job.describe()
+    root = size - 1
+    for r, got in res.items():
+        assert got["bcast"] == [3, ["a", "b"], [0, 1, 2, 3, 4]]
+        assert got["bcast_big"] == [(6 << 20) + 3, "end"]
+        assert got["bcast_none"] is None
+        assert got["allgather"] == [[q, 1000 * q] for q in range(size)]
+        assert got["gather"] == ([["r", q] for q in range(size)] if r == root else None)
+        assert got["scatter"] == {"for": r, "data": list(range(r))}
+        a = got["allreduce"]
+        assert a["SUM"] == size * (size + 1) // 2
+        assert a["PROD"] == math.factorial(size)
+        assert a["MAX"] == max(q * 7 % 5 for q in range(size))
+        assert a["MIN"] == min(q * 7 % 5 - 2 for q in range(size))
+        assert a["AVG"] == sum(range(size)) / size
+        assert a["BOR"] == (1 << size) - 1
+        assert a["list_sum"] == list(range(size))
+        assert a["array_sum"] == [sum(range(size)), size]
+        assert got["reduce"] == (sum(range(size)) if r == root else None)
+        assert got["alltoall"] == [f"{q}->{r}" for q in range(size)]
+        if size > 1:
+            left = (r - 1) % size
+            assert got["ring"] == [left, [left] * 3, left, 4]
+            assert got["sendrecv"] == ["hi", left]
+            if r == 1:
+                assert got["send_recv"] == ["first", 100000, 99999]
+        members = [q for q in range(size) if q % 2 == r % 2]
+        assert got["sub_allgather"] == members
+        assert got["sub_bcast"] == f"from world {members[0]}"
