@@ -5,7 +5,7 @@ from gpucoll import __version__
 
 DEFAULT_GRACE_S = 3.0
 
-HELP = """Run PROGRAM as N ranks of one gpucoll job on this host.
+HELP = """Run PROGRAM as N ranks of one gpucoll job on this host, or across hosts.
 
 \b
 PROGRAM is a Python script (run with the interpreter that runs gpurun),
@@ -16,6 +16,16 @@ Options go before PROGRAM; everything after it is PROGRAM's own.
   gpurun -np 4 train.py --epochs 3
   gpurun -np 8 -m mypkg.bench
   gpurun -np 2 --output-dir logs -x OMP_NUM_THREADS=1 hostname
+
+\b
+Across hosts: one agent per host starts that host's ranks (host order, then
+local rank) and relays their tagged output; a host whose agent is lost ends
+the job (exit 125, naming the host).
+  gpurun --hosts node1:4,node2:4 train.py          (agents over ssh)
+  gpurun --hostfile hosts.txt --launcher-cmd 'ssh -p 2222 {host}' train.py
+  gpurun -np 16 train.py                           (inside salloc/sbatch: srun)
+  gpurun --nnodes 2 --node-rank K --master node1:29400 -np 4 train.py
+                                                   (by hand, on every host)
 
 \b
 Each rank runs in its own process group. gpurun hosts the job's rendezvous
@@ -52,6 +62,8 @@ Exit code:
   N       the first rank to fail exited with code N
   128+S   the first rank to fail was killed by signal S (SIGKILL: 137)
   124     --timeout expired (the ranks still running are named)
+  125     a host was lost (its agent's connection dropped) or its agent
+          could not start
   130/143/129  gpurun got SIGINT / SIGTERM / SIGHUP
   126/127 PROGRAM could not be run / was not found
   2       bad command line
@@ -63,8 +75,23 @@ Exit code:
     "help_option_names": ["-h", "--help"],
     "max_content_width": 100,
 })
-@click.option("-np", "-n", "--np", "nprocs", type=click.IntRange(min=1), required=True,
-              metavar="N", help="Number of ranks to start.")
+@click.option("-np", "-n", "--np", "nprocs", type=click.IntRange(min=1), metavar="N",
+              help="Number of ranks to start (with --hosts/--hostfile: default every slot; "
+                   "with --nnodes: ranks on this host).")
+@click.option("--hosts", metavar="H1:N,H2:N", help="Run across these hosts, N ranks on each (host order, "
+              "then local rank); one agent per host.")
+@click.option("--hostfile", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+              help="Hosts one a line: HOST, HOST:N or 'HOST slots=N'.")
+@click.option("--launcher", type=click.Choice(["ssh", "local", "srun"]), metavar="ssh|local|srun",
+              help="How the agents start: ssh (default with --hosts), srun (default inside a Slurm "
+                   "allocation), local (on this machine, through --launcher-cmd if given).")
+@click.option("--launcher-cmd", metavar="TEMPLATE", help="Command that runs an agent on {host}, e.g. "
+              "'ssh -p 2222 {host}' or 'ip netns exec {host}'.")
+@click.option("--nnodes", type=click.IntRange(min=1), metavar="N",
+              help="Started by hand on each of N hosts (with --node-rank and --master).")
+@click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True, metavar="K",
+              help="This host's index with --nnodes; node 0 is the head.")
+@click.option("--master", metavar="ADDR:PORT", help="With --nnodes: where node 0 listens for the others.")
 @click.option("-m", "--module", "module", is_flag=True,
               help="PROGRAM is a Python module, run as `python -m PROGRAM` (as with python, "
                    "everything after it is the module's).")
@@ -81,7 +108,8 @@ Exit code:
                    "the variables above.")
 @click.version_option(__version__, "-V", "--version", prog_name="gpurun")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="PROGRAM [ARGS]...")
-def gpurun(nprocs, module, tag_output, output_dir, timeout, grace, exports, command):
+def gpurun(nprocs, module, tag_output, output_dir, timeout, grace, exports, command, hosts, hostfile,
+           launcher, launcher_cmd, nnodes, node_rank, master):
     import os
 
     from .env import parse_exports
@@ -89,6 +117,7 @@ def gpurun(nprocs, module, tag_output, output_dir, timeout, grace, exports, comm
 
     if not command:
         raise click.UsageError("PROGRAM is missing")
+    multi = _multihost(nprocs, hosts, hostfile, launcher, launcher_cmd, nnodes, node_rank, master, os.environ)
     try:
         exported = parse_exports(exports, os.environ)
     except ValueError as exc:
@@ -98,7 +127,54 @@ def gpurun(nprocs, module, tag_output, output_dir, timeout, grace, exports, comm
         module, command = command[0], command[1:]
     opts = Options(nprocs, command, module=module or None, tag_output=tag_output, output_dir=output_dir,
                    timeout=timeout, grace=grace, exports=exported)
-    raise SystemExit(launch(opts))
+    if multi is None:
+        raise SystemExit(launch(opts))
+    if multi.launcher == "agent":
+        from .agent import run_agent
+        from .wire import derived_secret
+
+        secret = os.environ.get("GPUCOLL_STORE_SECRET")
+        secret = bytes.fromhex(secret) if secret else derived_secret(master)
+        raise SystemExit(run_agent(master, node_rank, secret, slots=nprocs or 1))
+    from .cluster import launch_hosts
+
+    raise SystemExit(launch_hosts(opts, multi))
+
+
+def _multihost(nprocs, hosts, hostfile, launcher, launcher_cmd, nnodes, node_rank, master, environ):
+    """The HostsOptions of a multi-host job, or None for a job on this host alone."""
+    from . import hosts as hostsmod
+    from .cluster import HostsOptions
+
+    if nnodes is not None:
+        if hosts or hostfile:
+            raise click.UsageError("--nnodes starts gpurun by hand on each host: leave out --hosts/--hostfile")
+        if not master:
+            raise click.UsageError("--nnodes needs --master ADDR:PORT (where node 0 listens)")
+        if node_rank >= nnodes:
+            raise click.BadParameter(f"{node_rank} is not below --nnodes {nnodes}", param_hint="--node-rank")
+        kind = "manual" if node_rank == 0 else "agent"
+        return HostsOptions(None, kind, master=master, nnodes=nnodes, node_rank=node_rank)
+    if hosts and hostfile:
+        raise click.UsageError("give --hosts or --hostfile, not both")
+    try:
+        if hosts:
+            plan = hostsmod.parse_hosts(hosts)
+        elif hostfile:
+            plan = hostsmod.parse_hostfile(hostfile)
+        elif launcher == "srun" or (launcher is None and hostsmod.in_slurm_allocation(environ)):
+            plan = hostsmod.from_slurm(environ, nprocs)
+            launcher = "srun"
+        else:
+            if launcher is not None:
+                raise click.UsageError(f"--launcher {launcher} needs --hosts or --hostfile")
+            if nprocs is None:
+                raise click.UsageError("Missing option '-np' (or --hosts / --hostfile)")
+            return None
+        hostsmod.assign(plan, nprocs)
+    except (ValueError, OSError) as exc:
+        raise click.UsageError(str(exc)) from None
+    return HostsOptions(plan, launcher or "ssh", launcher_cmd)
 
 
 def main(argv=None):

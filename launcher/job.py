@@ -271,13 +271,24 @@ class Job:
         elif self.first_failure is not None:
             rank = self.first_failure
             code = report.exit_code_of(rank.returncode)
-            tail = self.streams[2 * rank.rank + 1].tail_text()
+            tail = self.stderr_tail(rank.rank)
             stopped = [r for r in self.still_running_at_stop if r != rank.rank]
             lines = report.failure_report(rank, self.host, tail, stopped, code)
         else:
             return 0
-        self.stderr.write(("\n".join(lines) + "\n").encode())
+        self.report(lines)
         return code
+
+    def report(self, lines):
+        """Print the closing report (an agent sends it to the head gpurun instead)."""
+        self.stderr.write(("\n".join(lines) + "\n").encode())
+
+    def stderr_tail(self, rank):
+        """The last lines of rank `rank`'s stderr."""
+        for stream in self.streams:
+            if stream.rank == rank and stream.name == "err":
+                return stream.tail_text()
+        return []
 
     def close(self):
         """Release the pipes and files even when the loop did not finish."""

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_PDEATHSIG = 1
 
 
 class LaunchError(Exception):
@@ -80,10 +81,12 @@ class Rank:
         return self.signal_group(0)
 
 
-def start_rank(rank, argv, env, stdin_inherit=False):
+def start_rank(rank, argv, env, stdin_inherit=False, die_with_parent=False):
     """Start one rank with piped stdout and stderr in its own session.
 
     Rank 0 may inherit gpurun's stdin (as with mpiexec); the others read /dev/null.
+    die_with_parent (Linux): the kernel kills the rank when its parent dies, so that the
+    ranks of a host agent that was killed outright do not run on alone.
     """
     try:
         proc = subprocess.Popen(
@@ -94,12 +97,26 @@ def start_rank(rank, argv, env, stdin_inherit=False):
             stderr=subprocess.PIPE,
             start_new_session=True,
             close_fds=True,
+            preexec_fn=_die_with_parent() if die_with_parent else None,
         )
     except FileNotFoundError:
         raise LaunchError(f"command not found: {argv[0]}", 127) from None
     except OSError as exc:
         raise LaunchError(f"cannot run {argv[0]}: {exc.strerror}", 126) from None
     return Rank(rank, proc)
+
+
+def _die_with_parent():
+    """A preexec_fn that sets PR_SET_PDEATHSIG to SIGKILL (Linux; else None)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def arm():
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    return arm
 
 
 def become_subreaper():

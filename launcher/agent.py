@@ -1,0 +1,184 @@
+"""The host agent of a multi-host job: starts this host's ranks for the head gpurun.
+
+The head starts one agent per host (over ssh, srun, or a local command) or, with
+`gpurun --nnodes N --node-rank K --master ADDR:PORT`, each host's own gpurun becomes its
+agent. The agent connects back to the head (control protocol in wire.py), says who it
+is, receives the job (program, size, its ranks, the store), and then runs its ranks
+exactly as a single-host gpurun does (job.Job: output tagged `[rank]` on the agent's
+stdout/stderr, signals, fail-fast inside the host, leftovers cleaned up), reporting each
+rank's end to the head and obeying its `stop`. The ranks die with the agent (the kernel's
+parent-death signal), and the agent stops them when it loses the head.
+
+    python -m gpucoll.launcher.agent --master 10.0.0.1:29400 --node-rank 1 --secret-stdin
+"""
+import argparse
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+
+from . import env as envmod
+from . import wire
+from .job import Job, Options
+from .output import Sink
+from .signals import SignalInbox
+from .spawn import LaunchError, become_subreaper, program_argv, start_rank
+
+CONNECT_TIMEOUT_S = 120.0
+
+
+class _Control:
+    """The head's connection as one more source in the Job's selector loop."""
+
+    def __init__(self, sock, job):
+        sock.setblocking(False)
+        self.reader = wire.Reader(sock)
+        self.fd = self.reader.fd
+        self.job = job
+
+    def pump(self):
+        msgs = self.reader.feed()
+        if msgs is None:
+            self.job.lost_head()
+            return False
+        for msg in msgs:
+            self.job.on_message(msg)
+        return True
+
+
+class AgentJob(Job):
+    """A Job whose ranks are part of a larger one: exits go to the head as they happen,
+    and the closing report is the head's to print."""
+
+    def __init__(self, opts, inbox, control_sock, host):
+        super().__init__(opts, inbox)
+        self.host = host
+        self.control = _Control(control_sock, self)
+        self.selector.register(self.control.fd, selectors.EVENT_READ, self.control)
+        self.reported = set()
+
+    def on_message(self, msg):
+        kind = msg.get("type")
+        sig = int(msg.get("signal", signal.SIGTERM))
+        if kind == "stop":
+            if self.stop_reason is None:
+                self._stop("head", sig)
+            else:
+                self._kill_all()
+        elif kind == "signal":
+            for rank in self.ranks:
+                if rank.running:
+                    rank.signal_group(sig)
+
+    def lost_head(self):
+        if self.stop_reason is None:
+            self.stderr.write(f"gpurun agent on {self.host}: lost the head gpurun; stopping this host's "
+                              "ranks\n".encode())
+            self._stop("head")
+
+    def _reap(self):
+        super()._reap()
+        for rank in self.ranks:
+            if not rank.running and rank.rank not in self.reported:
+                self.reported.add(rank.rank)
+                tail = self.stderr_tail(rank.rank) if rank.returncode != 0 else []
+                self.control.reader.send({"type": "exit", "rank": rank.rank, "pid": rank.pid,
+                                          "returncode": rank.returncode, "tail": tail})
+
+    def report(self, lines):
+        pass  # the head reports for the whole job
+
+
+def _read_secret(args):
+    if args.secret_stdin:
+        text = sys.stdin.readline().strip()
+    else:
+        text = os.environ.get("GPUCOLL_STORE_SECRET", "")
+    if not text:
+        return wire.derived_secret(args.master)
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        raise SystemExit("gpurun agent: the job's secret must be hex") from None
+
+
+def _node_rank(text):
+    if text == "slurm":  # one agent per node through srun: the task id is the node's index
+        return int(os.environ["SLURM_PROCID"])
+    return int(text)
+
+
+def run_agent(master, node, secret, slots=None, host=None):
+    """Join the head at `master`, run this host's ranks, return the exit code."""
+    host = host or socket.gethostname()
+    err = Sink(2)
+    try:
+        sock = wire.connect(master, time.monotonic() + CONNECT_TIMEOUT_S, time.monotonic)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        wire.agent_handshake(sock, secret)
+        wire.send(sock, {"type": "hello", "node": node, "host": host, "pid": os.getpid(), "slots": slots})
+        start = wire.recv(sock)
+    except (wire.WireError, OSError) as exc:
+        err.write(f"gpurun agent (node {node}, {host}): {exc}\n".encode())
+        return 1
+    if start.get("type") != "start":
+        return 0  # the head gave up before starting anything
+    if start.get("cwd") and os.path.isdir(start["cwd"]):
+        os.chdir(start["cwd"])
+    opts = Options(len(start["ranks"]) or 1, start["command"], module=start.get("module"),
+                   tag_output=start.get("tag_output", True), output_dir=start.get("output_dir"),
+                   grace=start.get("grace", 3.0), exports=start.get("exports", {}))
+    try:
+        argv = program_argv(opts.command, opts.module)
+    except LaunchError as exc:
+        wire.send(sock, {"type": "launch-error", "message": str(exc), "code": exc.exit_code})
+        return exc.exit_code
+    store_host, _, store_port = start["store"].rpartition(":")
+    common = envmod.common_environ(os.environ, start["size"], len(start["ranks"]), store_host,
+                                   int(store_port), secret.hex(), start["job_id"])
+    ngpus = envmod.count_gpus(os.environ)
+    if opts.output_dir:
+        os.makedirs(opts.output_dir, exist_ok=True)
+    become_subreaper()
+    inbox = SignalInbox()
+    job = AgentJob(opts, inbox, sock, host)
+    try:
+        try:
+            for local, r in enumerate(start["ranks"]):
+                env = envmod.rank_environ(common, r, local, ngpus, opts.exports)
+                job.add(start_rank(r, argv, env, die_with_parent=True))
+        except LaunchError as exc:
+            job.abort()
+            wire.send(sock, {"type": "launch-error", "message": str(exc), "code": exc.exit_code})
+            return exc.exit_code
+        code = job.run()
+        job.control.reader.send({"type": "done", "code": code})
+        return code
+    finally:
+        job.close()
+        inbox.close()
+        sock.close()
+        _remove_shared_memory(start["job_id"])
+
+
+def _remove_shared_memory(job_id):
+    try:
+        from gpucoll.transports.shm import unlink_job
+    except ImportError:
+        return
+    unlink_job(job_id)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="gpucoll.launcher.agent", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--master", required=True, metavar="HOST:PORT", help="the head gpurun's address")
+    parser.add_argument("--node-rank", required=True, metavar="K|slurm", help="this host's index in the job")
+    parser.add_argument("--secret-stdin", action="store_true", help="read the job's secret (hex) from stdin")
+    args = parser.parse_args(argv)
+    return run_agent(args.master, _node_rank(args.node_rank), _read_secret(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""The control connection between the head gpurun and its agents (one per host).
+
+Messages are JSON objects, each framed by a 4-byte big-endian length. The connection
+opens with a mutual challenge-response on the job's secret (HMAC-SHA256 of the other
+side's nonce), so neither a stray client nor a stray head can join a job; after that:
+
+    agent -> head   hello {node, host, pid, slots}       once, after the handshake
+    head -> agent   start {job_id, size, ranks, store, command, module, exports, ...}
+    agent -> head   exit  {rank, pid, returncode, tail}  each rank as it ends
+    agent -> head   done  {code}                         all local ranks have ended
+    head -> agent   stop  {signal}                       end the local ranks (then SIGKILL after grace)
+    head -> agent   signal {signal}                      forward a signal (USR1, USR2)
+
+Output does not travel here: an agent's ranks write to the agent's stdout and stderr,
+which reach the head through whatever started the agent (ssh, srun, a local pipe).
+"""
+import hashlib
+import hmac
+import json
+import os
+import socket
+import struct
+
+_LEN = struct.Struct("!I")
+MAX_MESSAGE = 16 << 20
+_HEAD, _AGENT = b"gpucoll-head", b"gpucoll-agent"
+
+
+class WireError(Exception):
+    """The peer broke the protocol, failed the handshake or went away."""
+
+
+def _proof(secret, role, nonce):
+    return hmac.new(secret, role + nonce, hashlib.sha256).hexdigest()
+
+
+def send(sock, msg):
+    data = json.dumps(msg, separators=(",", ":")).encode()
+    sock.sendall(_LEN.pack(len(data)) + data)
+
+
+def _recv_exact(sock, n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise WireError("connection closed")
+        buf += chunk
+    return bytes(buf)
+
+
+def recv(sock):
+    """One message, blocking (the socket's timeout applies)."""
+    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+    if n > MAX_MESSAGE:
+        raise WireError(f"message of {n} bytes is too large")
+    return json.loads(_recv_exact(sock, n))
+
+
+def head_handshake(sock, secret, timeout=10.0):
+    """Prove the head and check the agent; raises WireError when the agent fails."""
+    sock.settimeout(timeout)
+    try:
+        nonce = os.urandom(16)
+        send(sock, {"type": "challenge", "nonce": nonce.hex()})
+        reply = recv(sock)
+        if not hmac.compare_digest(str(reply.get("proof", "")), _proof(secret, _AGENT, nonce)):
+            raise WireError("the agent does not know the job's secret")
+        send(sock, {"type": "proof", "proof": _proof(secret, _HEAD, bytes.fromhex(reply["nonce"]))})
+    except (OSError, ValueError, KeyError) as exc:
+        raise WireError(f"handshake failed: {exc}") from None
+    finally:
+        sock.settimeout(None)
+
+
+def agent_handshake(sock, secret, timeout=10.0):
+    """Prove the agent and check the head; raises WireError when the head fails."""
+    sock.settimeout(timeout)
+    try:
+        challenge = recv(sock)
+        nonce = os.urandom(16)
+        send(sock, {"type": "answer", "proof": _proof(secret, _AGENT, bytes.fromhex(challenge["nonce"])),
+                    "nonce": nonce.hex()})
+        reply = recv(sock)
+        if not hmac.compare_digest(str(reply.get("proof", "")), _proof(secret, _HEAD, nonce)):
+            raise WireError("the head does not know the job's secret")
+    except (OSError, ValueError, KeyError) as exc:
+        raise WireError(f"handshake failed: {exc}") from None
+    finally:
+        sock.settimeout(None)
+
+
+class Reader:
+    """Non-blocking side of a connection for a selector loop: `feed()` after the socket
+    is readable returns the complete messages that arrived, or None once it closed."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.fd = sock.fileno()
+        self._buf = bytearray()
+
+    def feed(self):
+        try:
+            data = self.sock.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return []
+        except OSError:
+            return None
+        if not data:
+            return None
+        self._buf += data
+        out = []
+        while len(self._buf) >= _LEN.size:
+            (n,) = _LEN.unpack_from(self._buf)
+            if len(self._buf) < _LEN.size + n:
+                break
+            out.append(json.loads(bytes(self._buf[_LEN.size:_LEN.size + n])))
+            del self._buf[:_LEN.size + n]
+        return out
+
+    def send(self, msg):
+        """Best effort: False when the peer is gone."""
+        try:
+            self.sock.setblocking(True)
+            send(self.sock, msg)
+            return True
+        except OSError:
+            return False
+        finally:
+            try:
+                self.sock.setblocking(False)
+            except OSError:
+                pass
+
+
+def split_address(text):
+    """'host:port' -> (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def derived_secret(master):
+    """The secret of a job whose gpurun processes were started by hand with no
+    GPUCOLL_STORE_SECRET: every node computes the same one from the master address. It
+    keeps other jobs out by accident only; set GPUCOLL_STORE_SECRET for protection."""
+    return hashlib.sha256(f"gpucoll-agents:{master}".encode()).digest()[:16]
+
+
+def connect(address, deadline_s, clock):
+    """Connect to host:port, retrying until `deadline_s` (the head may start later)."""
+    import time
+
+    host, port = split_address(address)
+    last = None
+    while True:
+        try:
+            return socket.create_connection((host, port), timeout=5.0)
+        except OSError as exc:
+            last = exc
+        if clock() >= deadline_s:
+            raise WireError(f"cannot reach the head gpurun at {address}: {last}")
+        time.sleep(0.2)
