@@ -80,7 +80,9 @@ class Communicator:
             raise InvalidUsageError(f"communicator {self._id} was freed; create a new one with Dup() or Split()")
 
     def _check_root(self, root):
-        if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
+        if not isinstance(root, (int, np.integer)) or isinstance(root, bool):
+            raise InvalidUsageError(f"root must be an integer rank, not {root!r} ({type(root).__name__})")
+        if not 0 <= root < self.size:
             raise InvalidUsageError(f"root {root!r} is out of range for a communicator of size {self.size}")
         return int(root)
 

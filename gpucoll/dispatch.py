@@ -5,6 +5,8 @@ gpucoll.algorithms.selector, or GPUCOLL_ALGO) and runs it: the intra-host `direc
 algorithms on one shared segment, or a schedule over the peer channels. Every call gets a
 sequence number; errors name the operation, that number and the ranks involved.
 """
+import time
+
 import numpy as np
 
 from . import config, dtypes, log
@@ -12,6 +14,7 @@ from . import ops as _ops
 from .algorithms import schedule as build_schedule
 from .algorithms import selector
 from .errors import GpucollError, MismatchError
+from .errors import TimeoutError as GpucollTimeout
 
 KIND_IDS = {"allreduce": 1, "bcast": 2, "reduce": 3, "allgather": 4, "reduce_scatter": 5, "alltoall": 6,
             "gather": 7, "scatter": 8, "barrier": 9}
@@ -112,9 +115,37 @@ class Dispatcher:
             else:
                 self._run_schedule(call, algo)
         except GpucollError as exc:
+            if isinstance(exc, GpucollTimeout) and not getattr(exc, "ranks", ()):
+                self._name_late_ranks(exc, seq)
             exc.args = (f"{call.kind} #{seq} on communicator {comm.name} (rank {comm.rank} of {comm.size}): "
                         f"{exc.args[0] if exc.args else exc}",) + exc.args[1:]
             raise
+
+    def _name_late_ranks(self, exc, seq):
+        """A schedule that times out only knows the peer it waited for, which may itself be
+        waiting for someone else. Ranks that time out in call `seq` say so in the store; the
+        ranks that have not said so within a short grace never reached the call (or are stuck
+        before it), and are named in the error and in `exc.ranks`."""
+        comm = self.comm
+        store = getattr(comm._ctx.boot, "store", None)
+        if store is None or comm.size == 1:
+            return
+        prefix = f"gpucoll/late/{comm._id}/{seq}/"
+        # Ranks blocked in the same call time out within the spread of their arrival times.
+        deadline = time.monotonic() + min(self.timeout, 2.0)
+        try:
+            store.add(prefix + str(comm.rank), 1)
+            while True:
+                late = [r for r in range(comm.size) if r != comm.rank and store.add(prefix + str(r), 0) == 0]
+                if not late or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)
+        except GpucollError:  # no store to ask: keep what the schedule knew
+            return
+        if late:
+            exc.ranks = tuple(late)
+            exc.args = (f"{exc.args[0] if exc.args else exc}; rank(s) {', '.join(map(str, late))} did not "
+                        "reach this call (every other rank timed out inside it)",) + exc.args[1:]
 
     def _buffers(self, call):
         """(buffer 0, buffer 1) addresses with MPI's IN_PLACE aliasing (docs/internals.md):
@@ -192,13 +223,29 @@ class Dispatcher:
         if (rows == rows[0]).all():
             return
         fields = ("operation", "count", "dtype", "op", "root")
-        described = []
+        groups = {}  # signature -> ranks that called it, so a large job gets a short message
         for r, row in enumerate(rows):
-            kind, count, code, op, root = (int(v) for v in row)
+            groups.setdefault(tuple(int(v) for v in row), []).append(r)
+        ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), item[1][0]))
+        described = []
+        for (kind, count, code, op, root), ranks in ordered:
             op_name = _ops.ALL[op].name if op >= 0 else "-"
-            described.append(f"rank {r}: {_KIND_NAMES.get(kind, kind)} count={count} "
+            who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_ranges(ranks)}"
+            described.append(f"{who}: {_KIND_NAMES.get(kind, kind)} count={count} "
                              f"dtype={dtypes.name(code)} op={op_name} root={root}")
         differing = sorted({fields[j] for r in range(comm.size) for j in range(mine.size)
                             if rows[r, j] != rows[0, j]})
-        raise MismatchError(f"ranks called different collectives (differing: {', '.join(differing)}); "
+        err = MismatchError(f"ranks called different collectives (differing: {', '.join(differing)}); "
                             + "; ".join(described))
+        err.ranks = tuple(sorted(r for _, ranks in ordered[1:] for r in ranks))  # all but the largest group
+        raise err
+
+
+def _ranges(ranks):
+    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
+    parts, start = [], ranks[0]
+    for prev, cur in zip(ranks, ranks[1:] + [None]):
+        if cur is None or cur != prev + 1:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+            start = cur
+    return ", ".join(parts)

@@ -1,0 +1,103 @@
+"""Failures users meet, in real gpurun jobs (tests/scripts/faults.py): a rank that dies inside
+a collective, a rank that skips one (GPUCOLL_TIMEOUT), ranks whose calls disagree
+(GPUCOLL_DEBUG_CHECKS=1), and bad arguments, refused before anything is sent."""
+import pytest
+
+PATHS = {"auto": {}, "direct": {"GPUCOLL_ALGO": "direct"}, "ring": {"GPUCOLL_ALGO": "ring"},
+         "tcp": {"GPUCOLL_SHM_DISABLE": "1"}}
+
+
+@pytest.mark.parametrize("path", ["direct", "ring", "tcp"])
+def test_rank_dies_inside_allreduce(gpurun_job, path):
+    # The survivors ignore SIGTERM so they outlive gpurun's fail-fast stop long enough to show
+    # what they got; they must get it quickly, not after GPUCOLL_TIMEOUT (300 s by default).
+    job = gpurun_job(3, "faults.py", "die", env=PATHS[path], launcher_args=("--grace", 20), timeout=40)
+    assert job.returncode == 7, job.describe()
+    assert job.seconds < 15, job.describe()
+    assert "gpurun: rank 1 (host" in job.stderr and "failed first: exit code 7" in job.stderr
+    lost = job.json_lines("LOST ")
+    assert sorted(lost) == [0, 2], job.describe()
+    for rank, info in lost.items():
+        assert info["type"] == "LostPeerError", info
+        assert info["elapsed"] < 10, info
+        assert "allreduce #6 on communicator world" in info["message"], info
+        assert info["ranks"] and ("is gone" in info["message"] or "exited" in info["message"]), info
+    # The direct engine sees every rank of the group, so every survivor names rank 1. In a
+    # schedule the first rank to notice names rank 1; a rank whose peer in the schedule is the
+    # one that noticed first may name that rank instead, as it has left the call too.
+    if path == "direct":
+        assert all(info["ranks"] == [1] for info in lost.values()), lost
+    assert any(info["ranks"] == [1] for info in lost.values()), lost
+
+
+def test_rank_dies_job_ends_with_report(gpurun_job):
+    # What a user's job does: gpurun stops the others and reports the rank that failed.
+    job = gpurun_job(3, "faults.py", "die-default", timeout=40)
+    assert job.returncode == 7, job.describe()
+    assert job.seconds < 10, job.describe()
+    assert "gpurun: rank 1 (host" in job.stderr and "failed first: exit code 7" in job.stderr
+    assert "stopped 2 other rank(s): 0, 2" in job.stderr
+    assert "gpurun: exiting with 7" in job.stderr
+
+
+@pytest.mark.parametrize("path", ["direct", "ring", "tcp"])
+def test_skipped_collective_times_out_naming_call_and_rank(gpurun_job, path):
+    size = 3
+    job = gpurun_job(size, "faults.py", "skip", env={"GPUCOLL_TIMEOUT": 2, **PATHS[path]}, timeout=40).check()
+    late = job.json_lines("TIMEOUT ")
+    assert sorted(late) == [0, 1], job.describe()
+    for rank, info in late.items():
+        assert info["type"] == "TimeoutError" and info["is_builtin_timeout"], info
+        msg = info["message"]
+        assert msg.startswith(f"allreduce #2 on communicator world (rank {rank} of {size}): "), msg
+        assert "2 s" in msg and info["ranks"] == [2], msg
+        assert "rank(s) 2" in msg, msg
+        assert 1.9 <= info["elapsed"] < 8, info
+
+
+def test_mismatched_calls_raise_on_every_rank(gpurun_job):
+    job = gpurun_job(3, "faults.py", "mismatch", env={"GPUCOLL_DEBUG_CHECKS": 1}).check()
+    res = job.json_lines()
+    assert sorted(res) == [0, 1, 2], job.describe()
+    expect = {  # what differs, who differs, and how the odd one out is described
+        "count": ("count", [1], "rank 1: allreduce count=5 dtype=float32"),
+        "dtype": ("dtype", [2], "rank 2: allreduce count=4 dtype=float64"),
+        "op": ("op", [0], "rank 0: allreduce count=4 dtype=float32 op=MAX"),
+        "root": ("root", [1], "rank 1: bcast count=4 dtype=float32 op=- root=1"),
+        "operation": ("operation", [2], "rank 2: allgather count=4"),
+    }
+    for rank, got in res.items():
+        for case, (field, ranks, odd) in expect.items():
+            info = got[case]
+            assert info["type"] == "MismatchError", (rank, case, info)
+            assert f"#{list(expect).index(case)} on communicator world" in info["message"], info
+            assert "differing: " in info["message"] and field in info["message"].split("differing: ")[1], info
+            assert odd in info["message"] and info["ranks"] == ranks, info
+        assert got["after"] == [3.0] * 4  # the communicator still works
+
+
+def test_bad_arguments_raise_before_anything_is_sent(gpurun_job):
+    res = gpurun_job(3, "faults.py", "badargs").check().json_lines()
+    for rank in (0, 2):
+        assert res[rank] == {"after": [6, 6, 6]}
+    got = res[1]
+    assert got.pop("after") == [6, 6, 6]  # only rank 1 made the bad calls: nothing went out
+    assert got.pop("seq_unchanged") is True
+    words = {  # a few words each message must contain
+        "non-contiguous sendbuf": "not contiguous", "non-contiguous buf": "not contiguous",
+        "different sizes": "same number of elements", "different dtypes": "same dtype",
+        "allgather recvbuf size": "not a multiple", "reduce_scatter sizes": "must hold size x recvbuf",
+        "alltoall not divisible": "not a multiple", "scatter root sendbuf": "not a multiple",
+        "gather root recvbuf": "not a multiple", "root too large": "root 3 is out of range",
+        "negative root": "root -1 is out of range", "root not an int": "integer rank",
+        "BAND on float": "bitwise", "BXOR on float64 reduce": "bitwise", "MAX on complex": "complex",
+        "unknown op": "unknown reduction op", "read-only recvbuf": "read-only",
+        "read-only Bcast on a receiver": "read-only", "read-only Recv": "read-only",
+        "object dtype": "dtype object", "not a buffer": "not a buffer",
+        "IN_PLACE on a non-root": "only allowed on the root", "Send to a rank out of range": "out of range",
+        "Recv from a rank out of range": "out of range", "Isend negative dest": "out of range",
+    }
+    assert sorted(got) == sorted(words)
+    for name, info in got.items():
+        assert info["type"] == "InvalidUsageError", (name, info)
+        assert words[name] in info["message"], (name, info["message"])
