@@ -33,7 +33,6 @@ cdef extern from "gc_direct.h" nogil:
         size_t round_max
         int spins
         int64_t yield_ns
-        int64_t sleep_ns
         int nmissing
         int ndead
         int *missing
@@ -186,11 +185,11 @@ cdef class DirectGroup:
     def round_max(self, size_t value):
         self.g.round_max = value
 
-    def set_wait(self, int spins, double yield_s, double sleep_s):
-        """How a wait behaves: pause-spins, then seconds of sched_yield, then sleeps of sleep_s."""
+    def set_wait(self, int spins, double yield_s):
+        """How a wait behaves: `spins` pause-spins, then `yield_s` seconds of sched_yield, then
+        blocking until the awaited rank posts."""
         self.g.spins = spins
         self.g.yield_ns = <int64_t>(yield_s * 1e9)
-        self.g.sleep_ns = <int64_t>(sleep_s * 1e9)
 
     cdef int _raise(self, int st) except -1:
         """The one error path: a failed native status becomes an exception."""

@@ -5,9 +5,10 @@
  *
  *   0        gc_direct_hdr       magic, version, nranks, slot size, creator pid, attach count,
  *                                first lost rank (so that one rank's discovery reaches all)
- *   64       pids[nranks]        the process id of each rank, for liveness checks
- *   F        flags[nranks]       one uint64 epoch per rank, each on its own 64-byte line so that
- *                                a rank's posts never invalidate the line another rank polls
+ *   64       procs[nranks]       each rank's process id and pid namespace, for liveness checks
+ *   F        flags[nranks]       one uint64 epoch per rank (and a count of the ranks blocked on
+ *                                it), each on its own 64-byte line so that a rank's posts never
+ *                                invalidate the line another rank polls
  *   S        slots[nranks][2]    per-rank staging buffers of slot_bytes, page aligned
  *
  * Synchronisation. Each rank owns one flag and only ever raises it ("post"): the epoch is a
@@ -28,14 +29,17 @@
  * every rank.
  *
  * Waiting spins with a pause instruction, then yields the core (ranks may outnumber cores),
- * then sleeps; about every millisecond it checks the deadline and whether the ranks that have
- * not arrived are still alive. All functions run without the GIL and are called by one thread
+ * then blocks in a futex on the epoch word, which the poster wakes only when someone sleeps
+ * there; about every millisecond it checks the deadline and whether the ranks that have not
+ * arrived are still alive. All functions run without the GIL and are called by one thread
  * at a time per group.
  */
 #ifndef GC_DIRECT_H
 #define GC_DIRECT_H
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <math.h>
 #include <sched.h>
 #include <signal.h>
@@ -43,6 +47,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 #include "gc_types.h"
@@ -54,11 +60,10 @@
 #define GC_DIRECT_PAGE 4096u
 
 /* Defaults of the tunables kept in gc_direct (the Python layer may change them per group). */
-#define GC_DIRECT_ONESHOT_MAX (32u << 10)  /* allreduce/reduce: one-shot up to this many bytes */
+#define GC_DIRECT_ONESHOT_MAX (64u << 10)  /* allreduce/reduce: one-shot up to this many bytes */
 #define GC_DIRECT_ROUND_MAX (1u << 20)     /* two-shot round: fits L2 once split among ranks */
 #define GC_DIRECT_SPINS 256                /* pause-spins before yielding the core */
-#define GC_DIRECT_YIELD_NS 200000          /* then sched_yield for this long before sleeping */
-#define GC_DIRECT_SLEEP_NS 20000           /* then nanosleep steps of this length */
+#define GC_DIRECT_YIELD_NS 50000           /* then sched_yield for this long, then block */
 #define GC_DIRECT_CHECK_NS 1000000         /* deadline / liveness check period */
 
 typedef struct {
@@ -71,14 +76,25 @@ typedef struct {
     uint32_t attached;    /* ranks that have mapped the segment (atomic) */
     int32_t lost;         /* 1 + the first rank found dead, 0 while none (atomic) */
     uint32_t pad_;
+    uint64_t creator_pidns;
 } gc_direct_hdr;
+
+/* Who a rank is, as seen by the others. A pid only means something inside its pid namespace
+ * (ranks in different containers may share /dev/shm): peers in another namespace are never
+ * declared dead, only waited for until the deadline. */
+typedef struct {
+    int32_t pid;
+    int32_t pad_;
+    uint64_t pidns;  /* inode of /proc/self/ns/pid, 0 when unknown */
+} gc_direct_proc;
 
 typedef struct {
     /* mapping */
     uint8_t *base;
     size_t size;
     gc_direct_hdr *hdr;
-    int32_t *pids;
+    gc_direct_proc *procs;
+    uint64_t pidns;           /* this process's pid namespace */
     uint8_t *flags;
     uint8_t *slots;
     size_t slot_bytes;
@@ -93,21 +109,24 @@ typedef struct {
     size_t oneshot_max;
     size_t round_max;
     int spins;
-    int64_t yield_ns, sleep_ns;
+    int64_t yield_ns;
     /* report of the last failure: the ranks that had not arrived, and those found dead */
     int nmissing, ndead;
     int *missing, *dead;
     double waited_s;
 } gc_direct;
 
+static inline int gc__pid_dead(int32_t pid);
+static inline uint64_t gc__pidns(void);
+
 /* ---- layout ------------------------------------------------------------------------------- */
 
 static inline size_t gc__round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-static inline size_t gc__pids_off(void) { return GC_DIRECT_LINE; }
+static inline size_t gc__procs_off(void) { return GC_DIRECT_LINE; }
 static inline size_t gc__flags_off(int nranks)
 {
-    return gc__pids_off() + gc__round_up(sizeof(int32_t) * (size_t)nranks, GC_DIRECT_LINE);
+    return gc__procs_off() + gc__round_up(sizeof(gc_direct_proc) * (size_t)nranks, GC_DIRECT_LINE);
 }
 static inline size_t gc__slots_off(int nranks)
 {
@@ -143,11 +162,11 @@ static inline int gc_direct_format(void *base, size_t size, int nranks, size_t s
     h->slot_bytes = slot_bytes;
     h->total_bytes = size;
     h->creator_pid = creator_pid;
+    h->creator_pidns = gc__pidns();
     __atomic_store_n(&h->magic, GC_DIRECT_MAGIC, __ATOMIC_RELEASE);
     return GC_OK;
 }
 
-static inline int gc__pid_dead(int32_t pid);
 
 /* Attacher: GC_OK when base holds a formatted segment for nranks, GC_ERR_PEER when it is a
  * leftover whose creator is gone (retry: the creator replaces it), GC_ERR_USAGE on a mismatch. */
@@ -158,7 +177,7 @@ static inline int gc_direct_probe(const void *base, size_t size, int nranks)
         return GC_ERR_PEER;
     if (h->version != GC_DIRECT_VERSION || h->nranks != (uint32_t)nranks || h->total_bytes > size)
         return GC_ERR_USAGE;
-    if (gc__pid_dead(h->creator_pid))
+    if (h->creator_pidns == gc__pidns() && gc__pid_dead(h->creator_pid))
         return GC_ERR_PEER;
     return GC_OK;
 }
@@ -186,7 +205,8 @@ static inline int gc_direct_attach(gc_direct *g, void *base, size_t size, int ra
     g->base = (uint8_t *)base;
     g->size = size;
     g->hdr = h;
-    g->pids = (int32_t *)(g->base + gc__pids_off());
+    g->procs = (gc_direct_proc *)(g->base + gc__procs_off());
+    g->pidns = gc__pidns();
     g->flags = g->base + gc__flags_off(nranks);
     g->slots = g->base + gc__slots_off(nranks);
     g->slot_bytes = h->slot_bytes;
@@ -196,12 +216,12 @@ static inline int gc_direct_attach(gc_direct *g, void *base, size_t size, int ra
     g->round_max = GC_DIRECT_ROUND_MAX;
     g->spins = GC_DIRECT_SPINS;
     g->yield_ns = GC_DIRECT_YIELD_NS;
-    g->sleep_ns = GC_DIRECT_SLEEP_NS;
     /* Flags start at zero and only this rank raises its own: resume from its current value
      * (zero in a fresh segment). */
     g->epoch = __atomic_load_n((uint64_t *)(g->flags + (size_t)rank * GC_DIRECT_LINE),
                                __ATOMIC_ACQUIRE);
-    __atomic_store_n(&g->pids[rank], (int32_t)getpid(), __ATOMIC_RELEASE);
+    g->procs[rank].pidns = g->pidns;
+    __atomic_store_n(&g->procs[rank].pid, (int32_t)getpid(), __ATOMIC_RELEASE);
     int n = (int)__atomic_add_fetch(&h->attached, 1, __ATOMIC_ACQ_REL);
     if (nattached)
         *nattached = n;
@@ -221,6 +241,37 @@ static inline void gc_direct_detach(gc_direct *g)
 static inline uint64_t *gc__flag(const gc_direct *g, int r)
 {
     return (uint64_t *)(g->flags + (size_t)r * GC_DIRECT_LINE);
+}
+
+/* Ranks blocked in a futex on rank r's epoch, in the same line (only touched by sleepers). */
+static inline uint32_t *gc__sleepers(const gc_direct *g, int r)
+{
+    return (uint32_t *)(g->flags + (size_t)r * GC_DIRECT_LINE + 8);
+}
+
+/* The futex word: the low 32 bits of the epoch, which change at every post. */
+static inline uint32_t *gc__futex_word(const gc_direct *g, int r)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    return (uint32_t *)gc__flag(g, r) + 1;
+#else
+    return (uint32_t *)gc__flag(g, r);
+#endif
+}
+
+/* Block until rank `peer`'s epoch is no longer v (or timeout_ns passes). The sleeper count
+ * and the epoch form a Dekker pair with gc__post (both sides seq_cst), so either the poster
+ * sees the sleeper and wakes it, or the sleeper sees the new epoch and does not sleep. */
+static inline void gc__futex_wait(gc_direct *g, int peer, uint64_t target, int64_t timeout_ns)
+{
+    uint32_t *sleepers = gc__sleepers(g, peer);
+    __atomic_add_fetch(sleepers, 1, __ATOMIC_SEQ_CST);
+    uint64_t v = __atomic_load_n(gc__flag(g, peer), __ATOMIC_SEQ_CST);
+    if (v < target) {
+        struct timespec ts = {(time_t)(timeout_ns / 1000000000), (long)(timeout_ns % 1000000000)};
+        syscall(SYS_futex, gc__futex_word(g, peer), FUTEX_WAIT, (uint32_t)v, &ts, NULL, 0);
+    }
+    __atomic_sub_fetch(sleepers, 1, __ATOMIC_SEQ_CST);
 }
 
 static inline uint8_t *gc__slot(const gc_direct *g, int r)
@@ -274,6 +325,18 @@ static inline int gc__pid_dead(int32_t pid)
     return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
 }
 
+static inline uint64_t gc__pidns(void)
+{
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+static inline int gc__rank_dead(const gc_direct *g, int r)
+{
+    int32_t pid = __atomic_load_n(&g->procs[r].pid, __ATOMIC_ACQUIRE);
+    return pid > 0 && g->procs[r].pidns == g->pidns && gc__pid_dead(pid);
+}
+
 /* Fill the failure report: who had not posted `target`, and who of them is gone. */
 static inline void gc__report(gc_direct *g, uint64_t target, int64_t started_ns)
 {
@@ -282,7 +345,7 @@ static inline void gc__report(gc_direct *g, uint64_t target, int64_t started_ns)
         if (__atomic_load_n(gc__flag(g, r), __ATOMIC_ACQUIRE) >= target)
             continue;
         g->missing[g->nmissing++] = r;
-        if (gc__pid_dead(__atomic_load_n(&g->pids[r], __ATOMIC_ACQUIRE)))
+        if (gc__rank_dead(g, r))
             g->dead[g->ndead++] = r;
     }
     int lost = __atomic_load_n(&g->hdr->lost, __ATOMIC_ACQUIRE);
@@ -311,17 +374,17 @@ static int gc__wait_slow(gc_direct *g, int peer, uint64_t target, int64_t deadli
             /* Ranks may outnumber cores: give the core to the rank we wait for. */
             sched_yield();
         } else {
-            /* A long wait: leave the core idle so that the scheduler moves a runnable rank
-             * onto it, and stop burning a core that other work may need. */
-            struct timespec ts = {0, (long)g->sleep_ns};
-            nanosleep(&ts, NULL);
+            /* A long wait: block, so that the core goes idle and the scheduler moves a
+             * runnable rank onto it; the poster wakes us. Wake up for the periodic checks. */
+            int64_t left = next_check - now;
+            gc__futex_wait(g, peer, target, left > 1000 ? left : 1000);
         }
         if (now >= next_check) {
             next_check = now + GC_DIRECT_CHECK_NS;
             int failed = __atomic_load_n(&g->hdr->lost, __ATOMIC_ACQUIRE) > 0;
             for (int r = 0; r < g->nranks && !failed; r++)
                 if (__atomic_load_n(gc__flag(g, r), __ATOMIC_ACQUIRE) < target &&
-                    gc__pid_dead(__atomic_load_n(&g->pids[r], __ATOMIC_ACQUIRE))) {
+                    gc__rank_dead(g, r)) {
                     int32_t none = 0;
                     /* Tell every other rank, so they name the dead one, not the ranks that
                      * stopped posting because they noticed it first. */
@@ -372,7 +435,9 @@ static inline int gc__wait_all(gc_direct *g, uint64_t target, int64_t deadline)
 static inline uint64_t gc__post(gc_direct *g)
 {
     uint64_t e = ++g->epoch;
-    __atomic_store_n(gc__flag(g, g->rank), e, __ATOMIC_RELEASE);
+    __atomic_store_n(gc__flag(g, g->rank), e, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(gc__sleepers(g, g->rank), __ATOMIC_SEQ_CST))
+        syscall(SYS_futex, gc__futex_word(g, g->rank), FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
     g->seen[g->rank] = e;
     return e;
 }
