@@ -8,9 +8,7 @@ import sys
 
 import pytest
 
-from conftest import SCRIPTS
-
-PI = os.path.join(SCRIPTS, "mpi_pi.py")
+PI = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "mpi_pi.py")
 
 
 def as_mpi4py(source):
