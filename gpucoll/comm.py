@@ -384,13 +384,23 @@ class Communicator:
         """Rank i gets root's sendobj[i]."""
         root = self._check_root(root)
         if self.rank == root:
-            if sendobj is None or len(sendobj) != self.size:
-                raise InvalidUsageError(f"scatter: root must pass a sequence of {self.size} objects")
+            if sendobj is None or not hasattr(sendobj, "__len__") or len(sendobj) != self.size:
+                problem = (f"scatter: the root (rank {root}) must pass a sequence of {self.size} objects, "
+                           f"not {type(sendobj).__name__}"
+                           + (f" of length {len(sendobj)}" if hasattr(sendobj, "__len__") else ""))
+                # Tell the waiting ranks too, so that no rank hangs on the root's mistake.
+                for r in range(self.size):
+                    if r != root:
+                        self.send(_ScatterFailed(problem), r, tag=_p2p.OBJECT_SCATTER_TAG)
+                raise InvalidUsageError(problem)
             for r in range(self.size):
                 if r != root:
                     self.send(sendobj[r], r, tag=_p2p.OBJECT_SCATTER_TAG)
             return sendobj[root]
-        return self.recv(source=root, tag=_p2p.OBJECT_SCATTER_TAG)
+        item = self.recv(source=root, tag=_p2p.OBJECT_SCATTER_TAG)
+        if isinstance(item, _ScatterFailed):
+            raise InvalidUsageError(item.problem)
+        return item
 
     def allreduce(self, obj, op=_ops.SUM):
         """op over every rank's object, combined in rank order (same result everywhere)."""
@@ -415,6 +425,13 @@ class Communicator:
             raise InvalidUsageError(f"alltoall: pass a sequence of {self.size} objects")
         table = self.allgather(list(sendobj))
         return [table[r][self.rank] for r in range(self.size)]
+
+
+class _ScatterFailed:
+    """What the root of an object scatter sends instead of data when its input is wrong."""
+
+    def __init__(self, problem):
+        self.problem = problem
 
 
 def _dumps(obj):

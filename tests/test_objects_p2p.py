@@ -38,3 +38,12 @@ def test_object_methods(gpurun_job, size):
         members = [q for q in range(size) if q % 2 == r % 2]
         assert got["sub_allgather"] == members
         assert got["sub_bcast"] == f"from world {members[0]}"
+
+
+def test_scatter_with_a_bad_root_list_raises_everywhere(gpurun_job):
+    job = gpurun_job(3, "scatter_bad_root.py", timeout=60)
+    assert job.returncode == 0, job.describe()
+    raised = job.tagged("RAISED ")
+    assert sorted(raised) == [0, 1, 2], job.describe()
+    for lines in raised.values():
+        assert "must pass a sequence of 3 objects, not list of length 2" in lines[0]
