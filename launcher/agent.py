@@ -175,9 +175,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="gpucoll.launcher.agent", description=__doc__.split("\n\n")[0])
     parser.add_argument("--master", required=True, metavar="HOST:PORT", help="the head gpurun's address")
     parser.add_argument("--node-rank", required=True, metavar="K|slurm", help="this host's index in the job")
+    parser.add_argument("--slots", type=int, help="ranks this host offers (hosts started by hand)")
     parser.add_argument("--secret-stdin", action="store_true", help="read the job's secret (hex) from stdin")
     args = parser.parse_args(argv)
-    return run_agent(args.master, _node_rank(args.node_rank), _read_secret(args))
+    return run_agent(args.master, _node_rank(args.node_rank), _read_secret(args), slots=args.slots)
 
 
 if __name__ == "__main__":

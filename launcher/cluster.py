@@ -72,12 +72,12 @@ def _bind_address(master):
     return addr, addr, 0
 
 
-def agent_argv(template, host, master, node, python=None):
+def agent_argv(template, host, master, node, python=None, slots=None):
     """The command that starts node `node`'s agent: the launcher template with {host}
     replaced (nothing for a plain local agent), then this interpreter and the agent."""
     prefix = shlex.split(template.replace("{host}", host)) if template else []
     return prefix + [python or sys.executable, "-m", AGENT_MODULE, "--master", master,
-                     "--node-rank", str(node), "--secret-stdin"]
+                     "--node-rank", str(node), "--secret-stdin"] + (["--slots", str(slots)] if slots else [])
 
 
 def launch_hosts(opts, hopts):
@@ -184,7 +184,7 @@ class Head:
                 self._spawn(argv, "srun", env=env, feed_secret=False)
             elif kind == "manual":
                 # This host is node 0: its agent runs here; the others join by themselves.
-                self._spawn(agent_argv(None, "", self.master, self.hopts.node_rank), "node 0")
+                self._spawn(agent_argv(None, "", self.master, 0, slots=self.opts.nprocs or 1), "node 0")
             else:
                 template = self.hopts.launcher_cmd
                 if template is None and kind == "ssh":
@@ -281,7 +281,8 @@ class Head:
         from .hosts import Host, assign
 
         try:
-            plan = assign([Host(n.host, n.slots) for n in self.nodes], self.opts.nprocs)
+            total = None if self.hopts.launcher == "manual" else self.opts.nprocs  # -np is per host there
+            plan = assign([Host(n.host, n.slots) for n in self.nodes], total)
         except ValueError as exc:
             self.startup_error = (str(exc), 2)
             self._stop("startup")
