@@ -200,7 +200,7 @@ def label(peer):
             return "?"
 
     if peer == "mpi":
-        return f"Open MPI {version('openmpi')} through mpi4py {version('mpi4py')} (mpiexec --oversubscribe)"
+        return f"Open MPI {version('openmpi')} through mpi4py {version('mpi4py')}"
     if peer == "gloo":
         return f"torch {version('torch')} torch.distributed gloo (in-place all_reduce)"
     return peer
@@ -218,7 +218,9 @@ def run_peer(peer, nranks, plan, timeout=None):
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
             env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        argv = [_mpiexec(), "-n", str(nranks), "--oversubscribe"] + job
+        # Open MPI refuses more ranks than cores unless told; beyond the cores it yields when idle.
+        over = ["--oversubscribe"] if nranks > (os.cpu_count() or 1) else []
+        argv = [_mpiexec(), "-n", str(nranks)] + over + job
     else:
         # gpurun's MASTER_ADDR/PORT point at gpucoll's store; torch needs its own TCPStore port.
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
