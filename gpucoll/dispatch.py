@@ -63,6 +63,7 @@ class Dispatcher:
         self.available = frozenset({"direct"}) if self.shm and comm.size > 1 else frozenset()
         self._direct = None
         self._channels = None
+        self._hier = None           # algorithms.hierarchical.Hierarchy, made on first use
         self._scratch = np.empty(0, np.uint8)
 
     # --- resources, made on first use (every rank makes them in the same call) -----------
@@ -92,6 +93,8 @@ class Dispatcher:
             self._direct.close()
         if self._channels is not None:
             self._channels.close()
+        if self._hier is not None:
+            self._hier.close()
 
     # --- execution -------------------------------------------------------------------------
     def execute(self, call):
@@ -103,15 +106,18 @@ class Dispatcher:
                 self._cross_check(call, seq)
             itemsize = dtypes.ITEMSIZE[call.code]
             nbytes = call.count * itemsize
-            algo = selector.select(call.kind, nbytes, comm.size, self.transport,
-                                   forced=self.forced, available=self.available)
+            algo = self._hierarchical(call, nbytes) or selector.select(
+                call.kind, nbytes, comm.size, self.transport, forced=self.forced, available=self.available)
             if log.enabled("info", "COLL"):
+                via = {"direct": "SHM/direct", "hierarchical": "SHM+TCP"}.get(algo, self.transport.upper())
                 log.info("COLL", "%s #%d %d B %s%s%s %s via %s", call.kind, seq, nbytes,
                          dtypes.name(call.code), f" {call.op.name}" if call.op else "",
                          f" root {call.root}" if call.kind in ("bcast", "reduce", "gather", "scatter") else "",
-                         algo, "SHM/direct" if algo == "direct" else self.transport.upper())
+                         algo, via)
             if algo == "direct":
                 self._run_direct(call)
+            elif algo == "hierarchical":
+                self._hier.allreduce(call)
             else:
                 self._run_schedule(call, algo)
         except GpucollError as exc:
@@ -146,6 +152,17 @@ class Dispatcher:
             exc.ranks = tuple(late)
             exc.args = (f"{exc.args[0] if exc.args else exc}; rank(s) {', '.join(map(str, late))} did not "
                         "reach this call (every other rank timed out inside it)",) + exc.args[1:]
+
+    def _hierarchical(self, call, nbytes):
+        """"hierarchical" when the communicator spans hosts with several ranks on one and
+        the cost model prefers it to the flat schedule (allreduce; GPUCOLL_ALGO unset)."""
+        if self.shm or self.forced != "auto" or call.kind != "allreduce" or not nbytes:
+            return None
+        if self._hier is None:
+            from .algorithms.hierarchical import Hierarchy
+
+            self._hier = Hierarchy(self.comm)
+        return "hierarchical" if self._hier.prefer(nbytes) else None
 
     def _buffers(self, call):
         """(buffer 0, buffer 1) addresses with MPI's IN_PLACE aliasing (docs/internals.md):

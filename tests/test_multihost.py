@@ -120,6 +120,23 @@ def test_socket_ifname_chooses_the_data_network(hosts):
 
 
 @pytest.mark.multihost
+def test_hierarchical_allreduce_is_chosen_and_logged(hosts):
+    """2 hosts x 2 ranks: the cost model picks reduce inside each host (shared memory),
+    allreduce among the leaders (TCP), bcast inside each host; 1 rank per host stays flat."""
+    a, b = hosts.names
+    env = {"GPUCOLL_DEBUG": "INFO", "GPUCOLL_DEBUG_SUBSYS": "COLL,NET"}
+    code, out, err, _ = gpurun_on(hosts, 0, ["--hosts", f"{a}:2,{b}:2", *LOCAL, sys.executable, CASES], env=env)
+    assert code == 0, err
+    check_exact(results(out), hosts, 2)
+    assert "allreduce #0 8 B int64 SUM hierarchical via SHM+TCP" in err
+    assert "between hosts: TCP sockets (no RDMA device" in err or "GPUCOLL_IB_DISABLE" in err
+    leaders = [line for line in err.splitlines() if "allreduce #0 8 B" in line and " via TCP" in line]
+    assert leaders and {line[1] for line in leaders} == {"0", "2"}, "only the leaders talk across hosts"
+    code, out, err, _ = gpurun_on(hosts, 0, ["--hosts", f"{a},{b}", *LOCAL, sys.executable, CASES], env=env)
+    assert code == 0 and "hierarchical" not in err
+
+
+@pytest.mark.multihost
 def test_lost_host_ends_the_job_and_is_named(hosts):
     a, b = hosts.names
     code, out, err, seconds = gpurun_on(hosts, 0, ["--hosts", f"{a}:2,{b}:2", *LOCAL, sys.executable, CASES,

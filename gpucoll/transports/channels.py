@@ -36,6 +36,9 @@ class ChannelSet:
         if self._use_shm and ctx.hosts[world] == ctx.hosts[ctx.rank]:
             chan, how = self._shm_factory().channel(peer), "SHM"
         else:
+            from .verbs import inter_host_transport
+
+            inter_host_transport()  # says once why TCP carries the traffic between hosts
             chan = ctx.tcp().channel(world, ctx.tcp_addresses[world], comm_id=self._id, nsocks=self._nsocks)
             how = f"TCP x{self._nsocks}"
         log.info("INIT", "%s: channel to rank %d (world %d, %s) via %s", self._id, peer, world,
