@@ -7,7 +7,7 @@ communicator layer takes them from NumPy arrays); each method is one native call
 without the GIL::
 
     g = DirectGroup(mm, rank, nranks)          # mm: a writable buffer holding the segment
-    g.allreduce(x.ctypes.data, y.ctypes.data, x.size, FLOAT32, SUM, 30.0)
+    g.allreduce(x.ctypes.data, y.ctypes.data, x.size, dtypes.FLOAT32, ops.SUM.code, 30.0)
 
 In place: pass the receive address as the send address (MPI's IN_PLACE; see each method).
 Failures raise gpucoll.errors.TimeoutError or LostPeerError whose `ranks` are the ranks that
@@ -68,15 +68,10 @@ def segment_size(int nranks, size_t slot_bytes):
     return gc_direct_segment_size(nranks, slot_bytes)
 
 
-cdef object _address_of(object buf, Py_buffer *view):
-    PyObject_GetBuffer(buf, view, PyBUF_WRITABLE)
-    return <size_t>view.buf
-
-
 def format_segment(object buf, int nranks, size_t slot_bytes, int creator_pid):
     """Lay out a zero-filled writable buffer (the creator does this once, before anyone attaches)."""
     cdef Py_buffer view
-    _address_of(buf, &view)
+    PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE)
     try:
         st = gc_direct_format(view.buf, <size_t>view.len, nranks, slot_bytes, creator_pid)
     finally:
@@ -89,7 +84,7 @@ def format_segment(object buf, int nranks, size_t slot_bytes, int creator_pid):
 def probe_segment(object buf, int nranks):
     """'ok', 'stale' (not formatted yet, or left by a crashed job) or 'mismatch'."""
     cdef Py_buffer view
-    _address_of(buf, &view)
+    PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE)
     try:
         st = gc_direct_probe(view.buf, <size_t>view.len, nranks)
     finally:

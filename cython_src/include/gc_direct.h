@@ -63,6 +63,7 @@
 #define GC_DIRECT_ONESHOT_MAX (64u << 10)  /* allreduce/reduce: one-shot up to this many bytes */
 #define GC_DIRECT_ROUND_MAX (1u << 20)     /* two-shot round: fits L2 once split among ranks */
 #define GC_DIRECT_SPINS 256                /* pause-spins before yielding the core */
+#define GC_DIRECT_SPINS_OVERSUB 16         /* the same when ranks outnumber cores */
 #define GC_DIRECT_YIELD_NS 50000           /* then sched_yield for this long, then block */
 #define GC_DIRECT_CHECK_NS 1000000         /* deadline / liveness check period */
 
@@ -214,7 +215,10 @@ static inline int gc_direct_attach(gc_direct *g, void *base, size_t size, int ra
     g->nranks = nranks;
     g->oneshot_max = GC_DIRECT_ONESHOT_MAX;
     g->round_max = GC_DIRECT_ROUND_MAX;
-    g->spins = GC_DIRECT_SPINS;
+    /* With more ranks than cores the rank we wait for is often queued behind us on this
+     * core: spinning only delays it, so yield almost at once. */
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    g->spins = ncpu > 0 && nranks > ncpu ? GC_DIRECT_SPINS_OVERSUB : GC_DIRECT_SPINS;
     g->yield_ns = GC_DIRECT_YIELD_NS;
     /* Flags start at zero and only this rank raises its own: resume from its current value
      * (zero in a fresh segment). */
