@@ -95,11 +95,11 @@ def probe_segment(object buf, int nranks):
 cdef class DirectGroup:
     """This rank's handle on a direct segment: rank `rank` of `nranks`.
 
-    `segment` is a writable buffer holding a formatted segment (an mmap, or for raw memory
-    `(ctypes.c_char * size).from_address(addr)`); it is kept alive, and closed by close() if it
-    has a close method. Counts are elements for the reductions
-    (dtype_code / op_code are gc_dtype / gc_op codes, see gpucoll.dtypes and gpucoll.ops) and
-    `count * itemsize` bytes for data movement. timeout_s < 0 waits without a deadline (dead
+    `segment` is a writable buffer holding a formatted segment (an mmap; for raw memory see
+    from_address); it is kept alive, and closed by close() if it has a close method. Counts
+    are elements for the reductions (dtype_code / op_code are gc_dtype / gc_op codes, see
+    gpucoll.dtypes and gpucoll.ops) and `count * itemsize` bytes for data movement; a count of
+    0 returns at once without synchronising. timeout_s < 0 waits without a deadline (dead
     peers are still detected).
     """
     cdef gc_direct g
@@ -124,6 +124,18 @@ cdef class DirectGroup:
                 f"formatted for {nranks} ranks, or too small" if st == GC_ERR_USAGE else
                 "out of memory attaching a direct segment")
         self.nattached = n
+
+    @staticmethod
+    def from_address(size_t address, size_t size, int rank, int nranks):
+        """Attach to a segment mapped at `address` (`size` bytes) by someone else, who keeps
+        it mapped for as long as the group is used."""
+        import ctypes
+        return DirectGroup((ctypes.c_char * size).from_address(address), rank, nranks)
+
+    def __repr__(self):
+        if not self.have_view:
+            return "<DirectGroup closed>"
+        return f"<DirectGroup rank {self.g.rank} of {self.g.nranks}, slots of {self.g.slot_bytes} B>"
 
     cdef _release(self):
         if self.have_view:

@@ -18,8 +18,9 @@ Life cycle, chosen so that nothing is left in /dev/shm, even after a crash:
 * Every rank counts itself in the header when it has mapped the segment; the last one to do so
   unlinks the name. From then on the memory lives only as long as some rank maps it, and the
   kernel frees it when the last rank exits, however it exits.
-* The name stays only if a rank dies between creation and the last attach; gpurun removes
-  ``/dev/shm/gpucoll-<job>-*`` when a job ends, which covers that window.
+* The name stays only if a rank dies between creation and the last attach. A launcher that
+  outlives the ranks (gpurun) covers that window by removing ``/dev/shm/gpucoll-<job>-*``
+  when the job ends.
 """
 import mmap
 import os
