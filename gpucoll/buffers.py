@@ -9,6 +9,7 @@ import numpy as np
 
 from . import dtypes
 from .errors import InvalidUsageError
+from .gpu.buffers import maybe_gpu_buffer
 
 
 class Datatype:
@@ -111,6 +112,9 @@ def _contiguous(arr, what):
 
 def host_buffer(obj, what="buffer", writable=False):
     """HostBuffer for obj; raises InvalidUsageError with the reason when it cannot be used."""
+    gpu = maybe_gpu_buffer(obj, what)  # GpuBuffer for CuPy/torch/CAI/DLPack GPU objects
+    if gpu is not None:
+        return gpu
     if isinstance(obj, (list, tuple)):
         buf = _from_spec(obj, what)
     else:

@@ -116,10 +116,22 @@ class Communicator:
         self._freed = True
 
     # --- the buffer collectives ---------------------------------------------------
-    def _blocking(self, call):
+    def _blocking(self, call, stream=None):
+        if call.gpu:  # enqueued on the stream in this thread (gpucoll/gpu), like NCCL
+            call.stream = stream
+            call.run()
+            return
+        _host_stream(stream)
         self._engine.run(call.run)
 
-    def _nonblocking(self, call):
+    def _nonblocking(self, call, stream=None):
+        if call.gpu:
+            from .gpu.request import GpuRequest
+
+            call.stream = stream
+            call.run()
+            return GpuRequest(call.kind, call.stream)
+        _host_stream(stream)
         return self._engine.submit(call.run, call.kind)
 
     def _allreduce_call(self, sendbuf, recvbuf, op):
@@ -131,12 +143,12 @@ class Communicator:
         op.check(recv.code)
         return Call(self._dispatch, "allreduce", send, recv, recv.count, recv.code, op)
 
-    def Allreduce(self, sendbuf, recvbuf, op=_ops.SUM):
+    def Allreduce(self, sendbuf, recvbuf, op=_ops.SUM, stream=None):
         """recvbuf = op over every rank's sendbuf (IN_PLACE: recvbuf is also the input)."""
-        self._blocking(self._allreduce_call(sendbuf, recvbuf, op))
+        self._blocking(self._allreduce_call(sendbuf, recvbuf, op), stream)
 
-    def Iallreduce(self, sendbuf, recvbuf, op=_ops.SUM):
-        return self._nonblocking(self._allreduce_call(sendbuf, recvbuf, op))
+    def Iallreduce(self, sendbuf, recvbuf, op=_ops.SUM, stream=None):
+        return self._nonblocking(self._allreduce_call(sendbuf, recvbuf, op), stream)
 
     def _bcast_call(self, buf, root):
         self._check_alive()
@@ -144,12 +156,12 @@ class Communicator:
         b = host_buffer(buf, "buf", writable=self.rank != root)
         return Call(self._dispatch, "bcast", b, b, b.count, b.code, root=root)
 
-    def Bcast(self, buf, root=0):
+    def Bcast(self, buf, root=0, stream=None):
         """Copy root's buf into every rank's buf."""
-        self._blocking(self._bcast_call(buf, root))
+        self._blocking(self._bcast_call(buf, root), stream)
 
-    def Ibcast(self, buf, root=0):
-        return self._nonblocking(self._bcast_call(buf, root))
+    def Ibcast(self, buf, root=0, stream=None):
+        return self._nonblocking(self._bcast_call(buf, root), stream)
 
     def _reduce_call(self, sendbuf, recvbuf, op, root):
         self._check_alive()
@@ -167,12 +179,12 @@ class Communicator:
         op.check(send.code)
         return Call(self._dispatch, "reduce", send, recv, send.count, send.code, op, root)
 
-    def Reduce(self, sendbuf, recvbuf, op=_ops.SUM, root=0):
+    def Reduce(self, sendbuf, recvbuf, op=_ops.SUM, root=0, stream=None):
         """root's recvbuf = op over every rank's sendbuf; recvbuf is ignored elsewhere."""
-        self._blocking(self._reduce_call(sendbuf, recvbuf, op, root))
+        self._blocking(self._reduce_call(sendbuf, recvbuf, op, root), stream)
 
-    def Ireduce(self, sendbuf, recvbuf, op=_ops.SUM, root=0):
-        return self._nonblocking(self._reduce_call(sendbuf, recvbuf, op, root))
+    def Ireduce(self, sendbuf, recvbuf, op=_ops.SUM, root=0, stream=None):
+        return self._nonblocking(self._reduce_call(sendbuf, recvbuf, op, root), stream)
 
     def _allgather_call(self, sendbuf, recvbuf):
         self._check_alive()
@@ -186,12 +198,12 @@ class Communicator:
             _block_fits(send, recv, block, self.size, "Allgather", "sendbuf", "recvbuf")
         return Call(self._dispatch, "allgather", send, recv, block, recv.code)
 
-    def Allgather(self, sendbuf, recvbuf):
+    def Allgather(self, sendbuf, recvbuf, stream=None):
         """recvbuf = every rank's sendbuf, concatenated in rank order."""
-        self._blocking(self._allgather_call(sendbuf, recvbuf))
+        self._blocking(self._allgather_call(sendbuf, recvbuf), stream)
 
-    def Iallgather(self, sendbuf, recvbuf):
-        return self._nonblocking(self._allgather_call(sendbuf, recvbuf))
+    def Iallgather(self, sendbuf, recvbuf, stream=None):
+        return self._nonblocking(self._allgather_call(sendbuf, recvbuf), stream)
 
     def _reduce_scatter_call(self, sendbuf, recvbuf, op):
         self._check_alive()
@@ -209,12 +221,12 @@ class Communicator:
         op.check(recv.code)
         return Call(self._dispatch, "reduce_scatter", send, recv, block, recv.code, op)
 
-    def Reduce_scatter_block(self, sendbuf, recvbuf, op=_ops.SUM):
+    def Reduce_scatter_block(self, sendbuf, recvbuf, op=_ops.SUM, stream=None):
         """Rank i's recvbuf = op over every rank's block i of sendbuf."""
-        self._blocking(self._reduce_scatter_call(sendbuf, recvbuf, op))
+        self._blocking(self._reduce_scatter_call(sendbuf, recvbuf, op), stream)
 
-    def Ireduce_scatter_block(self, sendbuf, recvbuf, op=_ops.SUM):
-        return self._nonblocking(self._reduce_scatter_call(sendbuf, recvbuf, op))
+    def Ireduce_scatter_block(self, sendbuf, recvbuf, op=_ops.SUM, stream=None):
+        return self._nonblocking(self._reduce_scatter_call(sendbuf, recvbuf, op), stream)
 
     def _alltoall_call(self, sendbuf, recvbuf):
         self._check_alive()
@@ -227,12 +239,12 @@ class Communicator:
             _same_shape(send, recv, "sendbuf", "recvbuf", "Alltoall")
         return Call(self._dispatch, "alltoall", send, recv, recv.count // self.size, recv.code)
 
-    def Alltoall(self, sendbuf, recvbuf):
+    def Alltoall(self, sendbuf, recvbuf, stream=None):
         """Block j of rank i's sendbuf becomes block i of rank j's recvbuf."""
-        self._blocking(self._alltoall_call(sendbuf, recvbuf))
+        self._blocking(self._alltoall_call(sendbuf, recvbuf), stream)
 
-    def Ialltoall(self, sendbuf, recvbuf):
-        return self._nonblocking(self._alltoall_call(sendbuf, recvbuf))
+    def Ialltoall(self, sendbuf, recvbuf, stream=None):
+        return self._nonblocking(self._alltoall_call(sendbuf, recvbuf), stream)
 
     def _gather_call(self, sendbuf, recvbuf, root):
         self._check_alive()
@@ -252,12 +264,12 @@ class Communicator:
             block, code = send.count, send.code
         return Call(self._dispatch, "gather", send, recv, block, code, root=root)
 
-    def Gather(self, sendbuf, recvbuf, root=0):
+    def Gather(self, sendbuf, recvbuf, root=0, stream=None):
         """root's recvbuf = every rank's sendbuf in rank order."""
-        self._blocking(self._gather_call(sendbuf, recvbuf, root))
+        self._blocking(self._gather_call(sendbuf, recvbuf, root), stream)
 
-    def Igather(self, sendbuf, recvbuf, root=0):
-        return self._nonblocking(self._gather_call(sendbuf, recvbuf, root))
+    def Igather(self, sendbuf, recvbuf, root=0, stream=None):
+        return self._nonblocking(self._gather_call(sendbuf, recvbuf, root), stream)
 
     def _scatter_call(self, sendbuf, recvbuf, root):
         self._check_alive()
@@ -277,12 +289,12 @@ class Communicator:
             block, code = recv.count, recv.code
         return Call(self._dispatch, "scatter", send, recv, block, code, root=root)
 
-    def Scatter(self, sendbuf, recvbuf, root=0):
+    def Scatter(self, sendbuf, recvbuf, root=0, stream=None):
         """Block i of root's sendbuf goes to rank i's recvbuf."""
-        self._blocking(self._scatter_call(sendbuf, recvbuf, root))
+        self._blocking(self._scatter_call(sendbuf, recvbuf, root), stream)
 
-    def Iscatter(self, sendbuf, recvbuf, root=0):
-        return self._nonblocking(self._scatter_call(sendbuf, recvbuf, root))
+    def Iscatter(self, sendbuf, recvbuf, root=0, stream=None):
+        return self._nonblocking(self._scatter_call(sendbuf, recvbuf, root), stream)
 
     def _barrier_call(self):
         self._check_alive()
@@ -432,6 +444,11 @@ class _ScatterFailed:
 
     def __init__(self, problem):
         self.problem = problem
+
+
+def _host_stream(stream):
+    if stream is not None:
+        raise InvalidUsageError("stream= applies to GPU buffers only; these buffers are in host memory")
 
 
 def _dumps(obj):

@@ -180,3 +180,14 @@ NSOCKS = declare("GPUCOLL_NSOCKS", "int", 2, "TCP sockets per peer between hosts
 DEVICE = declare("GPUCOLL_DEVICE", "int", None, "GPU to use; default is the local rank.", minimum=0)
 CACHE_DIR = declare("GPUCOLL_CACHE_DIR", "str", None,
                     "Folder for compiled kernels; default ~/.cache/gpucoll.")
+
+# --- GPU collectives (within a host) ----------------------------------------------
+GPU_ONESHOT_MAX = declare("GPUCOLL_GPU_ONESHOT_MAX", "size", 256 << 10,
+                          "GPU all-reduce: one-shot kernel up to this many bytes, two-shot above.")
+GPU_STAGE_MAX = declare("GPUCOLL_GPU_STAGE_MAX", "size", 16 << 20,
+                        "GPU collectives up to this many bytes go through the IPC staging buffers; larger "
+                        "ones register the caller's buffers with CUDA IPC and move data directly.",
+                        minimum=4096)
+GPU_BLOCKS = declare("GPUCOLL_GPU_BLOCKS", "int", 0,
+                     "Most thread blocks per GPU collective kernel; 0 picks by size (up to 64).",
+                     minimum=0)

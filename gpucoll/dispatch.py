@@ -26,11 +26,18 @@ class Call:
     """One validated collective call. `count` is the per-rank block for allgather,
     reduce_scatter, alltoall, gather and scatter, else the buffer's element count."""
 
-    __slots__ = ("dispatch", "kind", "send", "recv", "count", "code", "op", "root")
+    __slots__ = ("dispatch", "kind", "send", "recv", "count", "code", "op", "root", "stream")
 
     def __init__(self, dispatch, kind, send, recv, count, code, op=None, root=0):
         self.dispatch, self.kind, self.send, self.recv = dispatch, kind, send, recv
         self.count, self.code, self.op, self.root = count, code, op, root
+        self.stream = None  # GPU calls: the stream= argument, then the resolved handle
+
+    @property
+    def gpu(self):
+        """True when the buffers are on a GPU (gpucoll/gpu runs the call)."""
+        buf = self.recv if self.recv is not None else self.send
+        return buf is not None and buf.is_gpu
 
     def run(self):
         return self.dispatch.execute(self)
@@ -65,6 +72,7 @@ class Dispatcher:
         self._channels = None
         self._hier = None           # algorithms.hierarchical.Hierarchy, made on first use
         self._scratch = np.empty(0, np.uint8)
+        self._gpu = None
 
     # --- resources, made on first use (every rank makes them in the same call) -----------
     def direct(self):
@@ -88,7 +96,17 @@ class Dispatcher:
             self._scratch = np.empty(max(nbytes, 2 * self._scratch.size), np.uint8)
         return self._scratch.__array_interface__["data"][0]
 
+    def gpu(self):
+        """The GPU dispatcher of this communicator (gpucoll/gpu/dispatch.py), made on first use."""
+        if self._gpu is None:
+            from .gpu.dispatch import GpuDispatcher
+
+            self._gpu = GpuDispatcher(self.comm, self)
+        return self._gpu
+
     def close(self):
+        if self._gpu is not None:
+            self._gpu.close()
         if self._direct is not None:
             self._direct.close()
         if self._channels is not None:
@@ -100,6 +118,8 @@ class Dispatcher:
     def execute(self, call):
         seq = self.seq
         self.seq += 1
+        if call.gpu:
+            return self.gpu().execute(call, seq)
         comm = self.comm
         try:
             if self.checks and comm.size > 1:

@@ -1,0 +1,386 @@
+"""The CUDA driver API, thin (binding of gc_cuda.h; libcuda.so.1 is dlopen'ed at first use).
+
+Pointers, streams, events, modules and functions are plain integers. Every call checks the
+driver's status and raises CudaError (a GpucollError) naming the call and the error::
+
+    from gpucoll._native import cuda
+    cuda.load()                                 # raises CudaError without a driver
+    ctx = cuda.primary_context(0)
+    p = cuda.mem_alloc(1 << 20)
+    h = cuda.ipc_get_mem_handle(p)              # 64 bytes, for another process
+    q = cuda.ipc_open_mem_handle(h)             # there
+
+Launcher keeps one kernel's parameters packed (gc_launch in gc_cuda.h): set_team() once per
+communicator, then launch() rewrites the argument block and calls cuLaunchKernel, without the GIL.
+"""
+from libc.stdint cimport uintptr_t
+from libc.string cimport memcpy
+
+from gpucoll.errors import GpucollError
+
+
+cdef extern from "gc_cuda.h" nogil:
+    ctypedef int CUresult
+    ctypedef int CUdevice
+    ctypedef void *CUcontext
+    ctypedef void *CUmodule
+    ctypedef void *CUfunction
+    ctypedef void *CUstream
+    ctypedef void *CUevent
+    ctypedef unsigned long long CUdeviceptr
+    ctypedef struct CUipcMemHandle:
+        char reserved[64]
+    int GC_MAXRANKS
+    int GC_CUDA_ERROR_NOT_READY
+
+    ctypedef struct gc_team:
+        unsigned long long stage[8]
+        unsigned long long flags[8]
+        unsigned long long sync
+        unsigned long long slot
+        int rank
+        int nranks
+        long long timeout_ns
+
+    ctypedef struct gc_args:
+        unsigned long long send
+        unsigned long long recv
+        unsigned long long count
+        unsigned long long stride
+        unsigned long long psend[8]
+        unsigned long long precv[8]
+        int op
+        int root
+        int nvalues
+        int pad
+
+    ctypedef struct gc_cuda_api:
+        CUresult (*DriverGetVersion)(int *) noexcept nogil
+        CUresult (*DeviceGet)(CUdevice *, int) noexcept nogil
+        CUresult (*DeviceGetCount)(int *) noexcept nogil
+        CUresult (*DeviceGetAttribute)(int *, int, CUdevice) noexcept nogil
+        CUresult (*DeviceCanAccessPeer)(int *, CUdevice, CUdevice) noexcept nogil
+        CUresult (*DeviceGetPCIBusId)(char *, int, CUdevice) noexcept nogil
+        CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice) noexcept nogil
+        CUresult (*CtxSetCurrent)(CUcontext) noexcept nogil
+        CUresult (*CtxGetCurrent)(CUcontext *) noexcept nogil
+        CUresult (*MemAlloc)(CUdeviceptr *, size_t) noexcept nogil
+        CUresult (*MemFree)(CUdeviceptr) noexcept nogil
+        CUresult (*MemsetD8)(CUdeviceptr, unsigned char, size_t) noexcept nogil
+        CUresult (*MemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream) noexcept nogil
+        CUresult (*MemcpyDtoH)(void *, CUdeviceptr, size_t) noexcept nogil
+        CUresult (*MemcpyHtoD)(CUdeviceptr, const void *, size_t) noexcept nogil
+        CUresult (*MemGetAddressRange)(CUdeviceptr *, size_t *, CUdeviceptr) noexcept nogil
+        CUresult (*PointerGetAttribute)(void *, int, CUdeviceptr) noexcept nogil
+        CUresult (*IpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr) noexcept nogil
+        CUresult (*IpcOpenMemHandle)(CUdeviceptr *, CUipcMemHandle, unsigned int) noexcept nogil
+        CUresult (*IpcCloseMemHandle)(CUdeviceptr) noexcept nogil
+        CUresult (*ModuleLoadData)(CUmodule *, const void *) noexcept nogil
+        CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *) noexcept nogil
+        CUresult (*EventCreate)(CUevent *, unsigned int) noexcept nogil
+        CUresult (*EventDestroy)(CUevent) noexcept nogil
+        CUresult (*EventRecord)(CUevent, CUstream) noexcept nogil
+        CUresult (*EventSynchronize)(CUevent) noexcept nogil
+        CUresult (*EventQuery)(CUevent) noexcept nogil
+        CUresult (*EventElapsedTime)(float *, CUevent, CUevent) noexcept nogil
+        CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned int) noexcept nogil
+        CUresult (*StreamSynchronize)(CUstream) noexcept nogil
+        CUresult (*StreamIsCapturing)(CUstream, int *) noexcept nogil
+
+    gc_cuda_api gc_cu
+    int gc_cuda_load()
+    const char *gc_cuda_load_error()
+    void gc_cuda_describe(CUresult rc, char *out, size_t len)
+
+    ctypedef struct gc_launch:
+        gc_team team
+        gc_args args
+        CUcontext ctx
+    void gc_launch_init(gc_launch *l)
+    CUresult gc_launch_make_current(gc_launch *l)
+    CUresult gc_launch_go(gc_launch *l, CUfunction fn, unsigned grid, unsigned block, CUstream stream)
+
+
+MAXRANKS = GC_MAXRANKS
+
+
+class CudaError(GpucollError):
+    """A CUDA driver call failed; `code` is the driver's status."""
+
+    def __init__(self, message, code=-1):
+        super().__init__(message)
+        self.code = code
+
+
+cdef int _check(CUresult rc, str what) except -1:
+    cdef char text[256]
+    if rc != 0:
+        gc_cuda_describe(rc, text, sizeof(text))
+        raise CudaError(f"{what} failed: {text.decode(errors='replace')}", rc)
+    return 0
+
+
+cdef int _ensure() except -1:
+    if gc_cuda_load() != 0:
+        raise CudaError(f"the CUDA driver is not usable: {gc_cuda_load_error().decode(errors='replace')}")
+    return 0
+
+
+def load():
+    """Load libcuda.so.1 and cuInit(0) (once); raises CudaError when there is no usable driver."""
+    _ensure()
+
+
+def available():
+    """True when the driver loads and sees at least one GPU."""
+    cdef int n = 0
+    if gc_cuda_load() != 0:
+        return False
+    return gc_cu.DeviceGetCount(&n) == 0 and n > 0
+
+
+def driver_version():
+    cdef int v = 0
+    _ensure()
+    _check(gc_cu.DriverGetVersion(&v), "cuDriverGetVersion")
+    return v
+
+
+def device_count():
+    cdef int n = 0
+    _ensure()
+    _check(gc_cu.DeviceGetCount(&n), "cuDeviceGetCount")
+    return n
+
+
+def device_attribute(int device, int attribute):
+    cdef int v = 0
+    cdef CUdevice dev
+    _ensure()
+    _check(gc_cu.DeviceGet(&dev, device), "cuDeviceGet")
+    _check(gc_cu.DeviceGetAttribute(&v, attribute, dev), "cuDeviceGetAttribute")
+    return v
+
+
+def can_access_peer(int device, int peer):
+    cdef int v = 0
+    cdef CUdevice a, b
+    _ensure()
+    _check(gc_cu.DeviceGet(&a, device), "cuDeviceGet")
+    _check(gc_cu.DeviceGet(&b, peer), "cuDeviceGet")
+    _check(gc_cu.DeviceCanAccessPeer(&v, a, b), "cuDeviceCanAccessPeer")
+    return bool(v)
+
+
+def pci_bus_id(int device):
+    cdef char buf[64]
+    cdef CUdevice dev
+    _ensure()
+    _check(gc_cu.DeviceGet(&dev, device), "cuDeviceGet")
+    _check(gc_cu.DeviceGetPCIBusId(buf, 64, dev), "cuDeviceGetPCIBusId")
+    return buf.decode()
+
+
+def primary_context(int device):
+    """Retain the device's primary context (the one CuPy and torch use) and make it current."""
+    cdef CUcontext ctx
+    cdef CUdevice dev
+    _ensure()
+    _check(gc_cu.DeviceGet(&dev, device), "cuDeviceGet")
+    _check(gc_cu.DevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain")
+    _check(gc_cu.CtxSetCurrent(ctx), "cuCtxSetCurrent")
+    return <uintptr_t>ctx
+
+
+def set_current(uintptr_t ctx):
+    cdef CUcontext cur = NULL
+    _check(gc_cu.CtxGetCurrent(&cur), "cuCtxGetCurrent")
+    if <uintptr_t>cur != ctx:
+        _check(gc_cu.CtxSetCurrent(<CUcontext>ctx), "cuCtxSetCurrent")
+
+
+def mem_alloc(size_t nbytes):
+    cdef CUdeviceptr p = 0
+    _check(gc_cu.MemAlloc(&p, nbytes), f"cuMemAlloc({nbytes})")
+    return p
+
+
+def mem_free(CUdeviceptr p):
+    _check(gc_cu.MemFree(p), "cuMemFree")
+
+
+def memset_d8(CUdeviceptr p, unsigned char value, size_t nbytes):
+    cdef CUresult rc
+    with nogil:
+        rc = gc_cu.MemsetD8(p, value, nbytes)
+    _check(rc, "cuMemsetD8")
+
+
+def memcpy_async(CUdeviceptr dst, CUdeviceptr src, size_t nbytes, uintptr_t stream):
+    cdef CUresult rc
+    with nogil:
+        rc = gc_cu.MemcpyAsync(dst, src, nbytes, <CUstream>stream)
+    _check(rc, "cuMemcpyAsync")
+
+
+def memcpy_dtoh(uintptr_t host, CUdeviceptr src, size_t nbytes):
+    cdef CUresult rc
+    with nogil:
+        rc = gc_cu.MemcpyDtoH(<void *>host, src, nbytes)
+    _check(rc, "cuMemcpyDtoH")
+
+
+def memcpy_htod(CUdeviceptr dst, uintptr_t host, size_t nbytes):
+    cdef CUresult rc
+    with nogil:
+        rc = gc_cu.MemcpyHtoD(dst, <const void *>host, nbytes)
+    _check(rc, "cuMemcpyHtoD")
+
+
+def address_range(CUdeviceptr p):
+    """(base, size) of the allocation that holds p."""
+    cdef CUdeviceptr base = 0
+    cdef size_t size = 0
+    _check(gc_cu.MemGetAddressRange(&base, &size, p), "cuMemGetAddressRange")
+    return base, size
+
+
+def pointer_device(CUdeviceptr p):
+    """Device ordinal of the memory at p."""
+    cdef int dev = -1
+    _check(gc_cu.PointerGetAttribute(&dev, 9, p), "cuPointerGetAttribute(DEVICE_ORDINAL)")
+    return dev
+
+
+def ipc_get_mem_handle(CUdeviceptr base):
+    cdef CUipcMemHandle h
+    _check(gc_cu.IpcGetMemHandle(&h, base), "cuIpcGetMemHandle")
+    return h.reserved[:64]
+
+
+def ipc_open_mem_handle(bytes handle):
+    cdef CUipcMemHandle h
+    cdef CUdeviceptr p = 0
+    if len(handle) != 64:
+        raise CudaError("an IPC memory handle is 64 bytes")
+    memcpy(h.reserved, <const char *>handle, 64)
+    _check(gc_cu.IpcOpenMemHandle(&p, h, 1), "cuIpcOpenMemHandle")
+    return p
+
+
+def ipc_close_mem_handle(CUdeviceptr p):
+    _check(gc_cu.IpcCloseMemHandle(p), "cuIpcCloseMemHandle")
+
+
+def module_load(bytes image):
+    cdef CUmodule m = NULL
+    _check(gc_cu.ModuleLoadData(&m, <const char *>image), "cuModuleLoadData")
+    return <uintptr_t>m
+
+
+def module_function(uintptr_t module, str name):
+    cdef CUfunction f = NULL
+    b = name.encode()
+    _check(gc_cu.ModuleGetFunction(&f, <CUmodule>module, b), f"cuModuleGetFunction({name})")
+    return <uintptr_t>f
+
+
+def event_create(bint timing=False):
+    cdef CUevent e = NULL
+    _check(gc_cu.EventCreate(&e, 0 if timing else 2), "cuEventCreate")
+    return <uintptr_t>e
+
+
+def event_destroy(uintptr_t e):
+    _check(gc_cu.EventDestroy(<CUevent>e), "cuEventDestroy")
+
+
+def event_record(uintptr_t e, uintptr_t stream):
+    _check(gc_cu.EventRecord(<CUevent>e, <CUstream>stream), "cuEventRecord")
+
+
+def event_synchronize(uintptr_t e):
+    cdef CUresult rc
+    with nogil:
+        rc = gc_cu.EventSynchronize(<CUevent>e)
+    _check(rc, "cuEventSynchronize")
+
+
+def event_query(uintptr_t e):
+    """True when the work before the event is done."""
+    cdef CUresult rc = gc_cu.EventQuery(<CUevent>e)
+    if rc == GC_CUDA_ERROR_NOT_READY:
+        return False
+    _check(rc, "cuEventQuery")
+    return True
+
+
+def event_elapsed_ms(uintptr_t start, uintptr_t end):
+    cdef float ms = 0
+    _check(gc_cu.EventElapsedTime(&ms, <CUevent>start, <CUevent>end), "cuEventElapsedTime")
+    return ms
+
+
+def stream_wait_event(uintptr_t stream, uintptr_t e):
+    _check(gc_cu.StreamWaitEvent(<CUstream>stream, <CUevent>e, 0), "cuStreamWaitEvent")
+
+
+def stream_synchronize(uintptr_t stream):
+    cdef CUresult rc
+    with nogil:
+        rc = gc_cu.StreamSynchronize(<CUstream>stream)
+    _check(rc, "cuStreamSynchronize")
+
+
+def stream_is_capturing(uintptr_t stream):
+    cdef int status = 0
+    _check(gc_cu.StreamIsCapturing(<CUstream>stream, &status), "cuStreamIsCapturing")
+    return status != 0
+
+
+cdef class Launcher:
+    """Pre-packed launches of gpucoll's collective kernels for one communicator."""
+
+    cdef gc_launch l
+
+    def __cinit__(self):
+        gc_launch_init(&self.l)
+
+    def set_team(self, uintptr_t ctx, stage, flags, unsigned long long sync, unsigned long long slot,
+                 int rank, int nranks, long long timeout_ns):
+        """Every rank's staging and flag pointers as mapped in this process (own included)."""
+        cdef int i
+        if nranks > GC_MAXRANKS:
+            raise CudaError(f"at most {GC_MAXRANKS} ranks per GPU team")
+        self.l.ctx = <CUcontext>ctx
+        for i in range(nranks):
+            self.l.team.stage[i] = stage[i]
+            self.l.team.flags[i] = flags[i]
+        self.l.team.sync = sync
+        self.l.team.slot = slot
+        self.l.team.rank = rank
+        self.l.team.nranks = nranks
+        self.l.team.timeout_ns = timeout_ns
+
+    def set_peer_buffers(self, psend, precv):
+        """Registered buffers of every rank for the direct kernels (0 where unused)."""
+        cdef int i
+        for i in range(self.l.team.nranks):
+            self.l.args.psend[i] = psend[i]
+            self.l.args.precv[i] = precv[i]
+
+    def launch(self, uintptr_t fn, unsigned grid, unsigned block, uintptr_t stream,
+               unsigned long long send, unsigned long long recv, unsigned long long count,
+               unsigned long long stride=0, int op=0, int root=0, int nvalues=1):
+        cdef CUresult rc
+        self.l.args.send = send
+        self.l.args.recv = recv
+        self.l.args.count = count
+        self.l.args.stride = stride
+        self.l.args.op = op
+        self.l.args.root = root
+        self.l.args.nvalues = nvalues
+        with nogil:
+            rc = gc_launch_go(&self.l, <CUfunction>fn, grid, block, <CUstream>stream)
+        if rc != 0:
+            _check(rc, "cuLaunchKernel")

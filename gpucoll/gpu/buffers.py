@@ -1,0 +1,148 @@
+"""GPU buffer adapters: CuPy arrays, torch CUDA tensors, `__cuda_array_interface__`, `__dlpack__`.
+
+`maybe_gpu_buffer(obj)` returns a GpuBuffer (device pointer, element count, dtype code,
+device, the object) for GPU objects and None for everything else; host buffers pay one
+type lookup. Contiguous buffers only.
+"""
+import numpy as np
+
+from .. import dtypes
+from ..errors import InvalidUsageError
+
+_HOST_TYPES = {np.ndarray, bytes, bytearray, memoryview, list, tuple}
+_TORCH_CODES = None
+
+
+class GpuBuffer:
+    """A contiguous buffer in GPU memory; `obj` keeps the caller's object alive."""
+
+    __slots__ = ("addr", "count", "code", "itemsize", "device", "obj", "kind")
+    is_gpu = True
+
+    def __init__(self, addr, count, code, device, obj, kind):
+        self.addr, self.count, self.code, self.device, self.obj, self.kind = addr, count, code, device, obj, kind
+        self.itemsize = dtypes.ITEMSIZE[code]
+
+    @property
+    def nbytes(self):
+        return self.count * self.itemsize
+
+    def __repr__(self):
+        return f"GpuBuffer({self.kind}, device {self.device}, {self.count} x {dtypes.name(self.code)})"
+
+
+def _require_cupy(what):
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        raise NotImplementedError(
+            f"{what} is a GPU array; GPU buffers need CuPy for the kernels (install gpucoll[cuda12] or "
+            "gpucoll[cuda13] on a machine with a GPU)") from None
+
+
+def _code(dtype, what):
+    try:
+        return dtypes.code_of(dtype)
+    except InvalidUsageError:
+        raise InvalidUsageError(f"{what} has dtype {dtype}, which gpucoll does not reduce or move; use one of: "
+                                f"{', '.join(dtypes.NAMES)}") from None
+
+
+def _noncontiguous(what, shape):
+    return InvalidUsageError(f"{what} is not contiguous (shape {tuple(shape)}); pass a contiguous copy "
+                             "(x.copy() / x.contiguous()) or a contiguous slice")
+
+
+def _from_cupy(obj, what):
+    if not obj.flags.c_contiguous:
+        raise _noncontiguous(what, obj.shape)
+    return GpuBuffer(obj.data.ptr, obj.size, _code(obj.dtype, what), obj.device.id, obj, "cupy")
+
+
+def _torch_code(dtype, what):
+    global _TORCH_CODES
+    if _TORCH_CODES is None:
+        import torch
+
+        table = {torch.bfloat16: dtypes.BFLOAT16}
+        for name in dtypes.NAMES:
+            t = getattr(torch, name, None)
+            if isinstance(t, torch.dtype) and t not in table:
+                table[t] = dtypes.code_of(name)
+        _TORCH_CODES = table
+    code = _TORCH_CODES.get(dtype)
+    if code is None:
+        raise InvalidUsageError(f"{what} has dtype {dtype}, which gpucoll does not reduce or move")
+    return code
+
+
+def _from_torch(obj, what):
+    if not obj.is_cuda:
+        return None
+    if not obj.is_contiguous():
+        raise _noncontiguous(what, obj.shape)
+    return GpuBuffer(obj.data_ptr(), obj.numel(), _torch_code(obj.dtype, what), obj.device.index, obj, "torch")
+
+
+def _from_cai(obj, what):
+    cai = obj.__cuda_array_interface__
+    shape = tuple(cai["shape"])
+    dt = np.dtype(cai["typestr"])
+    count = int(np.prod(shape)) if shape else 1
+    strides = cai.get("strides")
+    if strides is not None:
+        expect, step = [], dt.itemsize
+        for dim in reversed(shape):
+            expect.append(step)
+            step *= dim
+        if count > 1 and tuple(s for s, d in zip(strides, shape) if d > 1) != \
+                tuple(s for s, d in zip(reversed(expect), shape) if d > 1):
+            raise _noncontiguous(what, shape)
+    ptr = int(cai["data"][0])
+    from .._native import cuda
+
+    device = cuda.pointer_device(ptr) if ptr else 0
+    return GpuBuffer(ptr, count, _code(dt, what), device, obj, "cai")
+
+
+def _from_dlpack(obj, what):
+    import cupy
+
+    arr = cupy.from_dlpack(obj)
+    buf = _from_cupy(arr, what)
+    buf.kind = "dlpack"
+    buf.obj = (obj, arr)
+    return buf
+
+
+def _adapter(obj):
+    """The adapter for obj's type, or None when obj is not on a GPU."""
+    t = type(obj)
+    mod = t.__module__
+    if mod.startswith("cupy"):
+        return _from_cupy
+    if mod.startswith("torch"):
+        return _from_torch
+    if hasattr(obj, "__cuda_array_interface__"):
+        return _from_cai
+    dl = getattr(obj, "__dlpack_device__", None)
+    if dl is not None:
+        try:
+            if dl()[0] in (2, 3, 13):  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+                return _from_dlpack
+        except Exception:
+            return None
+    return None
+
+
+def maybe_gpu_buffer(obj, what="buffer"):
+    """GpuBuffer for a GPU object, None for anything else (host buffers, specs)."""
+    if type(obj) in _HOST_TYPES:
+        return None
+    adapt = _adapter(obj)
+    if adapt is None:
+        return None
+    if adapt is _from_torch and not obj.is_cuda:
+        return None
+    _require_cupy(what)
+    return adapt(obj, what)

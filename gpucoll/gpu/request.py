@@ -1,0 +1,74 @@
+"""Requests of nonblocking GPU collectives, backed by a CUDA event recorded after the launch."""
+import time
+
+from ..request import Request
+from . import streams
+
+
+class _EventFlag:
+    """Stands in for the threading.Event of a host Request: set once the CUDA event is done."""
+
+    __slots__ = ("event", "done")
+
+    def __init__(self, event):
+        self.event, self.done = event, False
+
+    def is_set(self):
+        if not self.done:
+            from .._native import cuda
+
+            self.done = cuda.event_query(self.event)
+        return self.done
+
+    def wait(self, timeout=None):
+        from .._native import cuda
+
+        if timeout is None:
+            cuda.event_synchronize(self.event)
+            self.done = True
+            return True
+        deadline = time.monotonic() + timeout
+        while not self.is_set():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0)
+        return True
+
+    def set(self):
+        self.done = True
+
+
+class GpuRequest(Request):
+    """`Wait()` blocks the host until the operation is done on the GPU; `Wait(stream=s)` only
+    makes stream `s` wait for it (nothing blocks); `Test()` asks without blocking."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self, name, stream):
+        from .._native import cuda
+
+        super().__init__(name)
+        self._event = cuda.event_create()
+        cuda.event_record(self._event, stream)
+        self._done = _EventFlag(self._event)
+
+    def Wait(self, status=None, stream=None):
+        if stream is not None:
+            from .._native import cuda
+
+            cuda.stream_wait_event(streams.handle(stream), self._event)
+            return True
+        self._done.wait()
+        return True
+
+    def wait(self, status=None, stream=None):
+        self.Wait(status, stream)
+        return None
+
+    def __del__(self):
+        try:
+            from .._native import cuda
+
+            cuda.event_destroy(self._event)
+        except Exception:
+            pass

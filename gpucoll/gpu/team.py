@@ -1,0 +1,151 @@
+"""The IPC memory of one communicator's GPU ranks, set up once and mapped by every rank.
+
+Each rank allocates one block (cuMemAlloc): flags that peers write, a local sync word,
+and staging slots that peers push into (layout in gpucoll/kernels/coll.cu). The ranks
+exchange the block's IPC handle with the communicator's own object allgather and open each
+other's blocks once. Caller buffers above GPUCOLL_GPU_STAGE_MAX are registered per call
+(their IPC handle exchanged the same way; every peer allocation is opened once and cached).
+"""
+from .. import config, log
+from ..errors import GpucollError
+
+MAXR = 8
+MAXB = 256
+FLAGS_BYTES = MAXR * MAXB * 8
+SYNC_OFFSET = FLAGS_BYTES
+STAGE_OFFSET = FLAGS_BYTES + 4096
+ALIGN = 256
+
+
+def _round_up(n, a):
+    return (n + a - 1) // a * a
+
+
+class Team:
+    """GPU resources of a communicator. `ok` is False when the ranks cannot use P2P/IPC
+    (then `reason` says why and the dispatcher stages through host memory)."""
+
+    def __init__(self, comm, device):
+        from .._native import cuda
+
+        self.comm, self.device = comm, device
+        self.rank, self.size = comm.rank, comm.size
+        self.ctx = cuda.primary_context(device)
+        self.sm_count = cuda.device_attribute(device, 16)
+        self.arch = cuda.device_attribute(device, 75) * 10 + cuda.device_attribute(device, 76)
+        self.base = 0
+        self.peers_mapped = []
+        self._imported = {}
+        self.launcher = None
+        self.ok, self.reason = True, ""
+        self.links = {}
+        if self.size > MAXR:
+            self.ok, self.reason = False, f"more than {MAXR} ranks"
+
+        devices = comm.allgather((device, cuda.pci_bus_id(device)))
+        self.devices = [d for d, _ in devices]
+        if config.P2P_DISABLE.get():
+            mine_ok, why = False, "GPUCOLL_P2P_DISABLE=1"
+        elif len({bus for _, bus in devices}) != self.size:
+            mine_ok, why = False, "several ranks share a GPU"
+        else:
+            bad = [d for d, _ in devices if d != device and not cuda.can_access_peer(device, d)]
+            mine_ok, why = not bad, f"no P2P access from GPU {device} to GPU(s) {bad}"
+        oneshot = config.GPU_ONESHOT_MAX.get()
+        stage_max = config.GPU_STAGE_MAX.get()
+        self.oneshot_max = oneshot
+        self.stage_max = stage_max
+        self.slot = _round_up(max(oneshot, -(-stage_max // self.size), 4096), ALIGN)
+        total = STAGE_OFFSET + 4 * self.size * self.slot
+        handle = b""
+        if mine_ok and self.ok:
+            self.base = cuda.mem_alloc(total)
+            cuda.memset_d8(self.base, 0, STAGE_OFFSET)
+            cuda.stream_synchronize(0)
+            handle = cuda.ipc_get_mem_handle(self.base)
+        table = comm.allgather((mine_ok and self.ok, why, handle))
+        failed = [(r, w) for r, (ok, w, _) in enumerate(table) if not ok]
+        if failed:
+            self.ok = False
+            self.reason = "; ".join(f"rank {r}: {w}" for r, w in failed)
+            self.close()
+            log.info("INIT", "GPU collectives on communicator %s stage through host memory (%s)",
+                     comm.name, self.reason)
+            return
+        stage, flags = [], []
+        for r, (_, _, h) in enumerate(table):
+            ptr = self.base if r == self.rank else cuda.ipc_open_mem_handle(h)
+            if r != self.rank:
+                self.peers_mapped.append(ptr)
+            stage.append(ptr + STAGE_OFFSET)
+            flags.append(ptr)
+        self.launcher = cuda.Launcher()
+        timeout_ns = int(config.TIMEOUT.get() * 1e9)
+        self.launcher.set_team(self.ctx, stage, flags, self.base + SYNC_OFFSET, self.slot, self.rank, self.size,
+                               timeout_ns)
+        comm.allgather(None)  # every rank mapped every block before anyone signals
+        if log.enabled("info", "INIT"):
+            log.info("INIT", "GPU team on communicator %s: rank %d GPU %d, peers %s via P2P/IPC (%s), "
+                     "%d B of IPC memory, staging slot %d B", comm.name, self.rank, device,
+                     self.devices, self.link_summary(), total, self.slot)
+
+    def link_summary(self):
+        from ..transports import topology
+
+        try:
+            table = topology.links()
+        except Exception:
+            table = {}
+        kinds = set()
+        for d in self.devices:
+            if d != self.device:
+                link = table.get((self.device, d), "")
+                kinds.add("NVLink" if link.startswith("NV") else (link or "P2P"))
+        return ",".join(sorted(kinds)) or "-"
+
+    # --- registered caller buffers ------------------------------------------------------
+    def export(self, ptr):
+        """(handle, offset) of the allocation holding ptr, or None when it cannot be shared."""
+        from .._native import cuda
+
+        try:
+            base, _ = cuda.address_range(ptr)
+            return cuda.ipc_get_mem_handle(base), ptr - base
+        except GpucollError:
+            return None
+
+    def import_(self, exported):
+        from .._native import cuda
+
+        handle, offset = exported
+        base = self._imported.get(handle)
+        if base is None:
+            base = self._imported[handle] = cuda.ipc_open_mem_handle(handle)
+        return base + offset
+
+    def error_word(self):
+        """Non-zero when a kernel gave up waiting for a peer (1 + the peer's rank)."""
+        import numpy as np
+
+        from .._native import cuda
+
+        word = np.zeros(1, np.uint64)
+        cuda.memcpy_dtoh(word.__array_interface__["data"][0], self.base + SYNC_OFFSET + 16, 8)
+        return int(word[0])
+
+    def close(self):
+        from .._native import cuda
+
+        for ptr in list(self._imported.values()) + self.peers_mapped:
+            try:
+                cuda.ipc_close_mem_handle(ptr)
+            except GpucollError:
+                pass
+        self._imported.clear()
+        self.peers_mapped = []
+        if self.base:
+            try:
+                cuda.mem_free(self.base)
+            except GpucollError:
+                pass
+            self.base = 0

@@ -1,0 +1,52 @@
+"""GPU collectives through real gpurun jobs (CuPy arrays and torch tensors), 1 and 2 ranks.
+
+Skipped where there is no CUDA GPU or no CuPy (CI); `make test-gpu` runs them on a GPU
+machine. tests/scripts/gpu_cases.py checks every result bit for bit against NumPy and
+across ranks, then stream semantics, event-backed requests and CUDA-graph capture.
+"""
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def _gpus():
+    try:
+        import cupy  # noqa: F401
+
+        from gpucoll._native import cuda
+
+        return cuda.device_count() if cuda.available() else 0
+    except Exception:
+        return 0
+
+
+NGPUS = _gpus()
+needs_gpu = pytest.mark.skipif(NGPUS < 1, reason="needs a CUDA GPU and CuPy")
+# NVLink multicast stays off in anything these jobs start (NCCL, torch, NVSHMEM).
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+@needs_gpu
+@pytest.mark.parametrize("nranks", [1, 2])
+def test_gpu_collectives(gpurun_job, nranks):
+    if nranks > NGPUS:
+        pytest.skip(f"needs {nranks} GPUs")
+    job = gpurun_job(nranks, "gpu_cases.py", env=SAFE_ENV, timeout=900).check()
+    results = job.json_lines()
+    assert sorted(results) == list(range(nranks)), job.describe()
+    for rank, res in results.items():
+        assert res["nfail"] == 0, f"rank {rank}: {res['nfail']} failures: {res['failures']}"
+        assert res["checked"] > 100
+        assert res["paths"]["p2p-off"] > 0 and res["paths"]["small-stage"] > 0
+
+
+@needs_gpu
+def test_gpu_debug_log_names_algorithm_and_transport(gpurun_job):
+    if NGPUS < 2:
+        pytest.skip("needs 2 GPUs")
+    env = {**SAFE_ENV, "GPUCOLL_DEBUG": "INFO", "GPUCOLL_DEBUG_SUBSYS": "COLL"}
+    job = gpurun_job(2, "gpu_log.py", env=env, timeout=120).check()
+    assert all(v["sum"] == 4 for v in job.json_lines().values()), job.describe()
+    text = job.stderr + job.stdout
+    assert "1048576 B float32 SUM two-shot via P2P/IPC" in text, text[-3000:]
+    assert "64 B float32 SUM one-shot via P2P/IPC" in text, text[-3000:]
