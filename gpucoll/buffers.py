@@ -12,6 +12,10 @@ from .errors import InvalidUsageError
 from .gpu.buffers import maybe_gpu_buffer
 
 
+# NumPy dtype -> native code, for the dtypes NumPy itself has (bfloat16 comes through specs).
+_CODES = {np.dtype(name): code for code, name in enumerate(dtypes.NAMES) if name != "bfloat16"}
+
+
 class Datatype:
     """An element type named in a buffer specification (mpi4py's MPI.DOUBLE and friends)."""
 
@@ -112,6 +116,12 @@ def _contiguous(arr, what):
 
 def host_buffer(obj, what="buffer", writable=False):
     """HostBuffer for obj; raises InvalidUsageError with the reason when it cannot be used."""
+    if type(obj) is np.ndarray and obj.flags.c_contiguous:  # the common case, kept short
+        code = _CODES.get(obj.dtype)
+        if code is not None:
+            if writable and not obj.flags.writeable:
+                raise InvalidUsageError(f"{what} is read-only; the result needs a writable buffer")
+            return HostBuffer(obj.reshape(-1), code)
     gpu = maybe_gpu_buffer(obj, what)  # GpuBuffer for CuPy/torch/CAI/DLPack GPU objects
     if gpu is not None:
         return gpu

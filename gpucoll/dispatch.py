@@ -5,6 +5,7 @@ gpucoll.algorithms.selector, or GPUCOLL_ALGO) and runs it: the intra-host `direc
 algorithms on one shared segment, or a schedule over the peer channels. Every call gets a
 sequence number; errors name the operation, that number and the ranks involved.
 """
+import functools
 import time
 
 import numpy as np
@@ -47,10 +48,11 @@ class Call:
         return (KIND_IDS[self.kind], self.count, self.code, op, self.root)
 
 
+@functools.lru_cache(maxsize=1024)
 def _peers_of(sched):
     """Peer ranks a schedule talks to (columns send_peer and recv_peer)."""
     cols = sched.steps[:, [1, 5]]
-    return [int(p) for p in np.unique(cols[cols >= 0])]
+    return tuple(int(p) for p in np.unique(cols[cols >= 0]))
 
 
 def _addr(buf):
@@ -64,6 +66,7 @@ class Dispatcher:
         self.timeout = config.TIMEOUT.get()
         self.checks = config.DEBUG_CHECKS.get()
         self.forced = config.ALGO.get()
+        self._choices = {}
         single_host = comm.local_size == comm.size
         self.shm = single_host and not config.SHM_DISABLE.get()
         self.transport = "shm" if self.shm else "tcp"
@@ -126,8 +129,7 @@ class Dispatcher:
                 self._cross_check(call, seq)
             itemsize = dtypes.ITEMSIZE[call.code]
             nbytes = call.count * itemsize
-            algo = self._hierarchical(call, nbytes) or selector.select(
-                call.kind, nbytes, comm.size, self.transport, forced=self.forced, available=self.available)
+            algo = self._choose(call, nbytes)
             if log.enabled("info", "COLL"):
                 via = {"direct": "SHM/direct", "hierarchical": "SHM+TCP"}.get(algo, self.transport.upper())
                 log.info("COLL", "%s #%d %d B %s%s%s %s via %s", call.kind, seq, nbytes,
@@ -172,6 +174,18 @@ class Dispatcher:
             exc.ranks = tuple(late)
             exc.args = (f"{exc.args[0] if exc.args else exc}; rank(s) {', '.join(map(str, late))} did not "
                         "reach this call (every other rank timed out inside it)",) + exc.args[1:]
+
+    def _choose(self, call, nbytes):
+        """The algorithm for this call; the same (collective, size) always gets the same
+        answer on a communicator, so it is worked out once."""
+        key = (call.kind, nbytes)
+        algo = self._choices.get(key)
+        if algo is None:
+            if len(self._choices) > 4096:
+                self._choices.clear()
+            algo = self._choices[key] = self._hierarchical(call, nbytes) or selector.select(
+                call.kind, nbytes, self.comm.size, self.transport, forced=self.forced, available=self.available)
+        return algo
 
     def _hierarchical(self, call, nbytes):
         """"hierarchical" when the communicator spans hosts with several ranks on one and
