@@ -21,6 +21,9 @@ def code_of(dtype):
     """Native code of a NumPy dtype (or anything np.dtype accepts, or a dtype named
     'bfloat16' such as ml_dtypes'); raises InvalidUsageError for the rest."""
     dt = np.dtype(dtype) if not isinstance(dtype, np.dtype) else dtype
+    if not dt.isnative:
+        raise InvalidUsageError(f"dtype {dt.str} is not in this machine's byte order; convert it with "
+                                "x.astype(x.dtype.newbyteorder('='))")
     if dt.name in _BY_NAME and dt.kind in "iufcbV":
         return _BY_NAME[dt.name]
     raise InvalidUsageError(
