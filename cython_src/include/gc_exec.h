@@ -382,7 +382,9 @@ static int gc_exec_run(const gc_exec_args *a, gc_exec_err *e)
             struct pollfd pf[2];
             int npf = 0;
             if (tx_open && tx.c->fd >= 0)
-                pf[npf++] = (struct pollfd){ .fd = tx.c->fd, .events = POLLOUT };
+                /* POLLIN too: a TCP channel's fd is an epoll set, readable when a send can
+                 * progress (epoll descriptors never report POLLOUT). */
+                pf[npf++] = (struct pollfd){ .fd = tx.c->fd, .events = POLLIN | POLLOUT };
             if (rx_open && rx.c->fd >= 0) {
                 if (npf && pf[0].fd == rx.c->fd)
                     pf[0].events |= POLLIN;
