@@ -14,7 +14,7 @@ from . import config, dtypes, log
 from . import ops as _ops
 from .algorithms import schedule as build_schedule
 from .algorithms import selector
-from .errors import GpucollError, MismatchError
+from .errors import GpucollError, LostPeerError, MismatchError
 from .errors import TimeoutError as GpucollTimeout
 
 KIND_IDS = {"allreduce": 1, "bcast": 2, "reduce": 3, "allgather": 4, "reduce_scatter": 5, "alltoall": 6,
@@ -145,9 +145,25 @@ class Dispatcher:
         except GpucollError as exc:
             if isinstance(exc, GpucollTimeout) and not getattr(exc, "ranks", ()):
                 self._name_late_ranks(exc, seq)
+            elif isinstance(exc, LostPeerError):
+                self._name_dead_ranks(exc)
             exc.args = (f"{call.kind} #{seq} on communicator {comm.name} (rank {comm.rank} of {comm.size}): "
                         f"{exc.args[0] if exc.args else exc}",) + exc.args[1:]
             raise
+
+    def _name_dead_ranks(self, exc):
+        """A schedule notices a lost peer through the neighbour it talks to, which may only
+        have left the call because it saw the failure first. Name the ranks of this host whose
+        process is really gone."""
+        from .transports.shm import pid_alive
+
+        comm, ctx = self.comm, self.comm._ctx
+        dead = [r for r, w in enumerate(comm.world_ranks)
+                if ctx.hosts[w] == comm.host and not pid_alive(ctx.pids[w])]
+        if dead and set(dead) != set(getattr(exc, "ranks", ())):
+            exc.ranks = tuple(dead)
+            exc.args = (f"{exc.args[0] if exc.args else exc}; the process of rank(s) "
+                        f"{', '.join(map(str, dead))} has ended",) + exc.args[1:]
 
     def _name_late_ranks(self, exc, seq):
         """A schedule that times out only knows the peer it waited for, which may itself be

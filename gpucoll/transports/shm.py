@@ -67,7 +67,8 @@ def unlink_job(job_id):
     return removed
 
 
-def _pid_alive(pid):
+def pid_alive(pid):
+    """False once the process of this host is gone (or only a zombie waiting to be reaped)."""
     if not pid or pid <= 0:
         return True
     try:
@@ -76,7 +77,11 @@ def _pid_alive(pid):
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 class ShmChannels:
@@ -131,7 +136,7 @@ class ShmChannels:
             chan = core.ShmChannel.attach(name, creator, peer)
             if chan is not None:
                 return chan
-            if not _pid_alive(creator):
+            if not pid_alive(creator):
                 raise errors.LostPeerError(
                     f"rank {peer} (pid {creator}) died before creating shared memory {name}",
                     ranks=(peer,))
