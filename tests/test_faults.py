@@ -26,8 +26,12 @@ def test_rank_dies_inside_allreduce(gpurun_job, path):
         assert info["ranks"] and ("is gone" in info["message"] or "exited" in info["message"]), info
     # Every survivor names rank 1: the direct engine sees the whole group, and on the
     # schedule paths the dispatcher checks which processes of the host have really ended
-    # (the neighbour a schedule noticed first may only have left the call).
-    assert all(info["ranks"] == [1] for info in lost.values()), lost
+    # (the neighbour a schedule noticed first may only have left the call). A survivor that
+    # already exited after its own error may be named too: its process has ended as well.
+    for info in lost.values():
+        assert 1 in info["ranks"] and set(info["ranks"]) <= {1, 0, 2}, lost
+    if path == "direct":
+        assert all(info["ranks"] == [1] for info in lost.values()), lost
 
 
 def test_rank_dies_job_ends_with_report(gpurun_job):
