@@ -28,8 +28,8 @@ def test_rank_dies_inside_allreduce(gpurun_job, path):
     # schedule paths the dispatcher checks which processes of the host have really ended
     # (the neighbour a schedule noticed first may only have left the call). A survivor that
     # already exited after its own error may be named too: its process has ended as well.
-    for info in lost.values():
-        assert 1 in info["ranks"] and set(info["ranks"]) <= {1, 0, 2}, lost
+    for rank, info in lost.items():
+        assert 1 in info["ranks"] and rank not in info["ranks"], lost
     if path == "direct":
         assert all(info["ranks"] == [1] for info in lost.values()), lost
 
