@@ -252,6 +252,13 @@ def pointer_device(CUdeviceptr p):
     return dev
 
 
+def buffer_id(CUdeviceptr p):
+    """The driver's unique id of the allocation holding p (never reused in the process)."""
+    cdef unsigned long long bid = 0
+    _check(gc_cu.PointerGetAttribute(&bid, 7, p), "cuPointerGetAttribute(BUFFER_ID)")
+    return bid
+
+
 def ipc_get_mem_handle(CUdeviceptr base):
     cdef CUipcMemHandle h
     _check(gc_cu.IpcGetMemHandle(&h, base), "cuIpcGetMemHandle")

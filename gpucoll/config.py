@@ -184,10 +184,14 @@ CACHE_DIR = declare("GPUCOLL_CACHE_DIR", "str", None,
 # --- GPU collectives (within a host) ----------------------------------------------
 GPU_ONESHOT_MAX = declare("GPUCOLL_GPU_ONESHOT_MAX", "size", 256 << 10,
                           "GPU all-reduce: one-shot kernel up to this many bytes, two-shot above.")
-GPU_STAGE_MAX = declare("GPUCOLL_GPU_STAGE_MAX", "size", 16 << 20,
+GPU_STAGE_MAX = declare("GPUCOLL_GPU_STAGE_MAX", "size", 64 << 20,
                         "GPU collectives up to this many bytes go through the IPC staging buffers; larger "
                         "ones register the caller's buffers with CUDA IPC and move data directly.",
                         minimum=4096)
 GPU_BLOCKS = declare("GPUCOLL_GPU_BLOCKS", "int", 0,
-                     "Most thread blocks per GPU collective kernel; 0 picks by size (up to 64).",
+                     "Most thread blocks per GPU collective kernel; 0 picks by size (up to 64 through staging, "
+                     "128 on registered buffers).",
                      minimum=0)
+GPU_COPY = declare("GPUCOLL_GPU_COPY", "choice", "ce",
+                   "How large GPU broadcasts and all-gathers move registered data: ce (copy engines, "
+                   "cuMemcpyAsync between mapped buffers) or sm (copy kernels).", choices=("ce", "sm"))

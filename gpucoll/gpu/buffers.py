@@ -9,7 +9,6 @@ import numpy as np
 from .. import dtypes
 from ..errors import InvalidUsageError
 
-_HOST_TYPES = {np.ndarray, bytes, bytearray, memoryview, list, tuple}
 _TORCH_CODES = None
 
 
@@ -31,18 +30,32 @@ class GpuBuffer:
         return f"GpuBuffer({self.kind}, device {self.device}, {self.count} x {dtypes.name(self.code)})"
 
 
+_HAVE_CUPY = False
+
+
 def _require_cupy(what):
+    global _HAVE_CUPY
+    if _HAVE_CUPY:
+        return
     try:
         import cupy  # noqa: F401
     except ImportError:
         raise NotImplementedError(
             f"{what} is a GPU array; GPU buffers need CuPy for the kernels (install gpucoll[cuda12] or "
             "gpucoll[cuda13] on a machine with a GPU)") from None
+    _HAVE_CUPY = True
+
+
+_CODES = {}  # dtype -> code (numpy computes dtype names slowly; this is the hot path)
 
 
 def _code(dtype, what):
+    code = _CODES.get(dtype)
+    if code is not None:
+        return code
     try:
-        return dtypes.code_of(dtype)
+        code = _CODES[dtype] = dtypes.code_of(dtype)
+        return code
     except InvalidUsageError:
         raise InvalidUsageError(f"{what} has dtype {dtype}, which gpucoll does not reduce or move; use one of: "
                                 f"{', '.join(dtypes.NAMES)}") from None
@@ -78,7 +91,7 @@ def _torch_code(dtype, what):
 
 def _from_torch(obj, what):
     if not obj.is_cuda:
-        return None
+        return None  # a CPU tensor: the host path decides
     if not obj.is_contiguous():
         raise _noncontiguous(what, obj.shape)
     return GpuBuffer(obj.data_ptr(), obj.numel(), _torch_code(obj.dtype, what), obj.device.index, obj, "torch")
@@ -115,34 +128,39 @@ def _from_dlpack(obj, what):
     return buf
 
 
-def _adapter(obj):
-    """The adapter for obj's type, or None when obj is not on a GPU."""
-    t = type(obj)
-    mod = t.__module__
+def _dlpack_if_gpu(obj, what):
+    try:
+        on_gpu = obj.__dlpack_device__()[0] in (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+    except Exception:
+        on_gpu = False
+    return _from_dlpack(obj, what) if on_gpu else None
+
+
+def _adapter(t):
+    """The adapter for objects of type t, or None when they are never GPU buffers."""
+    mod = getattr(t, "__module__", "") or ""
     if mod.startswith("cupy"):
         return _from_cupy
     if mod.startswith("torch"):
         return _from_torch
-    if hasattr(obj, "__cuda_array_interface__"):
+    if hasattr(t, "__cuda_array_interface__"):
         return _from_cai
-    dl = getattr(obj, "__dlpack_device__", None)
-    if dl is not None:
-        try:
-            if dl()[0] in (2, 3, 13):  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
-                return _from_dlpack
-        except Exception:
-            return None
+    if hasattr(t, "__dlpack_device__"):
+        return _dlpack_if_gpu
     return None
+
+
+_ADAPTERS = {t: None for t in (np.ndarray, bytes, bytearray, memoryview, list, tuple)}
 
 
 def maybe_gpu_buffer(obj, what="buffer"):
     """GpuBuffer for a GPU object, None for anything else (host buffers, specs)."""
-    if type(obj) in _HOST_TYPES:
-        return None
-    adapt = _adapter(obj)
-    if adapt is None:
-        return None
-    if adapt is _from_torch and not obj.is_cuda:
+    t = type(obj)
+    try:
+        adapt = _ADAPTERS[t]
+    except KeyError:
+        adapt = _ADAPTERS[t] = _adapter(t)
+    if adapt is None or (adapt is _from_torch and not obj.is_cuda):
         return None
     _require_cupy(what)
     return adapt(obj, what)

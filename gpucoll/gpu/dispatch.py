@@ -6,7 +6,9 @@ Team (one launch per slot-sized piece); messages above GPUCOLL_GPU_STAGE_MAX reg
 caller's buffers and move data directly between them (all-reduce, reduce-scatter,
 all-gather, broadcast, all-to-all). Without P2P (or with GPUCOLL_P2P_DISABLE=1) the call
 copies to host memory and runs the host collective. Every launch goes on the caller's
-stream; nothing here waits for the GPU except that host fallback.
+stream; nothing here waits for the GPU except that host fallback. As with NCCL, a caller
+that switches streams between operations of one communicator orders them itself (for
+example s2.wait_stream(s1)): operations of a communicator must not run concurrently.
 """
 import numpy as np
 
@@ -20,6 +22,7 @@ _BOOL_OPS = {_ops.SUM.code: _ops.BOR.code, _ops.MAX.code: _ops.BOR.code, _ops.BO
              _ops.BAND.code: _ops.BAND.code, _ops.BXOR.code: _ops.BXOR.code}
 _COMPLEX = {dtypes.COMPLEX64: dtypes.FLOAT32, dtypes.COMPLEX128: dtypes.FLOAT64}
 _ROOTED = ("bcast", "reduce", "gather", "scatter")
+_REG_ROW = 8 + 2 * 72  # ok, has-send, has-recv, pad; then (IPC handle, offset) of send and recv
 
 
 def _cdiv(a, b):
@@ -31,12 +34,13 @@ class GpuDispatcher:
         self.comm, self.host = comm, host
         self.device = config.DEVICE.get()
         self.forced = config.ALGO.get()
-        self.maxblocks = min(config.GPU_BLOCKS.get() or 64, 256)
+        self.maxblocks = min(config.GPU_BLOCKS.get() or 64, 256)          # kernels through staging
+        self.maxblocks_direct = min(config.GPU_BLOCKS.get() or 128, 256)  # kernels on registered buffers
+        self.copy_engine = config.GPU_COPY.get() == "ce"
+        self.verbose = log.enabled("info", "COLL")
         self._ctx = None
         self._team = None
         self._kernels = None
-        self._last_stream = None
-        self._order_event = None
 
     # --- resources ---------------------------------------------------------------------------
     def team(self):
@@ -76,19 +80,6 @@ class GpuDispatcher:
             first = first or buf
         return first
 
-    def _order(self, stream):
-        """Keep this communicator's operations in issue order when callers switch streams."""
-        from .._native import cuda
-
-        last = self._last_stream
-        self._last_stream = stream
-        if last is None or cuda.stream_is_capturing(stream) or cuda.stream_is_capturing(last):
-            return
-        if self._order_event is None:
-            self._order_event = cuda.event_create()
-        cuda.event_record(self._order_event, last)
-        cuda.stream_wait_event(stream, self._order_event)
-
     # --- execution ------------------------------------------------------------------------------
     def execute(self, call, seq):
         from .._native import cuda
@@ -96,15 +87,12 @@ class GpuDispatcher:
         buf = self._check(call)
         if self._ctx is None:
             self._ctx = cuda.primary_context(self.device)
-        else:
-            cuda.set_current(self._ctx)
         stream = streams.resolve(call.stream, buf)
         call.stream = stream
-        if stream != self._last_stream:
-            self._order(stream)
         if call.count == 0:
             return
         if self.comm.size == 1:
+            cuda.set_current(self._ctx)
             self._single(call, stream, seq)
             return
         team = self.team()
@@ -114,7 +102,7 @@ class GpuDispatcher:
         self._launch(team, call, stream, seq)
 
     def _log(self, call, seq, nbytes, algo, via="P2P/IPC"):
-        if log.enabled("info", "COLL"):
+        if self.verbose:
             log.info("COLL", "%s #%d %d B %s%s%s %s via %s", call.kind, seq, nbytes, dtypes.name(call.code),
                      f" {call.op.name}" if call.op else "",
                      f" root {call.root}" if call.kind in _ROOTED else "", algo, via)
@@ -157,22 +145,59 @@ class GpuDispatcher:
         if hrecv is not None and hrecv.count:
             cuda.memcpy_htod(call.recv.addr, hrecv.addr, hrecv.array.nbytes)
 
-    def _grid(self, nbytes, per_block):
-        return max(1, min(self.maxblocks, _cdiv(nbytes, per_block)))
+    def _grid(self, nbytes, per_block, direct=False):
+        return max(1, min(self.maxblocks_direct if direct else self.maxblocks, _cdiv(nbytes, per_block)))
 
     def _register(self, team, send, recv):
-        """Exchange the IPC handles of every rank's send and receive buffers (collective).
-        False, on every rank, when some rank's buffers cannot be shared."""
-        mine = (team.export(send) if send else None, team.export(recv) if recv else None)
-        ok = (not send or mine[0] is not None) and (not recv or mine[1] is not None)
-        table = self.comm.allgather((ok, mine))
-        if not all(row[0] for row in table):
+        """Exchange the IPC handles of every rank's send and receive buffers (collective: one
+        fixed-size host all-gather). False, on every rank, when some rank's cannot be shared."""
+        row = np.zeros(_REG_ROW, np.uint8)
+        ok = True
+        for i, ptr in enumerate((send, recv)):
+            if not ptr:
+                continue
+            exported = team.export(ptr)
+            if exported is None:
+                ok = False
+                continue
+            handle, offset = exported
+            base = 8 + i * 72
+            row[base:base + 64] = np.frombuffer(handle, np.uint8)
+            row[base + 64:base + 72] = np.frombuffer(np.uint64(offset).tobytes(), np.uint8)
+            row[1 + i] = 1
+        row[0] = ok
+        table = np.empty(_REG_ROW * self.comm.size, np.uint8)
+        self.comm.Allgather(row, table)
+        table = table.reshape(self.comm.size, _REG_ROW)
+        if not table[:, 0].all():
             return False
         r = self.comm.rank
-        psend = [send if q == r else (team.import_(row[1][0]) if row[1][0] else 0) for q, row in enumerate(table)]
-        precv = [recv if q == r else (team.import_(row[1][1]) if row[1][1] else 0) for q, row in enumerate(table)]
-        team.launcher.set_peer_buffers(psend, precv)
+        peers = ([], [])
+        for q in range(self.comm.size):
+            for i, own in enumerate((send, recv)):
+                if q == r:
+                    peers[i].append(own)
+                elif table[q, 1 + i]:
+                    base = 8 + i * 72
+                    offset = int(table[q, base + 64:base + 72].view(np.uint64)[0])
+                    peers[i].append(team.import_((table[q, base:base + 64].tobytes(), offset)))
+                else:
+                    peers[i].append(0)
+        team.launcher.set_peer_buffers(*peers)
+        self._peers = peers
         return True
+
+    def _copy_engine(self, team, stream, pairs):
+        """Barrier kernel, cuMemcpyAsync of (dst, src, nbytes) pairs, barrier kernel: peers'
+        buffers are ready before the copies and the copies are done before anyone goes on."""
+        from .._native import cuda
+
+        barrier = self.kernels().copy()["barrier"]
+        L = team.launcher
+        L.launch(barrier, 1, 32, stream, 0, 0, 0)
+        for dst, src, nbytes in pairs:
+            cuda.memcpy_async(dst, src, nbytes, stream)
+        L.launch(barrier, 1, 32, stream, 0, 0, 0)
 
     def _launch(self, team, call, stream, seq):
         kind, n = call.kind, self.comm.size
@@ -194,12 +219,12 @@ class GpuDispatcher:
             forced = self.forced
             if (nbytes <= team.oneshot_max and forced != "two-shot") or (forced == "one-shot" and nbytes <= slot):
                 self._log(call, seq, nbytes, "one-shot")
-                L.launch(fns["ar_oneshot"], self._grid(nbytes, 16 << 10), 256 if nbytes <= (64 << 10) else 512,
+                L.launch(fns["ar_oneshot"], max(1, min(32, _cdiv(nbytes, 8 << 10))), 256 if nbytes <= (64 << 10) else 512,
                          stream, send, recv, count, 0, op, 0, n)
                 return
             if nbytes > team.stage_max and self._register(team, send, recv):
                 self._log(call, seq, nbytes, "two-shot direct")
-                L.launch(fns["ar_direct"], self._grid(nbytes // n, 64 << 10), 512, stream, send, recv, count, 0,
+                L.launch(fns["ar_direct"], self._grid(nbytes // n, 64 << 10, True), 512, stream, send, recv, count, 0,
                          op, 0, n)
                 return
             self._log(call, seq, nbytes, "two-shot")
@@ -215,7 +240,7 @@ class GpuDispatcher:
             nbytes = count * isz
             if nbytes * n > team.stage_max and send != recv and self._register(team, send, recv):
                 self._log(call, seq, nbytes * n, "direct")
-                L.launch(fns["rs_direct"], self._grid(nbytes, 64 << 10), 512, stream, send, recv, count, count, op,
+                L.launch(fns["rs_direct"], self._grid(nbytes, 64 << 10, True), 512, stream, send, recv, count, count, op,
                          0, n)
                 return
             self._log(call, seq, nbytes * n, "staged")
@@ -230,15 +255,29 @@ class GpuDispatcher:
         block = call.count * dtypes.ITEMSIZE[call.code]
         if kind == "allgather":
             if block * n > team.stage_max and self._register(team, send, recv):
+                if self.copy_engine:
+                    self._log(call, seq, block * n, "direct copy-engine")
+                    r = self.comm.rank
+                    pairs = [(self._peers[1][p] + r * block, send, block) for p in range(n) if p != r]
+                    if send != recv + r * block:
+                        pairs.append((recv + r * block, send, block))
+                    self._copy_engine(team, stream, pairs)
+                    return
                 self._log(call, seq, block * n, "direct")
-                L.launch(fns["ag_direct"], self._grid(block, 64 << 10), 512, stream, send, recv, block, block)
+                L.launch(fns["ag_direct"], self._grid(block, 64 << 10, True), 512, stream, send, recv, block, block)
                 return
             self._log(call, seq, block * n, "staged")
             self._pieces(fns["ag_staged"], stream, send, recv, block, 1, slot, block, 0, 0)
         elif kind == "bcast":
             if block > team.stage_max and self._register(team, 0, recv):
+                if self.copy_engine:
+                    self._log(call, seq, block, "direct copy-engine")
+                    r = self.comm.rank
+                    pairs = [(self._peers[1][p], recv, block) for p in range(n) if p != r] if r == call.root else []
+                    self._copy_engine(team, stream, pairs)
+                    return
                 self._log(call, seq, block, "direct")
-                L.launch(fns["bc_direct"], self._grid(block // max(1, n - 1), 64 << 10), 512, stream, 0, recv,
+                L.launch(fns["bc_direct"], self._grid(block // max(1, n - 1), 64 << 10, True), 512, stream, 0, recv,
                          block, 0, 0, call.root)
                 return
             self._log(call, seq, block, "staged")
@@ -246,7 +285,7 @@ class GpuDispatcher:
         elif kind == "alltoall":
             if block * n > team.stage_max and send != recv and self._register(team, send, recv):
                 self._log(call, seq, block * n, "direct")
-                L.launch(fns["a2a_direct"], self._grid(block, 64 << 10), 512, stream, send, recv, block, block)
+                L.launch(fns["a2a_direct"], self._grid(block, 64 << 10, True), 512, stream, send, recv, block, block)
                 return
             self._log(call, seq, block * n, "staged")
             self._pieces(fns["a2a_staged"], stream, send, recv, block, 1, slot, block, 0, 0)

@@ -36,6 +36,7 @@ class Team:
         self.base = 0
         self.peers_mapped = []
         self._imported = {}
+        self._exported = {}
         self.launcher = None
         self.ok, self.reason = True, ""
         self.links = {}
@@ -109,8 +110,14 @@ class Team:
         from .._native import cuda
 
         try:
-            base, _ = cuda.address_range(ptr)
-            return cuda.ipc_get_mem_handle(base), ptr - base
+            key = cuda.buffer_id(ptr)  # unique per allocation, never reused: a safe cache key
+            hit = self._exported.get(key)
+            if hit is None:
+                base, _ = cuda.address_range(ptr)
+                if len(self._exported) > 4096:
+                    self._exported.clear()
+                hit = self._exported[key] = (base, cuda.ipc_get_mem_handle(base))
+            return hit[1], ptr - hit[0]
         except GpucollError:
             return None
 

@@ -6,7 +6,8 @@ Every rank builds every rank's input from (seed, rank) and computes the expected
 with NumPy in rank order (float16/bfloat16 accumulate in float32 and round once, as the
 kernels do), so every comparison is exact. Results every rank holds (allreduce, bcast,
 allgather) are hashed and compared across ranks. Paths: "world" (defaults), "small-stage"
-(GPUCOLL_GPU_STAGE_MAX=1M: many staged pieces, direct kernels at small sizes) and
+(GPUCOLL_GPU_STAGE_MAX=1M, GPUCOLL_GPU_COPY=sm: many staged pieces, direct kernels at small
+sizes) and
 "p2p-off" (GPUCOLL_P2P_DISABLE=1: staged through host memory). Then stream semantics,
 nonblocking requests and CUDA-graph capture (CuPy and torch).
 
@@ -291,6 +292,9 @@ def collective_suite(lib, big=True):
             run_case(lib, "bcast", "float32", count, root=root, seed=seed)
             run_case(lib, "bcast", "int8", count + 1, root=root, seed=seed)
     run_case(lib, "allgather", "uint8", 1001, seed=seed)
+    if big:  # above GPUCOLL_GPU_STAGE_MAX: registered buffers, copy engines
+        run_case(lib, "bcast", "float32", 17_000_001, root=N - 1, seed=seed)
+        run_case(lib, "allgather", "float32", 9_000_001, seed=seed)
     for coll in ("allreduce", "allgather", "bcast", "alltoall", "reduce_scatter"):
         run_case(lib, coll, "float32", 0)
 
@@ -407,7 +411,8 @@ def main():
     for lib in libs:
         collective_suite(lib)
     paths["world"] = checked[0]
-    for name, env in (("small-stage", {"GPUCOLL_GPU_STAGE_MAX": "1M", "GPUCOLL_GPU_ONESHOT_MAX": "16K"}),
+    for name, env in (("small-stage", {"GPUCOLL_GPU_STAGE_MAX": "1M", "GPUCOLL_GPU_ONESHOT_MAX": "16K",
+                                      "GPUCOLL_GPU_COPY": "sm"}),
                       ("p2p-off", {"GPUCOLL_P2P_DISABLE": "1"})):
         os.environ.update(env)
         comm = world.Dup()
