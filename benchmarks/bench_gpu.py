@@ -80,7 +80,7 @@ def main():
     sp = stream.ptr
     rows = []
     if rank == 0:
-        print(f"# gpucoll vs NCCL {'.'.join(map(str, divmod(nccl.get_version(), 1000)))}: {n} ranks, "
+        print(f"# gpucoll vs NCCL {nccl.get_version() // 10000}.{nccl.get_version() // 100 % 100}.{nccl.get_version() % 100}: {n} ranks, "
               f"{cp.cuda.runtime.getDeviceProperties(dev)['name'].decode()}, {socket.gethostname()}, "
               f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, float32 sum, "
               f"{'graph of %d ops' % args.graph if args.graph else 'eager launches'}, CUDA-event timing", flush=True)

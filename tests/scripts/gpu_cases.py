@@ -264,7 +264,8 @@ def collective_suite(lib, big=True):
             seed += 1
             run_case(lib, "allreduce", dtype, 1001, op, inplace=seed % 2 == 0, seed=seed)
         run_case(lib, "allreduce", dtype, 77777, "SUM", seed=seed)        # two-shot
-        run_case(lib, "reduce_scatter", dtype, 1003, "MAX" if dtype != "bool" else "BOR", seed=seed)
+        rs_op = "BOR" if dtype == "bool" else "SUM" if dtype.startswith("complex") else "MAX"
+        run_case(lib, "reduce_scatter", dtype, 1003, rs_op, seed=seed)
     sizes = (1, 2, 3, 17, 1000, 65536, 65539, 1000003) + ((5000001,) if big else ())
     for count in sizes:
         seed += 1
