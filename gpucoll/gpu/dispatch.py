@@ -89,6 +89,8 @@ class GpuDispatcher:
             self._ctx = cuda.primary_context(self.device)
         stream = streams.resolve(call.stream, buf)
         call.stream = stream
+        if self.host.checks and self.comm.size > 1:
+            self.host._cross_check(call, seq)  # GPUCOLL_DEBUG_CHECKS: same signature on every rank
         if call.count == 0:
             return
         if self.comm.size == 1:
