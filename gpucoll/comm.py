@@ -312,25 +312,25 @@ class Communicator:
     # --- point to point -------------------------------------------------------------
     def Send(self, buf, dest, tag=0):
         self._check_alive()
-        self._p2p.send(host_buffer(buf, "buf"), dest, tag)
+        self._p2p.send(_p2p_buffer(buf, "buf"), dest, tag)
 
     def Isend(self, buf, dest, tag=0):
         self._check_alive()
-        return self._p2p.isend(host_buffer(buf, "buf"), dest, tag)
+        return self._p2p.isend(_p2p_buffer(buf, "buf"), dest, tag)
 
     def Recv(self, buf, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG, status=None):
         self._check_alive()
-        self._p2p.irecv(host_buffer(buf, "buf", writable=True), source, tag, status).Wait()
+        self._p2p.irecv(_p2p_buffer(buf, "buf", writable=True), source, tag, status).Wait()
 
     def Irecv(self, buf, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG):
         self._check_alive()
-        return self._p2p.irecv(host_buffer(buf, "buf", writable=True), source, tag)
+        return self._p2p.irecv(_p2p_buffer(buf, "buf", writable=True), source, tag)
 
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=_p2p.ANY_SOURCE,
                  recvtag=_p2p.ANY_TAG, status=None):
         self._check_alive()
-        req = self._p2p.irecv(host_buffer(recvbuf, "recvbuf", writable=True), source, recvtag, status)
-        self._p2p.send(host_buffer(sendbuf, "sendbuf"), dest, sendtag)
+        req = self._p2p.irecv(_p2p_buffer(recvbuf, "recvbuf", writable=True), source, recvtag, status)
+        self._p2p.send(_p2p_buffer(sendbuf, "sendbuf"), dest, sendtag)
         req.Wait()
 
     # --- object methods (pickle) ---------------------------------------------------
@@ -444,6 +444,14 @@ class _ScatterFailed:
 
     def __init__(self, problem):
         self.problem = problem
+
+
+def _p2p_buffer(obj, what, writable=False):
+    buf = host_buffer(obj, what, writable=writable)
+    if buf.is_gpu:
+        raise NotImplementedError(f"{what}: point-to-point calls (Send, Recv, ...) take host buffers; GPU "
+                                  "buffers are supported by the collectives")
+    return buf
 
 
 def _host_stream(stream):
