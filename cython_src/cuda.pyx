@@ -12,9 +12,14 @@ driver's status and raises CudaError (a GpucollError) naming the call and the er
 
 Launcher keeps one kernel's parameters packed (gc_launch in gc_cuda.h): set_team() once per
 communicator, then launch() rewrites the argument block and calls cuLaunchKernel, without the GIL.
+Launcher.prepare() packs a whole launch once (a Prepared); Prepared.go(stream, seq) is then the
+entire host cost of a repeated collective: one Python call, one cuLaunchKernel.
+
+A launch raises DeviceTimeout, and launches nothing, once a kernel of the team has recorded
+on the mapped host error word that it gave up waiting for a peer (GPUCOLL_TIMEOUT).
 """
 from libc.stdint cimport uintptr_t
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 from gpucoll.errors import GpucollError
 
@@ -32,6 +37,9 @@ cdef extern from "gc_cuda.h" nogil:
         char reserved[64]
     int GC_MAXRANKS
     int GC_CUDA_ERROR_NOT_READY
+    int GC_ERR_DEVICE_TIMEOUT
+    int GC_CU_MEMHOSTALLOC_PORTABLE
+    int GC_CU_MEMHOSTALLOC_DEVICEMAP
 
     ctypedef struct gc_team:
         unsigned long long stage[8]
@@ -41,6 +49,8 @@ cdef extern from "gc_cuda.h" nogil:
         int rank
         int nranks
         long long timeout_ns
+        unsigned long long err
+        unsigned long long seq
 
     ctypedef struct gc_args:
         unsigned long long send
@@ -64,6 +74,10 @@ cdef extern from "gc_cuda.h" nogil:
         CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice) noexcept nogil
         CUresult (*CtxSetCurrent)(CUcontext) noexcept nogil
         CUresult (*CtxGetCurrent)(CUcontext *) noexcept nogil
+        CUresult (*CtxSynchronize)() noexcept nogil
+        CUresult (*MemHostAlloc)(void **, size_t, unsigned int) noexcept nogil
+        CUresult (*MemFreeHost)(void *) noexcept nogil
+        CUresult (*MemHostGetDevicePointer)(CUdeviceptr *, void *, unsigned int) noexcept nogil
         CUresult (*MemAlloc)(CUdeviceptr *, size_t) noexcept nogil
         CUresult (*MemFree)(CUdeviceptr) noexcept nogil
         CUresult (*MemsetD8)(CUdeviceptr, unsigned char, size_t) noexcept nogil
@@ -96,6 +110,7 @@ cdef extern from "gc_cuda.h" nogil:
         gc_team team
         gc_args args
         CUcontext ctx
+        volatile unsigned long long *err_host
     void gc_launch_init(gc_launch *l)
     CUresult gc_launch_make_current(gc_launch *l)
     CUresult gc_launch_go(gc_launch *l, CUfunction fn, unsigned grid, unsigned block, CUstream stream)
@@ -110,6 +125,18 @@ class CudaError(GpucollError):
     def __init__(self, message, code=-1):
         super().__init__(message)
         self.code = code
+
+
+class DeviceTimeout(CudaError):
+    """A kernel of the team gave up waiting for a peer; `word` is the error word it recorded:
+    (host sequence number << 8) | (1 + the peer's rank). The dispatcher turns it into a
+    gpucoll.TimeoutError naming the operation."""
+
+    def __init__(self, word):
+        super().__init__(f"a GPU kernel gave up waiting for rank {(word & 0xff) - 1}", GC_ERR_DEVICE_TIMEOUT)
+        self.word = word
+        self.seq = word >> 8
+        self.peer = (word & 0xff) - 1
 
 
 cdef int _check(CUresult rc, str what) except -1:
@@ -197,6 +224,38 @@ def set_current(uintptr_t ctx):
     _check(gc_cu.CtxGetCurrent(&cur), "cuCtxGetCurrent")
     if <uintptr_t>cur != ctx:
         _check(gc_cu.CtxSetCurrent(<CUcontext>ctx), "cuCtxSetCurrent")
+
+
+def ctx_synchronize():
+    """Wait for all work of the current context (every stream)."""
+    cdef CUresult rc
+    with nogil:
+        rc = gc_cu.CtxSynchronize()
+    _check(rc, "cuCtxSynchronize")
+
+
+def host_alloc_mapped(size_t nbytes):
+    """(host address, device address) of zeroed pinned host memory that kernels can write."""
+    cdef void *h = NULL
+    cdef CUdeviceptr d = 0
+    cdef CUresult rc
+    _check(gc_cu.MemHostAlloc(&h, nbytes, GC_CU_MEMHOSTALLOC_PORTABLE | GC_CU_MEMHOSTALLOC_DEVICEMAP),
+           f"cuMemHostAlloc({nbytes})")
+    memset(h, 0, nbytes)
+    rc = gc_cu.MemHostGetDevicePointer(&d, h, 0)
+    if rc != 0:
+        gc_cu.MemFreeHost(h)
+        _check(rc, "cuMemHostGetDevicePointer")
+    return <uintptr_t>h, d
+
+
+def free_host(uintptr_t h):
+    _check(gc_cu.MemFreeHost(<void *>h), "cuMemFreeHost")
+
+
+def read_word(uintptr_t h):
+    """The u64 at host address h, read as the device may have written it."""
+    return (<volatile unsigned long long *>h)[0]
 
 
 def mem_alloc(size_t nbytes):
@@ -345,6 +404,13 @@ def stream_is_capturing(uintptr_t stream):
     return status != 0
 
 
+cdef int _launch_failed(gc_launch *l, CUresult rc) except -1:
+    if rc == GC_ERR_DEVICE_TIMEOUT:
+        raise DeviceTimeout(l.err_host[0])
+    _check(rc, "cuLaunchKernel")
+    return 0
+
+
 cdef class Launcher:
     """Pre-packed launches of gpucoll's collective kernels for one communicator."""
 
@@ -354,8 +420,9 @@ cdef class Launcher:
         gc_launch_init(&self.l)
 
     def set_team(self, uintptr_t ctx, stage, flags, unsigned long long sync, unsigned long long slot,
-                 int rank, int nranks, long long timeout_ns):
-        """Every rank's staging and flag pointers as mapped in this process (own included)."""
+                 int rank, int nranks, long long timeout_ns, uintptr_t err_host=0, unsigned long long err_dev=0):
+        """Every rank's staging and flag pointers as mapped in this process (own included);
+        err_host/err_dev: the mapped host error word (host_alloc_mapped) kernels report timeouts in."""
         cdef int i
         if nranks > GC_MAXRANKS:
             raise CudaError(f"at most {GC_MAXRANKS} ranks per GPU team")
@@ -368,6 +435,16 @@ cdef class Launcher:
         self.l.team.rank = rank
         self.l.team.nranks = nranks
         self.l.team.timeout_ns = timeout_ns
+        self.l.team.err = err_dev
+        self.l.err_host = <volatile unsigned long long *>err_host
+
+    def set_seq(self, unsigned long long seq):
+        """The host sequence number that the next launches report in a timeout."""
+        self.l.team.seq = seq
+
+    def error_word(self):
+        """The mapped error word: 0, or (seq << 8) | (1 + peer) once a kernel timed out."""
+        return self.l.err_host[0] if self.l.err_host != NULL else 0
 
     def set_peer_buffers(self, psend, precv):
         """Registered buffers of every rank for the direct kernels (0 where unused)."""
@@ -390,4 +467,47 @@ cdef class Launcher:
         with nogil:
             rc = gc_launch_go(&self.l, <CUfunction>fn, grid, block, <CUstream>stream)
         if rc != 0:
-            _check(rc, "cuLaunchKernel")
+            _launch_failed(&self.l, rc)
+
+    def prepare(self, uintptr_t fn, unsigned grid, unsigned block, unsigned long long send,
+                unsigned long long recv, unsigned long long count, unsigned long long stride=0, int op=0,
+                int root=0, int nvalues=1):
+        """The same launch as launch(...) would make, packed once: Prepared.go(stream, seq)."""
+        cdef Prepared p = Prepared.__new__(Prepared)
+        p.owner = self
+        p.fn = <CUfunction>fn
+        p.grid, p.block = grid, block
+        p.args = self.l.args
+        p.args.send = send
+        p.args.recv = recv
+        p.args.count = count
+        p.args.stride = stride
+        p.args.op = op
+        p.args.root = root
+        p.args.nvalues = nvalues
+        return p
+
+
+cdef class Prepared:
+    """One packed launch of a Launcher (staged kernels only: no registered peer buffers)."""
+
+    cdef Launcher owner
+    cdef gc_args args
+    cdef CUfunction fn
+    cdef unsigned grid, block
+
+    def go(self, uintptr_t stream, unsigned long long seq):
+        cdef CUresult rc
+        cdef gc_launch *l = &self.owner.l
+        l.args.send = self.args.send
+        l.args.recv = self.args.recv
+        l.args.count = self.args.count
+        l.args.stride = self.args.stride
+        l.args.op = self.args.op
+        l.args.root = self.args.root
+        l.args.nvalues = self.args.nvalues
+        l.team.seq = seq
+        with nogil:
+            rc = gc_launch_go(l, self.fn, self.grid, self.block, <CUstream>stream)
+        if rc != 0:
+            _launch_failed(l, rc)

@@ -18,7 +18,7 @@ from . import ops as _ops
 from .buffers import host_buffer
 from .dispatch import Call, Dispatcher
 from .engine import OrderedEngine
-from .errors import InvalidUsageError
+from .errors import GpucollError, InvalidUsageError
 from .request import CompletedRequest
 from . import p2p as _p2p
 
@@ -56,6 +56,7 @@ class Communicator:
         self._dispatch = Dispatcher(self)
         self._p2p = _p2p.PointToPoint(self)
         self._children = 0  # Split/Dup counter: names children identically on every rank
+        self._gpu_fast = None  # GpuDispatcher.fast_allreduce once a GPU all-reduce was packed
 
     # --- identity ---------------------------------------------------------------
     def Get_rank(self):
@@ -110,10 +111,19 @@ class Communicator:
         """Release the communicator's transports; using it afterwards raises."""
         if self._freed:
             return
+        self._gpu_fast = None
+        error = None
+        if self._dispatch._gpu is not None:
+            try:  # no peer may still be using our IPC memory when it is unmapped
+                self._dispatch._gpu.quiesce()
+            except GpucollError as exc:
+                error = exc
         self._engine.close()
         self._p2p.close()
         self._dispatch.close()
         self._freed = True
+        if error is not None:
+            raise error
 
     # --- the buffer collectives ---------------------------------------------------
     def _blocking(self, call, stream=None):
@@ -130,7 +140,7 @@ class Communicator:
 
             call.stream = stream
             call.run()
-            return GpuRequest(call.kind, call.stream)
+            return GpuRequest(call.kind, call.stream, self._dispatch.gpu())
         _host_stream(stream)
         return self._engine.submit(call.run, call.kind)
 
@@ -145,6 +155,9 @@ class Communicator:
 
     def Allreduce(self, sendbuf, recvbuf, op=_ops.SUM, stream=None):
         """recvbuf = op over every rank's sendbuf (IN_PLACE: recvbuf is also the input)."""
+        fast = self._gpu_fast  # a repeated GPU all-reduce: one packed launch (gpucoll/gpu/dispatch.py)
+        if fast is not None and fast(sendbuf, recvbuf, op, stream):
+            return
         self._blocking(self._allreduce_call(sendbuf, recvbuf, op), stream)
 
     def Iallreduce(self, sendbuf, recvbuf, op=_ops.SUM, stream=None):

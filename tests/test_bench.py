@@ -108,3 +108,8 @@ def test_row_format_matches_nccl_tests():
     assert table.row(dict(r, time_us=12345.6)) .split()[5] == "12346"
     assert table.row(dict(r, time_us=9.876)).split()[5] == "9.88"
     assert table.row(dict(r, wrong=-1)).endswith("N/A")
+
+
+def test_gpu_flag_without_a_gpu_says_so():
+    result = CliRunner().invoke(cli.main, ["-np", "2", "--gpu"])
+    assert result.exit_code == 2 and "needs a GPU" in result.output, result.output

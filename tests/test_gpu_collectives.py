@@ -50,3 +50,18 @@ def test_gpu_debug_log_names_algorithm_and_transport(gpurun_job):
     text = job.stderr + job.stdout
     assert "1048576 B float32 SUM two-shot via P2P/IPC" in text, text[-3000:]
     assert "64 B float32 SUM one-shot via P2P/IPC" in text, text[-3000:]
+
+
+@needs_gpu
+def test_gpu_timeout_names_operation_and_peer(gpurun_job):
+    if NGPUS < 2:
+        pytest.skip("needs 2 GPUs")
+    env = {**SAFE_ENV, "GPUCOLL_TIMEOUT": "4"}
+    job = gpurun_job(2, "gpu_timeout.py", env=env, timeout=120).check()
+    res = job.json_lines()
+    assert all(r["fast_sum"] == 3.0 and r["dup_sum"] == 8.0 for r in res.values()), job.describe()
+    assert all(r["size_check"] == "InvalidUsageError" for r in res.values()), job.describe()
+    r0 = res[0]
+    assert r0["raised"] and r0["ranks"] == [1], job.describe()
+    assert f"allreduce #{r0['seq']}" in r0["raised"] and "for rank 1" in r0["raised"], r0["raised"]
+    assert r0["next"] == "TimeoutError"

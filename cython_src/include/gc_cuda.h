@@ -35,6 +35,10 @@ typedef struct { char reserved[64]; } CUipcMemHandle;
 #define GC_CU_DEVICE_ATTRIBUTE_CC_MAJOR 75
 #define GC_CU_DEVICE_ATTRIBUTE_CC_MINOR 76
 #define GC_CUDA_ERROR_NOT_READY 600
+#define GC_CU_MEMHOSTALLOC_PORTABLE 1
+#define GC_CU_MEMHOSTALLOC_DEVICEMAP 2
+/* Not a driver status: gc_launch_go found the team's error word set (a kernel timed out). */
+#define GC_ERR_DEVICE_TIMEOUT (-1000)
 
 #define GC_MAXRANKS 8
 
@@ -47,6 +51,8 @@ typedef struct {
     int rank;
     int nranks;
     long long timeout_ns;
+    unsigned long long err;         /* device address of the mapped host error word, or 0 */
+    unsigned long long seq;         /* host sequence number of the operation (error reports) */
 } gc_team;
 
 /* Rewritten before each launch. */
@@ -74,6 +80,10 @@ typedef struct {
     CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
     CUresult (*CtxSetCurrent)(CUcontext);
     CUresult (*CtxGetCurrent)(CUcontext *);
+    CUresult (*CtxSynchronize)(void);
+    CUresult (*MemHostAlloc)(void **, size_t, unsigned int);
+    CUresult (*MemFreeHost)(void *);
+    CUresult (*MemHostGetDevicePointer)(CUdeviceptr *, void *, unsigned int);
     CUresult (*MemAlloc)(CUdeviceptr *, size_t);
     CUresult (*MemFree)(CUdeviceptr);
     CUresult (*MemsetD8)(CUdeviceptr, unsigned char, size_t);
@@ -144,6 +154,10 @@ static int gc_cuda_load(void)
     GC_SYM(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", NULL);
     GC_SYM(CtxSetCurrent, "cuCtxSetCurrent", NULL);
     GC_SYM(CtxGetCurrent, "cuCtxGetCurrent", NULL);
+    GC_SYM(CtxSynchronize, "cuCtxSynchronize", NULL);
+    GC_SYM(MemHostAlloc, "cuMemHostAlloc", NULL);
+    GC_SYM(MemFreeHost, "cuMemFreeHost", NULL);
+    GC_SYM(MemHostGetDevicePointer, "cuMemHostGetDevicePointer_v2", "cuMemHostGetDevicePointer");
     GC_SYM(MemAlloc, "cuMemAlloc_v2", "cuMemAlloc");
     GC_SYM(MemFree, "cuMemFree_v2", "cuMemFree");
     GC_SYM(MemsetD8, "cuMemsetD8_v2", "cuMemsetD8");
@@ -193,12 +207,15 @@ static void gc_cuda_describe(CUresult rc, char *out, size_t len)
     snprintf(out, len, "%s (%d): %s", name ? name : "CUDA error", rc, text ? text : "unknown");
 }
 
-/* One pre-packed kernel launch: params point into team and args, which live here. */
+/* One pre-packed kernel launch: params point into team and args, which live here.
+ * err_host is the host side of team.err: a launch refuses to start once a kernel of the
+ * team has recorded a timeout there (the peers' epochs are out of step from then on). */
 typedef struct {
     gc_team team;
     gc_args args;
     void *params[2];
     CUcontext ctx;
+    volatile unsigned long long *err_host;
 } gc_launch;
 
 static void gc_launch_init(gc_launch *l)
@@ -220,6 +237,8 @@ static inline CUresult gc_launch_make_current(gc_launch *l)
 static inline CUresult gc_launch_go(gc_launch *l, CUfunction fn, unsigned grid, unsigned block,
                                     CUstream stream)
 {
+    if (l->err_host && *l->err_host)
+        return GC_ERR_DEVICE_TIMEOUT;
     CUresult rc = gc_launch_make_current(l);
     if (rc != 0)
         return rc;

@@ -4,9 +4,13 @@
 
 Outside a job, `-np N` starts N ranks of this command under gpurun; inside a job
 (GPUCOLL_RANK set by gpurun, or started by mpiexec/srun without -np) every rank measures
-directly. Rank 0 prints the table; with --vs the peer runs the same plan in a job of its
-own, after gpucoll's, and the table gains its time, busbw, #wrong and the ratio
-peer time / gpucoll time (above 1: gpucoll is faster).
+directly. Rank 0 prints the table; with --vs the peer runs the same plan, and the table
+gains its time, busbw, #wrong and the ratio peer time / gpucoll time (above 1: gpucoll is
+faster). Host peers (mpi, gloo) run in a job of their own after gpucoll's.
+
+Where CuPy and a GPU are present the buffers are on the GPU (-g/--gpu, the default there;
+--no-gpu measures host buffers): CUDA-event timing, -G N captures N calls in a CUDA graph,
+and the GPU peers (nccl, torch) run in the same job right after gpucoll (gpucoll/bench/gpu.py).
 """
 import json
 import os
@@ -66,11 +70,14 @@ def _dtype(ctx, param, value):
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write one record per row (every column, the peer's too) to this file.")
 @click.option("-G", "--cudagraph", "graphs", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Launch the timed calls as N CUDA graphs (GPU buffers only).")
+              help="Capture N calls in one CUDA graph and time its replays, for gpucoll and the peer "
+                   "(GPU buffers only).")
+@click.option("-g/-H", "--gpu/--no-gpu", "gpu", default=None,
+              help="GPU buffers (CuPy arrays; the default where CuPy and a GPU are present) or host buffers.")
 @click.option("--rows-out", "rows_out", default=None, hidden=True,
               help="Rank 0 writes the records here and prints nothing (used when gpucoll-bench starts itself).")
 def main(nranks, collective, min_bytes, max_bytes, factor, iters, warmup, check, dtype, root, redop, peer,
-         json_path, graphs, rows_out):
+         json_path, graphs, gpu, rows_out):
     """Measure gpucoll's collectives and print nccl-tests' table
     (size, count, type, redop, root, time, algbw, busbw, #wrong).
 
@@ -79,13 +86,23 @@ def main(nranks, collective, min_bytes, max_bytes, factor, iters, warmup, check,
       gpucoll-bench -np 2 -o all -b 1K -e 1M -f 4 -c 1    every collective, checked
       gpucoll-bench -np 4 -b 1M -e 64M --vs mpi            beside Open MPI, with the ratio
       gpurun -np 4 gpucoll-bench -b 8 -e 1M                inside a job: every rank measures
+      gpucoll-bench -np 2 -b 8 -e 512M -f 4 --vs nccl      GPU buffers beside NCCL
+      gpucoll-bench -np 2 -b 8 -e 64K -f 8 -G 100 --vs nccl   CUDA graphs of 100 calls
     """
-    if graphs:
+    from . import gpu as _gpu
+
+    if gpu is None:
+        gpu = _gpu.available()
+    elif gpu and not _gpu.available():
+        raise click.UsageError("--gpu needs a GPU and CuPy; none is usable here (run with --no-gpu)")
+    if not gpu and graphs:
         raise click.UsageError("-G (CUDA graph launches) needs a GPU: gpucoll-bench measures host buffers "
                                "here; run without -G")
-    if peer in peers.GPU_PEERS:
+    if not gpu and peer in peers.GPU_PEERS:
         raise click.UsageError(f"--vs {peer} needs a GPU: it compares with NCCL on GPU buffers, and "
                                "gpucoll-bench measures host buffers here; use --vs mpi or --vs gloo")
+    if gpu and peer in peers.HOST_PEERS:
+        raise click.UsageError(f"--vs {peer} compares host buffers; add --no-gpu (or use --vs nccl / --vs torch)")
     if redop == "avg" and not dtype.startswith("float"):
         raise click.UsageError(f"--op avg needs a floating-point type, not {dtype}")
     try:
@@ -94,10 +111,11 @@ def main(nranks, collective, min_bytes, max_bytes, factor, iters, warmup, check,
         raise click.UsageError(str(exc)) from None
     collectives = list(table.COLLECTIVES) if collective == "all" else [collective]
     plan = runner.Plan(collectives, sizes, dtype, redop, root, iters, warmup, check)
-    opts = dict(plan.as_dict(), min_bytes=min_bytes, max_bytes=max_bytes, factor=factor, check=check)
+    opts = dict(plan.as_dict(), min_bytes=min_bytes, max_bytes=max_bytes, factor=factor, check=check,
+                gpu=bool(gpu), graphs=graphs)
     if json_path:
         json_path = os.path.abspath(json_path)
-    if peer is not None:
+    if peer is not None and not gpu:
         try:
             peers.check_available(peer)
         except peers.PeerError as exc:
@@ -110,7 +128,12 @@ def main(nranks, collective, min_bytes, max_bytes, factor, iters, warmup, check,
 
 # --- inside the job ------------------------------------------------------------------------------
 def _in_job(nranks, plan, opts, peer, json_path, rows_out):
-    backend = runner.GpucollBackend()
+    if opts["gpu"]:
+        from . import gpu as _gpu
+
+        backend = _gpu.GpucollGpuBackend(graphs=opts["graphs"])
+    else:
+        backend = runner.GpucollBackend()
     if nranks is not None and nranks != backend.size:
         raise click.UsageError(f"-np {nranks} was given, but this job has {backend.size} ranks; "
                                "drop -np inside a job")
@@ -121,10 +144,16 @@ def _in_job(nranks, plan, opts, peer, json_path, rows_out):
     printer = _Printer(opts, backend.size, info) if stream and backend.rank == 0 else None
     records = runner.measure(backend, plan, on_row=printer.row if printer else None)
     backend.barrier()
-    if backend.rank != 0:
-        return _status(records)
     if printer:
         printer.close(records)
+    if peer in peers.GPU_PEERS:  # measured in this job, by every rank
+        peer_records = _measure_gpu_peer(peer, plan, opts)
+        if backend.rank == 0:
+            _print_all(opts, backend.size, info, records, peer, peer_records, label=_gpu.peer_label(peer))
+            _write_json(json_path, records, peer, peer_records)
+        return _status(records)
+    if backend.rank != 0:
+        return _status(records)
     if rows_out:
         with open(rows_out, "w") as f:
             json.dump({"ranks": info, "records": records}, f)
@@ -161,6 +190,9 @@ def _launch(nranks, plan, opts, peer, json_path):
     """Run this command as nranks ranks under gpurun; with a peer, collect both and print here."""
     argv = [sys.executable, "-m", "gpucoll.launcher", "-np", str(nranks), "--no-tag-output",
             "-m", "gpucoll.bench"] + _plan_args(plan, opts)
+    if opts["gpu"]:  # GPU peers run inside the job; rank 0 prints everything
+        argv += ["-G", str(opts["graphs"])] + (["--vs", peer] if peer else []) + (["--json", json_path] if json_path else [])
+        return subprocess.call(argv)
     if peer is None:
         if json_path:
             argv += ["--json", json_path]
@@ -186,10 +218,26 @@ def _plan_args(plan, opts):
     return ["-o", plan.collectives[0] if len(plan.collectives) == 1 else "all",
             "-b", str(opts["min_bytes"]), "-e", str(opts["max_bytes"]), "-f", str(opts["factor"]),
             "-n", str(plan.iters), "-w", str(plan.warmup), "-c", str(int(plan.check)), "-d", plan.dtype,
-            "-r", str(plan.root), "--op", plan.redop]
+            "-r", str(plan.root), "--op", plan.redop, "--gpu" if opts.get("gpu") else "--no-gpu"]
 
 
 # --- the peer and the combined table -------------------------------------------------------------
+def _measure_gpu_peer(peer, plan, opts):
+    """Every rank: the GPU peer's records, measured in this job (empty when it cannot start)."""
+    from . import gpu as _gpu
+
+    try:
+        backend = _gpu.PEERS[peer](graphs=opts["graphs"])
+    except Exception as exc:  # not installed, or its set-up failed: gpucoll's table alone
+        click.echo(f"gpucoll-bench: --vs {peer} could not start: {type(exc).__name__}: {exc}", err=True)
+        return []
+    records = runner.measure(backend, plan)
+    backend.barrier()
+    if hasattr(backend, "close"):
+        backend.close()
+    return records
+
+
 def _measure_peer(peer, nranks, plan):
     click.echo(f"# measuring {peer} on {nranks} ranks ...", err=True)
     try:
@@ -212,9 +260,9 @@ def merge(records, peer, peer_records):
     return out
 
 
-def _print_all(opts, nranks, info, records, peer, peer_records):
+def _print_all(opts, nranks, info, records, peer, peer_records, label=None):
     rows = merge(records, peer, peer_records)
-    click.echo(table.preamble(opts, nranks, info, peers.label(peer)))
+    click.echo(table.preamble(opts, nranks, info, label or peers.label(peer)))
     multi = len(opts["collectives"]) > 1
     current = None
     for r in rows:

@@ -6,7 +6,10 @@ the time with MAX, as nccl-tests' "max" report). With -c 1 one more call runs on
 input and every rank counts the elements that differ from the expected result; #wrong
 is that count summed over ranks.
 
-A backend supplies the ranks and the calls; see GpucollBackend and gpucoll.bench.peers:
+A backend supplies the ranks and the calls; see GpucollBackend and gpucoll.bench.peers.
+A backend may also bring its own buffers (`make_case`, a class like Case) and its own clock
+(`time_per_call(call, plan)`, warm-up included): the GPU backends of gpucoll.bench.gpu use
+CUDA events and CUDA graphs there.
 
     plan = Plan(["allreduce"], [8, 1024], "float32", "sum", 0, iters=20, warmup=5, check=True)
     records = measure(GpucollBackend(), plan, on_row=print)   # on rank 0: a dict per row
@@ -133,12 +136,13 @@ def measure(backend, plan, on_row=None):
     rank, on_row(record) called on rank 0 as each row completes. Every rank must call it."""
     records = []
     itemsize = np.dtype(plan.dtype).itemsize
+    make_case = getattr(backend, "make_case", Case)
     for collective in plan.collectives:
         multiple = backend.size if collective in table.BLOCKED else 1
         redop = plan.redop if collective in table.REDUCING else "none"
         for nbytes in plan.sizes:
             count = _sizes.element_count(nbytes, itemsize, multiple)
-            case = Case(collective, count, plan.dtype, plan.redop, plan.root, backend.rank, backend.size)
+            case = make_case(collective, count, plan.dtype, plan.redop, plan.root, backend.rank, backend.size)
             record = dict(collective=collective, nranks=backend.size, backend=backend.name,
                           size=count * itemsize, count=count, type=plan.dtype, redop=redop,
                           root=plan.root if collective in table.ROOTED else -1)
@@ -147,7 +151,10 @@ def measure(backend, plan, on_row=None):
             except Unsupported as exc:
                 record.update(time_us=None, algbw=None, busbw=None, wrong=-1, error=str(exc))
             else:
-                record.update(_time_and_check(backend, plan, case, call))
+                try:
+                    record.update(_time_and_check(backend, plan, case, call))
+                except Unsupported as exc:
+                    record.update(time_us=None, algbw=None, busbw=None, wrong=-1, error=str(exc))
             records.append(record)
             if on_row is not None and backend.rank == 0:
                 on_row(record)
@@ -156,13 +163,17 @@ def measure(backend, plan, on_row=None):
 
 
 def _time_and_check(backend, plan, case, call):
-    for _ in range(plan.warmup):
-        call()
-    backend.barrier()
-    t0 = time.perf_counter()
-    for _ in range(plan.iters):
-        call()
-    elapsed = (time.perf_counter() - t0) / plan.iters
+    timer = getattr(backend, "time_per_call", None)
+    if timer is not None:
+        elapsed = timer(call, plan)
+    else:
+        for _ in range(plan.warmup):
+            call()
+        backend.barrier()
+        t0 = time.perf_counter()
+        for _ in range(plan.iters):
+            call()
+        elapsed = (time.perf_counter() - t0) / plan.iters
     seconds = backend.reduce_max(elapsed)
     wrong = -1
     if plan.check:

@@ -61,8 +61,11 @@ def header(peer=None):
 
 def row(r):
     """One row from a record (see runner.Record.as_dict); peer columns when it has them."""
-    text = (f"{r['size']:12d}  {r['count']:12d}  {type_name(r['type']):>8}  {r['redop']:>6}  {r['root']:6d}"
-            f"  {_time(r['time_us'])}  {r['algbw']:6.2f}  {r['busbw']:6.2f}  {_wrong(r['wrong'])}")
+    text = f"{r['size']:12d}  {r['count']:12d}  {type_name(r['type']):>8}  {r['redop']:>6}  {r['root']:6d}"
+    if r.get("time_us") is None:
+        text += f"  {'n/a':>7}  {'':>6}  {'':>6}  {_wrong(r['wrong'])}"
+    else:
+        text += f"  {_time(r['time_us'])}  {r['algbw']:6.2f}  {r['busbw']:6.2f}  {_wrong(r['wrong'])}"
     if r.get("peer"):
         if r.get("peer_time_us") is None:
             text += f"  {'n/a':>7}  {'':>6}  {'':>5}  {'':>6}"
@@ -77,12 +80,17 @@ def preamble(opts, nranks, ranks_info, peer_label=None):
     lines = [
         f"# gpucoll-bench: {', '.join(opts['collectives'])}  nranks {nranks}  minBytes {opts['min_bytes']}"
         f"  maxBytes {opts['max_bytes']}  step: {opts['factor']}(factor)  warmup iters: {opts['warmup']}"
-        f"  iters: {opts['iters']}  validation: {opts['check']}  graph: 0",
+        f"  iters: {opts['iters']}  validation: {opts['check']}  graph: {opts.get('graphs', 0)}",
         "#",
         "# Using devices",
     ]
     for info in ranks_info:
-        lines.append(f"#  Rank {info['rank']:2d} Pid {info['pid']:7d} on {info['host']:>10s} device host [CPU]")
+        where = (f"device {info['device']:2d} [{info['bus']}] {info['gpu']}" if "gpu" in info
+                 else "device host [CPU]")
+        lines.append(f"#  Rank {info['rank']:2d} Pid {info['pid']:7d} on {info['host']:>10s} {where}")
+    if opts.get("gpu"):
+        lines.append(f"# GPU buffers (CuPy), CUDA-event timing, "
+                     + (f"CUDA graphs of {opts['graphs']} calls" if opts.get("graphs") else "eager launches from Python"))
     if peer_label:
         lines.append(f"# Peer: {peer_label}, the same sizes measured in this run; ratio = peer time / gpucoll time")
     return "\n".join(lines)
@@ -91,7 +99,8 @@ def preamble(opts, nranks, ranks_info, peer_label=None):
 def footer(records):
     """nccl-tests' closing lines: wrong elements and the mean bus bandwidth."""
     wrong = sum(max(r["wrong"], 0) for r in records)
-    avg = sum(r["busbw"] for r in records) / len(records) if records else 0.0
+    timed = [r for r in records if r.get("busbw") is not None]
+    avg = sum(r["busbw"] for r in timed) / len(timed) if timed else 0.0
     lines = [f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}",
              f"# Avg bus bandwidth    : {avg:g}"]
     ratios = [r["ratio"] for r in records if r.get("ratio")]

@@ -67,9 +67,10 @@ def _noncontiguous(what, shape):
 
 
 def _from_cupy(obj, what):
-    if not obj.flags.c_contiguous:
+    if not obj._c_contiguous:  # obj.flags and obj.device build objects on every access
         raise _noncontiguous(what, obj.shape)
-    return GpuBuffer(obj.data.ptr, obj.size, _code(obj.dtype, what), obj.device.id, obj, "cupy")
+    data = obj.data
+    return GpuBuffer(data.ptr, obj.size, _code(obj.dtype, what), data.device_id, obj, "cupy")
 
 
 def _torch_code(dtype, what):

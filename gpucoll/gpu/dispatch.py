@@ -9,13 +9,27 @@ copies to host memory and runs the host collective. Every launch goes on the cal
 stream; nothing here waits for the GPU except that host fallback. As with NCCL, a caller
 that switches streams between operations of one communicator orders them itself (for
 example s2.wait_stream(s1)): operations of a communicator must not run concurrently.
+
+The eager fast path (fast_allreduce, installed on the communicator once a small all-reduce
+has run): an all-reduce that goes out as one staged launch is packed once per (buffers,
+count, dtype, op) into a cuda.Prepared; a repeated call with the same arguments checks them
+against that key (pointers, sizes, dtypes, contiguity: the checks the first call made) and
+costs one Python call and one cuLaunchKernel. Anything else takes the general path.
+
+A kernel that gives up waiting for a peer records (seq << 8) | (1 + peer) in the team's
+mapped host word; the next launch, GpuRequest.Wait/Test and Free() see it and raise
+gpucoll.TimeoutError naming the operation, its sequence number and the peer.
 """
 import numpy as np
 
 from .. import config, dtypes, log
 from .. import ops as _ops
-from ..errors import InvalidUsageError
+from ..errors import GpucollError, InvalidUsageError
+from ..errors import TimeoutError as GpucollTimeout
 from . import streams
+
+cuda = None  # gpucoll._native.cuda, imported on first use (GpuDispatcher.__init__)
+_FAST_MAX = 1024  # packed launches kept per communicator
 
 _BOOL_OPS = {_ops.SUM.code: _ops.BOR.code, _ops.MAX.code: _ops.BOR.code, _ops.BOR.code: _ops.BOR.code,
              _ops.AVG.code: _ops.BOR.code, _ops.PROD.code: _ops.BAND.code, _ops.MIN.code: _ops.BAND.code,
@@ -41,6 +55,19 @@ class GpuDispatcher:
         self._ctx = None
         self._team = None
         self._kernels = None
+        self._kinds = [None] * 256  # the kind of operation seq, at seq & 255 (timeout reports)
+        self._fast = {}             # key of a repeated all-reduce -> cuda.Prepared
+        self._fast_ok = not host.checks and not self.verbose and comm.size > 1
+        global cuda
+        if cuda is None:
+            from .._native import cuda as _cuda
+
+            cuda = _cuda
+        from ..comm import IN_PLACE
+
+        self._in_place = IN_PLACE
+        self._cupy_type = self._torch_type = None
+        self._cupy_stream = self._torch_stream = None
 
     # --- resources ---------------------------------------------------------------------------
     def team(self):
@@ -57,10 +84,46 @@ class GpuDispatcher:
             self._kernels = Kernels(self.team().arch)
         return self._kernels
 
+    def quiesce(self):
+        """Before the IPC memory is unmapped (Free): wait for this rank's kernels, then for
+        every rank's (a host barrier), so no peer still reads or writes our memory. Raises the
+        timeout a kernel recorded, if any (collective: every rank of a GPU team calls it)."""
+        team = self._team
+        if team is None or not team.ok:
+            return
+        cuda.set_current(team.ctx)
+        cuda.ctx_synchronize()
+        self.comm.Barrier()
+        self.check_error()
+
     def close(self):
+        self.comm._gpu_fast = None
+        self._fast.clear()
         if self._team is not None:
             self._team.close()
             self._team = None
+
+    # --- errors recorded by kernels -------------------------------------------------------------
+    def check_error(self):
+        """Raise gpucoll.TimeoutError when a kernel of this communicator gave up on a peer."""
+        team = self._team
+        if team is not None and team.launcher is not None:
+            word = team.error_word()
+            if word:
+                raise self._timeout_error(word)
+
+    def _timeout_error(self, word):
+        seq, peer = word >> 8, (word & 0xff) - 1
+        kind = self._kinds[seq & 255] if self.host.seq - seq <= 256 else None
+        comm = self.comm
+        err = GpucollTimeout(
+            f"{kind or 'collective'} #{seq} on communicator {comm.name} (rank {comm.rank} of {comm.size}): a GPU "
+            f"kernel waited more than {self.host.timeout:g} s (GPUCOLL_TIMEOUT) for rank {peer}, which did not "
+            "reach this operation; the GPU collectives of this communicator cannot continue (free it and "
+            "create a new one)")
+        err.ranks = (peer,)
+        err.seq = seq
+        return err
 
     # --- checks and streams -------------------------------------------------------------------
     def _check(self, call):
@@ -82,9 +145,8 @@ class GpuDispatcher:
 
     # --- execution ------------------------------------------------------------------------------
     def execute(self, call, seq):
-        from .._native import cuda
-
         buf = self._check(call)
+        self._kinds[seq & 255] = call.kind
         if self._ctx is None:
             self._ctx = cuda.primary_context(self.device)
         stream = streams.resolve(call.stream, buf)
@@ -101,7 +163,88 @@ class GpuDispatcher:
         if not team.ok:
             self._via_host(call, stream, seq)
             return
-        self._launch(team, call, stream, seq)
+        team.launcher.set_seq(seq)
+        try:
+            self._launch(team, call, stream, seq)
+        except cuda.DeviceTimeout as exc:
+            raise self._timeout_error(exc.word) from None
+
+    # --- the eager fast path ----------------------------------------------------------------------
+    def fast_allreduce(self, sendbuf, recvbuf, op, stream):
+        """Launch a repeated all-reduce from its packed launch; False (nothing done) when this
+        call is not one the general path packed before, which then runs it."""
+        t = type(recvbuf)
+        if t is self._cupy_type:
+            if sendbuf is self._in_place:
+                sendbuf = recvbuf
+            elif type(sendbuf) is not t:
+                return False
+            if not (recvbuf._c_contiguous and sendbuf._c_contiguous):
+                return False
+            rd, sd = recvbuf.data, sendbuf.data
+            prep = self._fast.get((rd.ptr, sd.ptr, rd.device_id, sd.device_id, recvbuf.size, sendbuf.size,
+                                   recvbuf.dtype, sendbuf.dtype, op))
+            if prep is None:
+                return False
+            if stream is None:
+                stream = self._cupy_stream(self.device).ptr
+        elif t is self._torch_type:
+            if sendbuf is self._in_place:
+                sendbuf = recvbuf
+            elif type(sendbuf) is not t:
+                return False
+            if not (recvbuf.is_contiguous() and sendbuf.is_contiguous()):
+                return False
+            prep = self._fast.get((recvbuf.data_ptr(), sendbuf.data_ptr(), recvbuf.get_device(), sendbuf.get_device(),
+                                   recvbuf.numel(), sendbuf.numel(), recvbuf.dtype, sendbuf.dtype, op))
+            if prep is None:
+                return False
+            if stream is None:
+                stream = self._torch_stream(self.device)
+        else:
+            return False
+        if type(stream) is not int:
+            stream = streams.handle(stream)
+        host = self.host
+        seq = host.seq
+        host.seq = seq + 1
+        self._kinds[seq & 255] = "allreduce"
+        try:
+            prep.go(stream, seq)
+        except cuda.DeviceTimeout as exc:
+            raise self._timeout_error(exc.word) from None
+        return True
+
+    def _remember(self, call, prep):
+        """Keep the packed launch of an all-reduce made of one staged launch, under the key that
+        fast_allreduce computes from the caller's objects (CuPy arrays and torch tensors)."""
+        if not self._fast_ok:
+            return
+        recv, send = call.recv, call.send
+        kind = recv.kind
+        if kind not in ("cupy", "torch") or send.kind != kind:
+            return
+        r, s = recv.obj, send.obj
+        if kind == "cupy":
+            if self._cupy_type is None:
+                import cupy
+
+                self._cupy_type = cupy.ndarray
+                self._cupy_stream = cupy.cuda.get_current_stream
+            key = (r.data.ptr, s.data.ptr, r.data.device_id, s.data.device_id, r.size, s.size, r.dtype, s.dtype,
+                   call.op)
+        else:
+            if self._torch_type is None:
+                import torch
+
+                self._torch_type = torch.Tensor
+                self._torch_stream = streams.torch_current()
+            key = (r.data_ptr(), s.data_ptr(), r.get_device(), s.get_device(), r.numel(), s.numel(), r.dtype,
+                   s.dtype, call.op)
+        if len(self._fast) >= _FAST_MAX:
+            self._fast.clear()
+        self._fast[key] = prep
+        self.comm._gpu_fast = self.fast_allreduce
 
     def _log(self, call, seq, nbytes, algo, via="P2P/IPC"):
         if self.verbose:
@@ -221,8 +364,10 @@ class GpuDispatcher:
             forced = self.forced
             if (nbytes <= team.oneshot_max and forced != "two-shot") or (forced == "one-shot" and nbytes <= slot):
                 self._log(call, seq, nbytes, "one-shot")
-                L.launch(fns["ar_oneshot"], max(1, min(32, _cdiv(nbytes, 8 << 10))), 256 if nbytes <= (64 << 10) else 512,
-                         stream, send, recv, count, 0, op, 0, n)
+                prep = L.prepare(fns["ar_oneshot"], max(1, min(32, _cdiv(nbytes, 8 << 10))),
+                                 256 if nbytes <= (64 << 10) else 512, send, recv, count, 0, op, 0, n)
+                prep.go(stream, seq)
+                self._remember(call, prep)
                 return
             if nbytes > team.stage_max and self._register(team, send, recv):
                 self._log(call, seq, nbytes, "two-shot direct")
@@ -232,6 +377,11 @@ class GpuDispatcher:
             self._log(call, seq, nbytes, "two-shot")
             per = n * (slot // isz)
             fn = fns["ar_twoshot"]
+            if count <= per:
+                prep = L.prepare(fn, self._grid(count * isz // n, 32 << 10), 512, send, recv, count, 0, op, 0, n)
+                prep.go(stream, seq)
+                self._remember(call, prep)
+                return
             for off in range(0, count, per):
                 c = min(per, count - off)
                 L.launch(fn, self._grid(c * isz // n, 32 << 10), 512, stream, send + off * isz, recv + off * isz,

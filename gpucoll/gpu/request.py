@@ -1,4 +1,8 @@
-"""Requests of nonblocking GPU collectives, backed by a CUDA event recorded after the launch."""
+"""Requests of nonblocking GPU collectives, backed by a CUDA event recorded after the launch.
+
+Wait() and a Test() that finds the event done also look at the communicator's error word: a
+kernel that gave up waiting for a peer surfaces there as gpucoll.TimeoutError.
+"""
 import time
 
 from ..request import Request
@@ -42,12 +46,13 @@ class GpuRequest(Request):
     """`Wait()` blocks the host until the operation is done on the GPU; `Wait(stream=s)` only
     makes stream `s` wait for it (nothing blocks); `Test()` asks without blocking."""
 
-    __slots__ = ("_event",)
+    __slots__ = ("_event", "_gpu")
 
-    def __init__(self, name, stream):
+    def __init__(self, name, stream, gpu=None):
         from .._native import cuda
 
         super().__init__(name)
+        self._gpu = gpu  # the GpuDispatcher, for its error word
         self._event = cuda.event_create()
         cuda.event_record(self._event, stream)
         self._done = _EventFlag(self._event)
@@ -59,6 +64,15 @@ class GpuRequest(Request):
             cuda.stream_wait_event(streams.handle(stream), self._event)
             return True
         self._done.wait()
+        if self._gpu is not None:
+            self._gpu.check_error()
+        return True
+
+    def Test(self, status=None):
+        if not self._done.is_set():
+            return False
+        if self._gpu is not None:
+            self._gpu.check_error()
         return True
 
     def wait(self, status=None, stream=None):

@@ -22,20 +22,24 @@ def handle(stream):
                             "cudaStream_t handle (int)")
 
 
+def torch_current():
+    """torch's cheapest lookup of a device's current stream: f(device) -> cudaStream_t."""
+    global _torch_raw
+    if _torch_raw is None:
+        import torch
+
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        _torch_raw = raw if raw is not None else (lambda dev: torch.cuda.current_stream(dev).cuda_stream)
+    return _torch_raw
+
+
 def current(buf):
     """The caller's current stream for buffer `buf` (a GpuBuffer)."""
-    global _torch_raw
     if buf.kind == "torch":
-        if _torch_raw is None:
-            import torch
-
-            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-            _torch_raw = raw if raw is not None else (
-                lambda dev: torch.cuda.current_stream(dev).cuda_stream)
-        return _torch_raw(buf.device)
+        return torch_current()(buf.device)
     import cupy
 
-    return cupy.cuda.get_current_stream().ptr
+    return cupy.cuda.get_current_stream(buf.device).ptr
 
 
 def resolve(stream, buf):

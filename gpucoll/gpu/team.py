@@ -3,7 +3,9 @@
 Each rank allocates one block (cuMemAlloc): flags that peers write, a local sync word,
 and staging slots that peers push into (layout in gpucoll/kernels/coll.cu). The ranks
 exchange the block's IPC handle with the communicator's own object allgather and open each
-other's blocks once. Caller buffers above GPUCOLL_GPU_STAGE_MAX are registered per call
+other's blocks once. A word of pinned host memory, mapped for the device, is where a kernel
+that gives up waiting for a peer (GPUCOLL_TIMEOUT) records which; the host reads it without
+synchronising (gpucoll/gpu/dispatch.py raises it as gpucoll.TimeoutError). Caller buffers above GPUCOLL_GPU_STAGE_MAX are registered per call
 (their IPC handle exchanged the same way; every peer allocation is opened once and cached).
 """
 from .. import config, log
@@ -38,6 +40,7 @@ class Team:
         self._imported = {}
         self._exported = {}
         self.launcher = None
+        self.err_host = 0
         self.ok, self.reason = True, ""
         self.links = {}
         if self.size > MAXR:
@@ -82,8 +85,9 @@ class Team:
             flags.append(ptr)
         self.launcher = cuda.Launcher()
         timeout_ns = int(config.TIMEOUT.get() * 1e9)
+        self.err_host, err_dev = cuda.host_alloc_mapped(64)
         self.launcher.set_team(self.ctx, stage, flags, self.base + SYNC_OFFSET, self.slot, self.rank, self.size,
-                               timeout_ns)
+                               timeout_ns, self.err_host, err_dev)
         comm.allgather(None)  # every rank mapped every block before anyone signals
         if log.enabled("info", "INIT"):
             log.info("INIT", "GPU team on communicator %s: rank %d GPU %d, peers %s via P2P/IPC (%s), "
@@ -131,14 +135,8 @@ class Team:
         return base + offset
 
     def error_word(self):
-        """Non-zero when a kernel gave up waiting for a peer (1 + the peer's rank)."""
-        import numpy as np
-
-        from .._native import cuda
-
-        word = np.zeros(1, np.uint64)
-        cuda.memcpy_dtoh(word.__array_interface__["data"][0], self.base + SYNC_OFFSET + 16, 8)
-        return int(word[0])
+        """Non-zero once a kernel gave up waiting for a peer: (seq << 8) | (1 + the peer's rank)."""
+        return self.launcher.error_word() if self.launcher is not None else 0
 
     def close(self):
         from .._native import cuda
@@ -150,6 +148,15 @@ class Team:
                 pass
         self._imported.clear()
         self.peers_mapped = []
+        if self.launcher is not None:
+            self.launcher.set_team(self.ctx, [], [], 0, 0, self.rank, 0, 0)  # forget the error word first
+            self.launcher = None
+        if self.err_host:
+            try:
+                cuda.free_host(self.err_host)
+            except GpucollError:
+                pass
+            self.err_host = 0
         if self.base:
             try:
                 cuda.mem_free(self.base)

@@ -34,6 +34,8 @@ struct Team {
     int rank;
     int nranks;
     i64 timeout_ns;
+    u64 err;        // pinned host word mapped for the device (0: none): see wait_all
+    u64 seq;        // the host's sequence number of the operation this launch belongs to
 };
 
 struct Args {
@@ -106,7 +108,12 @@ __device__ __forceinline__ void wait_all(const Team &t, u64 value)
             u64 t0 = now_ns();
             while (ld_acquire_sys(f) < value) {
                 if (now_ns() - t0 > (u64)t.timeout_ns) {
+                    // The host reads this word without synchronising: (seq << 8) | (1 + peer).
                     atomicExch((u64 *)t.sync + 2, 1ull + p);
+                    if (t.err) {
+                        *(volatile u64 *)t.err = (t.seq << 8) | (1ull + p);
+                        __threadfence_system();
+                    }
                     break;
                 }
             }

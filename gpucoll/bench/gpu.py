@@ -1,0 +1,308 @@
+"""gpucoll-bench on GPU buffers: CuPy arrays, CUDA-event timing, CUDA graphs, NCCL and torch beside.
+
+Used when CuPy and a GPU are present (-g/--gpu, the default there). Every rank uses GPU
+GPUCOLL_DEVICE (gpurun gives local rank k GPU k). The input and the check are the host
+runner's (runner.Case), copied to and from the GPU around the timed calls.
+
+Timing: -w warm-up calls, a barrier, then -n calls launched eagerly from Python on one stream
+between two CUDA events, or with -G N the same call captured N times in one CUDA graph and
+the graph replayed (time per call = elapsed / calls, the slowest rank's). The peers run in the
+same job, on the same stream and buffers' sizes, right after gpucoll's rows:
+
+    nccl    NCCL through cupy.cuda.nccl; the unique id travels by gpucoll's own bcast
+    torch   torch.distributed's nccl backend (its TCPStore on a free port that rank 0 picks;
+            gpurun's MASTER_ADDR/MASTER_PORT point at gpucoll's store, not a torch one)
+
+    gpucoll-bench -np 2 -b 8 -e 512M -f 4 --vs nccl
+    gpucoll-bench -np 2 -b 8 -e 64K -f 8 -G 100 --vs nccl
+"""
+import functools
+import os
+
+import numpy as np
+
+from . import runner, table
+
+# NVLink multicast stays off in everything this starts (NCCL, torch, NVSHMEM).
+for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
+    os.environ.setdefault(_k, _v)
+
+
+def available():
+    """True when CuPy imports and the CUDA driver sees a GPU (checked without importing CuPy first)."""
+    try:
+        from .._native import cuda
+
+        if not cuda.available():
+            return False
+        import cupy  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def device():
+    return int(os.environ.get("GPUCOLL_DEVICE", "0") or 0)
+
+
+class GpuCase:
+    """runner.Case's buffers on the GPU: the host case computes the input and the expected
+    result; send and recv are CuPy arrays (bcast: one array)."""
+
+    def __init__(self, collective, count, dtype, redop, root, rank, nranks):
+        import cupy as cp
+
+        self.cp = cp
+        self.host = runner.Case(collective, count, dtype, redop, root, rank, nranks)
+        self.collective, self.count = collective, count
+        self.send = cp.asarray(self.host.send)
+        self.recv = self.send if self.host.recv is self.host.send else cp.asarray(self.host.recv)
+        cp.cuda.Device().synchronize()
+
+    def fill(self):
+        self.host.fill()
+        self.send.set(self.host.send)
+        if self.recv is not self.send:
+            self.recv.set(self.host.recv)
+        self.cp.cuda.Device().synchronize()
+
+    def wrong(self):
+        self.cp.cuda.Device().synchronize()
+        self.host.recv[...] = self.recv.get()
+        return self.host.wrong()
+
+
+class _GpuTiming:
+    """CUDA-event timing and CUDA-graph capture, shared by gpucoll's GPU backend and the peers.
+    Subclasses set self.stream (a cupy Stream) and self.graphs (0: eager)."""
+
+    make_case = GpuCase
+
+    def time_per_call(self, call, plan):
+        cp = self.cp
+        s = self.stream
+        for _ in range(plan.warmup):
+            call()
+        s.synchronize()
+        self.barrier()
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        if self.graphs:
+            try:
+                with s:
+                    s.begin_capture()
+                    try:
+                        for _ in range(self.graphs):
+                            call()
+                    finally:
+                        graph = s.end_capture()
+            except Exception as exc:  # the peer's row shows n/a
+                raise runner.Unsupported(f"{self.name}: capture in a CUDA graph failed: {exc}") from None
+            graph.launch(s)
+            s.synchronize()
+            self.barrier()
+            reps = max(1, -(-plan.iters // self.graphs))
+            start.record(s)
+            for _ in range(reps):
+                graph.launch(s)
+            end.record(s)
+            end.synchronize()
+            calls = reps * self.graphs
+        else:
+            start.record(s)
+            for _ in range(plan.iters):
+                call()
+            end.record(s)
+            end.synchronize()
+            calls = plan.iters
+        return cp.cuda.get_elapsed_time(start, end) * 1e-3 / calls
+
+    def _setup_gpu(self, graphs):
+        import cupy as cp
+
+        self.cp = cp
+        self.device = device()
+        cp.cuda.Device(self.device).use()
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.graphs = graphs
+
+    def device_name(self):
+        props = self.cp.cuda.runtime.getDeviceProperties(self.device)
+        name = props["name"]
+        return name.decode() if isinstance(name, bytes) else str(name)
+
+    def ranks_info(self):
+        info = dict(runner.here(), rank=self.rank, device=self.device,
+                    bus=self.cp.cuda.Device(self.device).pci_bus_id, gpu=self.device_name())
+        return self.comm.allgather(info)
+
+
+class GpucollGpuBackend(_GpuTiming, runner.GpucollBackend):
+    """gpucoll's collectives on CuPy arrays, on the benchmark's stream (stream= as a raw handle)."""
+
+    def __init__(self, comm=None, graphs=0):
+        runner.GpucollBackend.__init__(self, comm)
+        self._setup_gpu(graphs)
+
+    def prepare(self, collective, send, recv, redop, root):
+        c, op, sp = self.comm, self._ops[redop], self.stream.ptr
+        if collective == "allreduce":
+            return functools.partial(c.Allreduce, send, recv, op, sp)
+        if collective == "reduce_scatter":
+            return functools.partial(c.Reduce_scatter_block, send, recv, op, sp)
+        if collective == "allgather":
+            return functools.partial(c.Allgather, send, recv, sp)
+        if collective == "alltoall":
+            return functools.partial(c.Alltoall, send, recv, sp)
+        if collective == "bcast":
+            return functools.partial(c.Bcast, send, root, sp)
+        raise runner.Unsupported(f"gpucoll-bench does not measure {collective}")
+
+
+class _HostChannel:
+    """barrier / reduce_max / reduce_sum of a peer backend, over gpucoll's host collectives
+    (the peer's own collectives are what is being measured)."""
+
+    def _host(self, comm):
+        self._g = runner.GpucollBackend(comm)
+        self.comm = self._g.comm
+        self.rank, self.size = self._g.rank, self._g.size
+
+    def barrier(self):
+        self._g.barrier()
+
+    def reduce_max(self, value):
+        return self._g.reduce_max(value)
+
+    def reduce_sum(self, value):
+        return self._g.reduce_sum(value)
+
+
+class NcclBackend(_GpuTiming, _HostChannel):
+    """NCCL through cupy.cuda.nccl on the same ranks; the unique id goes out by gpucoll's bcast."""
+
+    name = "nccl"
+
+    def __init__(self, comm=None, graphs=0):
+        from cupy.cuda import nccl
+
+        self._host(comm)
+        self._setup_gpu(graphs)
+        self.nccl = nccl
+        uid = None
+        if self.rank == 0:  # bytes in CuPy 14, a tuple of (signed) chars before
+            uid = nccl.get_unique_id()
+            uid = bytes(uid) if isinstance(uid, (bytes, bytearray)) else bytes(b & 0xff for b in uid)
+        uid = self.comm.bcast(uid)
+        try:
+            self.ncomm = nccl.NcclCommunicator(self.size, uid, self.rank)
+        except TypeError:
+            self.ncomm = nccl.NcclCommunicator(self.size, tuple(b if b < 128 else b - 256 for b in uid), self.rank)
+        n = nccl
+        self._types = {np.dtype(k): getattr(n, v) for k, v in (
+            ("int8", "NCCL_INT8"), ("uint8", "NCCL_UINT8"), ("int32", "NCCL_INT32"), ("uint32", "NCCL_UINT32"),
+            ("int64", "NCCL_INT64"), ("uint64", "NCCL_UINT64"), ("float16", "NCCL_FLOAT16"),
+            ("float32", "NCCL_FLOAT32"), ("float64", "NCCL_FLOAT64"))}
+        self._ops = {k: getattr(n, v) for k, v in (("sum", "NCCL_SUM"), ("prod", "NCCL_PROD"), ("max", "NCCL_MAX"),
+                                                    ("min", "NCCL_MIN"), ("avg", "NCCL_AVG")) if hasattr(n, v)}
+
+    @staticmethod
+    def version():
+        from cupy.cuda import nccl
+
+        v = nccl.get_version()
+        return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+
+    def prepare(self, collective, send, recv, redop, root):
+        t = self._types.get(send.dtype)
+        if t is None:
+            raise runner.Unsupported(f"NCCL does not reduce or move {send.dtype}")
+        nc, sp, s, r = self.ncomm, self.stream.ptr, send.data.ptr, recv.data.ptr
+        if collective in table.REDUCING:
+            if redop not in self._ops:
+                raise runner.Unsupported(f"this NCCL has no {redop} reduction")
+            op = self._ops[redop]
+            if collective == "allreduce":
+                return functools.partial(nc.allReduce, s, r, recv.size, t, op, sp)
+            return functools.partial(nc.reduceScatter, s, r, recv.size, t, op, sp)
+        if collective == "allgather":
+            return functools.partial(nc.allGather, s, r, send.size, t, sp)
+        if collective == "bcast":
+            return functools.partial(nc.bcast, r, recv.size, t, root, sp)
+        raise runner.Unsupported(f"NCCL through CuPy has no {collective}")
+
+    def close(self):
+        self.ncomm.destroy()
+
+
+class TorchNcclBackend(_GpuTiming, _HostChannel):
+    """torch.distributed's nccl backend on torch views of the CuPy buffers, on the same stream."""
+
+    name = "torch"
+
+    def __init__(self, comm=None, graphs=0):
+        import torch
+        import torch.distributed as dist
+
+        from .peers import _free_port
+
+        self._host(comm)
+        self._setup_gpu(graphs)
+        self.torch, self.dist = torch, dist
+        torch.cuda.set_device(self.device)
+        port = self.comm.bcast(_free_port() if self.rank == 0 else None)
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=self.rank,
+                                world_size=self.size, device_id=torch.device("cuda", self.device))
+        self.tstream = torch.cuda.ExternalStream(self.stream.ptr, device=torch.device("cuda", self.device))
+        R = dist.ReduceOp
+        self._ops = {"sum": R.SUM, "prod": R.PRODUCT, "max": R.MAX, "min": R.MIN, "avg": R.AVG}
+
+    @staticmethod
+    def version():
+        from importlib import metadata
+
+        return metadata.version("torch")
+
+    def _on_stream(self, fn, *args):
+        with self.torch.cuda.stream(self.tstream):
+            fn(*args)
+
+    def prepare(self, collective, send, recv, redop, root):
+        torch, dist = self.torch, self.dist
+        if send.dtype in (np.uint16, np.uint32, np.uint64):
+            raise runner.Unsupported(f"torch.distributed does not reduce or move {send.dtype}")
+        st, rt = torch.as_tensor(send, device="cuda"), torch.as_tensor(recv, device="cuda")
+        op = self._ops.get(redop)
+        if collective == "allreduce":
+            # torch's all_reduce is in place: the timed call reduces recv; the checked call
+            # first copies the input in (runner's prime step).
+            return runner_primed(functools.partial(self._on_stream, dist.all_reduce, rt, op),
+                                 functools.partial(self._on_stream, rt.copy_, st))
+        if collective == "reduce_scatter":
+            return functools.partial(self._on_stream, dist.reduce_scatter_tensor, rt, st, op)
+        if collective == "allgather":
+            return functools.partial(self._on_stream, dist.all_gather_into_tensor, rt, st)
+        if collective == "alltoall":
+            return functools.partial(self._on_stream, dist.all_to_all_single, rt, st)
+        if collective == "bcast":
+            return functools.partial(self._on_stream, dist.broadcast, st, root)
+        raise runner.Unsupported(collective)
+
+    def close(self):
+        self.dist.destroy_process_group()
+
+
+def runner_primed(call, prime):
+    from .peers import _Primed
+
+    return _Primed(call, prime)
+
+
+PEERS = {"nccl": NcclBackend, "torch": TorchNcclBackend}
+
+
+def peer_label(peer):
+    if peer == "nccl":
+        return f"NCCL {NcclBackend.version()} through cupy.cuda.nccl, same job and stream"
+    if peer == "torch":
+        return f"torch {TorchNcclBackend.version()} torch.distributed nccl (in-place all_reduce), same job and stream"
+    return peer
