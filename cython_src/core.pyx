@@ -17,7 +17,7 @@ from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE, 
 from gpucoll import errors
 
 cdef extern from "gc_types.h" nogil:
-    int GC_OK, GC_ERR_TIMEOUT, GC_ERR_PEER, GC_ERR_IO, GC_ERR_USAGE, GC_ERR_NOMEM
+    int GC_OK, GC_ERR_TIMEOUT, GC_ERR_PEER, GC_ERR_IO, GC_ERR_USAGE, GC_ERR_NOMEM, GC_ERR_MISMATCH
     int GC_NUM_DTYPES, GC_NUM_OPS
 
 cdef extern from "gc_chan.h" nogil:
@@ -55,6 +55,7 @@ cdef extern from "gc_exec.h" nogil:
         size_t itemsize
         int dtype
         int op
+        int root
         int64_t deadline_ns
     ctypedef struct gc_exec_err:
         int code
@@ -62,8 +63,10 @@ cdef extern from "gc_exec.h" nogil:
         int64_t step
         const char *what
         int64_t got, want
+        int mismatch
         int errno_
     int GC_STEP_COLS
+    int GC_MISMATCH_BYTES, GC_MISMATCH_DTYPE, GC_MISMATCH_OP, GC_MISMATCH_ROOT
     int64_t gc_now_ns()
     int gc_exec_run(const gc_exec_args *a, gc_exec_err *e)
 
@@ -72,12 +75,29 @@ SEND, RECV, REDUCE, COPY = 1, 2, 4, 8
 
 
 cdef int _check(int rc, int peer=-1, int64_t step=-1, what=None, int64_t got=0,
-                int64_t want=0, int err_no=0, double timeout=0.0) except -1:
+                int64_t want=0, int err_no=0, double timeout=0.0, int mismatch=0) except -1:
     """The one error path: a GC_* status -> the gpucoll exception naming peer and step."""
     if rc == GC_OK:
         return 0
     where = f" at step {step}" if step >= 0 else ""
     desc = what or ""
+    if rc == GC_ERR_MISMATCH:
+        from gpucoll import dtypes, ops
+        if mismatch == GC_MISMATCH_BYTES:
+            desc += f" ({got} bytes announced, {want} expected)"
+        elif mismatch == GC_MISMATCH_DTYPE:
+            name = lambda c: dtypes.name(c) if 0 <= c < GC_NUM_DTYPES else f"dtype {c}"
+            desc = f"rank {peer} sent {name(got)}, this rank expects {name(want)}"
+        elif mismatch == GC_MISMATCH_OP:
+            name = lambda c: ops.ALL[c].name if 0 <= c < GC_NUM_OPS else f"op {c}"
+            desc = f"rank {peer} reduces with {name(got)}, this rank with {name(want)}"
+        elif mismatch == GC_MISMATCH_ROOT:
+            desc = f"rank {peer} has root {got}, this rank root {want}"
+        err = errors.MismatchError(
+            f"{desc}{where} with rank {peer}; every rank must call collectives in the same order "
+            "with matching counts, dtypes, ops and roots")
+        err.ranks = (peer,)
+        raise err
     if rc == GC_ERR_TIMEOUT:
         raise errors.TimeoutError(
             f"timed out after {timeout:g} s{where} {desc} rank {peer}".replace("  ", " "))
@@ -269,12 +289,13 @@ cdef class ShmChannel:
 def run_schedule(const int64_t[:, ::1] steps, const uint64_t[::1] chan_ptrs,
                  uintptr_t send_addr, uintptr_t recv_addr, uintptr_t scratch_addr,
                  size_t itemsize, int dtype_code, int op_code, double timeout_s,
-                 int64_t send_bytes=-1, int64_t recv_bytes=-1, int64_t scratch_bytes=-1):
+                 int64_t send_bytes=-1, int64_t recv_bytes=-1, int64_t scratch_bytes=-1, int root=-1):
     """Run one rank's schedule (int64 array (nsteps, 9)) without the GIL.
 
     chan_ptrs[r] is the gc_chan address for peer rank r (0 where there is none), from any
     transport. Addresses are raw pointers: the caller keeps the buffers alive. The *_bytes
-    sizes, when given (>= 0), bound every step's offsets. timeout_s <= 0 waits forever.
+    sizes, when given (>= 0), bound every step's offsets. timeout_s <= 0 waits forever. `root`
+    (-1 for none) and the op travel in every message header and must match the peer's.
     Raises TimeoutError, LostPeerError or InvalidUsageError naming the peer rank and step.
     """
     if steps.shape[1] != GC_STEP_COLS:
@@ -297,10 +318,11 @@ def run_schedule(const int64_t[:, ::1] steps, const uint64_t[::1] chan_ptrs,
     a.itemsize = itemsize
     a.dtype = dtype_code
     a.op = op_code
+    a.root = root
     a.deadline_ns = gc_now_ns() + <int64_t>(timeout_s * 1e9) if timeout_s > 0 else 0
     cdef int rc
     with nogil:
         rc = gc_exec_run(&a, &e)
     if rc != GC_OK:
         what = e.what.decode() if e.what != NULL else None
-        _check(rc, e.peer, e.step, what, e.got, e.want, e.errno_, timeout_s)
+        _check(rc, e.peer, e.step, what, e.got, e.want, e.errno_, timeout_s, e.mismatch)

@@ -11,16 +11,21 @@ without the GIL::
 
 In place: pass the receive address as the send address (MPI's IN_PLACE; see each method).
 Failures raise gpucoll.errors.TimeoutError or LostPeerError whose `ranks` are the ranks that
-had not arrived (LostPeerError: those found dead); after one, the group is unusable.
+had not arrived (LostPeerError: those found dead), or MismatchError when ranks called a
+collective with different kinds, counts, dtypes, ops or roots (every call publishes its
+signature in the segment and every rank compares it with those of the ranks it reads from);
+after one, the group is unusable.
 """
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABLE
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int32_t, int64_t, uint64_t
 
-from gpucoll.errors import GpucollError, InvalidUsageError, LostPeerError, TimeoutError
+from gpucoll import dtypes, ops
+from gpucoll.errors import GpucollError, InvalidUsageError, LostPeerError, MismatchError, TimeoutError
 
 
 cdef extern from "gc_direct.h" nogil:
-    int GC_OK, GC_ERR_TIMEOUT, GC_ERR_PEER, GC_ERR_USAGE, GC_ERR_NOMEM
+    int GC_OK, GC_ERR_TIMEOUT, GC_ERR_PEER, GC_ERR_USAGE, GC_ERR_NOMEM, GC_ERR_MISMATCH
+    int GC_SIG_NONE
     ctypedef int gc_dtype
     ctypedef int gc_op
 
@@ -38,6 +43,11 @@ cdef extern from "gc_direct.h" nogil:
         int *missing
         int *dead
         double waited_s
+        int bad_peer
+        int bad_by
+        int bad_prev
+        uint64_t bad_sig_peer
+        uint64_t bad_sig_by
 
     size_t gc_direct_segment_size(int nranks, size_t slot_bytes)
     int gc_direct_format(void *base, size_t size, int nranks, size_t slot_bytes, int32_t creator_pid)
@@ -61,6 +71,28 @@ cdef extern from "gc_direct.h" nogil:
     int gc_direct_alltoall(gc_direct *g, const void *send, void *recv, size_t nbytes,
                            double timeout_s)
     int gc_direct_barrier(gc_direct *g, double timeout_s)
+
+
+# Collective kinds of a signature, by number (GC_KIND_* in gc_direct.h).
+_KINDS = (None, "allreduce", "bcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather",
+          "scatter", "barrier")
+
+
+def describe_signature(uint64_t sig):
+    """A call signature (gc_direct_sig) in words: 'allreduce with 10 x float32 SUM',
+    'bcast with 40 B root 1'."""
+    s = int(sig)
+    kind, dt, op = s >> 60, (s >> 56) & 15, (s >> 52) & 15
+    root, count = (s >> 36) & 0xffff, s & ((1 << 36) - 1)
+    name = _KINDS[kind] if kind < len(_KINDS) and _KINDS[kind] else f"collective {kind}"
+    if kind == 9:
+        return name
+    words = [f"{count} x {dtypes.name(dt)}" if dt != GC_SIG_NONE else f"{count} B"]
+    if op != GC_SIG_NONE:
+        words.append(ops.ALL[op].name if op < len(ops.ALL) else f"op {op}")
+    if root != 0xffff:
+        words.append(f"root {root}")
+    return f"{name} with {' '.join(words)}"
 
 
 def segment_size(int nranks, size_t slot_bytes):
@@ -213,6 +245,19 @@ cdef class DirectGroup:
                 f"rank {self.g.rank} timed out after {self.g.waited_s:.3g} s waiting for rank(s) "
                 f"{names(missing)} (direct shared-memory group of {self.g.nranks})")
             err.ranks = tuple(missing)
+            raise err
+        if st == GC_ERR_MISMATCH:
+            theirs, ours = describe_signature(self.g.bad_sig_peer), describe_signature(self.g.bad_sig_by)
+            rule = ("every rank must call collectives in the same order with matching counts, "
+                    "dtypes, ops and roots")
+            if self.g.bad_by == self.g.rank:
+                which = " (the previous collective on this communicator)" if self.g.bad_prev else ""
+                msg = f"rank {self.g.bad_peer} called {theirs}, this rank with {ours}{which}; {rule}"
+            else:
+                msg = (f"rank {self.g.bad_by} found that rank {self.g.bad_peer} called {theirs} "
+                       f"where rank {self.g.bad_by} called {ours}; {rule}")
+            err = MismatchError(msg)
+            err.ranks = (self.g.bad_peer,)
             raise err
         if st == GC_ERR_USAGE:
             if self.g.broken or not self.have_view:

@@ -6,6 +6,7 @@ algorithms on one shared segment, or a schedule over the peer channels. Every ca
 sequence number; errors name the operation, that number and the ranks involved.
 """
 import functools
+import json
 import time
 
 import numpy as np
@@ -21,6 +22,7 @@ KIND_IDS = {"allreduce": 1, "bcast": 2, "reduce": 3, "allgather": 4, "reduce_sca
             "gather": 7, "scatter": 8, "barrier": 9}
 _KIND_NAMES = {v: k for k, v in KIND_IDS.items()}
 _REDUCING = frozenset({"allreduce", "reduce", "reduce_scatter"})
+_ROOTED = frozenset({"bcast", "reduce", "gather", "scatter"})
 
 
 class Call:
@@ -76,6 +78,7 @@ class Dispatcher:
         self._hier = None           # algorithms.hierarchical.Hierarchy, made on first use
         self._scratch = np.empty(0, np.uint8)
         self._gpu = None
+        self._broken = None         # why the schedule channels cannot be used any more
 
     # --- resources, made on first use (every rank makes them in the same call) -----------
     def direct(self):
@@ -124,7 +127,10 @@ class Dispatcher:
         if call.gpu:
             return self.gpu().execute(call, seq)
         comm = self.comm
+        algo = None
         try:
+            if self._broken:
+                raise GpucollError(f"this communicator is unusable: {self._broken}")
             if self.checks and comm.size > 1:
                 self._cross_check(call, seq)
             itemsize = dtypes.ITEMSIZE[call.code]
@@ -143,13 +149,60 @@ class Dispatcher:
             else:
                 self._run_schedule(call, algo)
         except GpucollError as exc:
-            if isinstance(exc, GpucollTimeout) and not getattr(exc, "ranks", ()):
-                self._name_late_ranks(exc, seq)
-            elif isinstance(exc, LostPeerError):
-                self._name_dead_ranks(exc)
-            exc.args = (f"{call.kind} #{seq} on communicator {comm.name} (rank {comm.rank} of {comm.size}): "
-                        f"{exc.args[0] if exc.args else exc}",) + exc.args[1:]
-            raise
+            err = exc
+            if algo not in (None, "hierarchical"):
+                err = self._call_failed(exc)
+            if isinstance(err, GpucollTimeout) and not getattr(err, "ranks", ()):
+                err = self._name_late_ranks(err, seq, call)
+            elif isinstance(err, LostPeerError):
+                self._name_dead_ranks(err)
+            err.args = (f"{call.kind} #{seq} on communicator {comm.name} (rank {comm.rank} of {comm.size}): "
+                        f"{err.args[0] if err.args else err}",) + err.args[1:]
+            if err is exc:
+                raise
+            raise err from exc
+
+    # --- mismatched calls (without GPUCOLL_DEBUG_CHECKS) ------------------------------------------
+    # The direct engine compares call signatures in its segment, the executor the message headers
+    # (count, dtype, op, root). A rank that finds a mismatch says so in the store and closes its
+    # channels: the ranks waiting for it then fail at once (lost peer), or at their deadline, and
+    # report the mismatch it found instead. The communicator is unusable afterwards.
+    def _mismatch_key(self):
+        return f"gpucoll/mismatch/{self.comm._id}/report"
+
+    def _call_failed(self, exc):
+        """The error to raise for `exc`, raised by a collective: a mismatch is told to the others;
+        a timeout or a lost peer becomes the mismatch another rank found, if it found one."""
+        if isinstance(exc, MismatchError):
+            self._tell_mismatch(exc)
+            return exc
+        if not isinstance(exc, (GpucollTimeout, LostPeerError)):
+            return exc
+        store = getattr(self.comm._ctx.boot, "store", None)
+        try:
+            if store is None or not store.num_keys(self._mismatch_key()):
+                return exc
+            told = json.loads(store.get(self._mismatch_key(), timeout=1.0))
+        except GpucollError:
+            return exc
+        err = MismatchError(f"rank {told['by']} found: {told['message']}")
+        err.ranks = tuple(told["ranks"])
+        self._tell_mismatch(err, store=False)
+        return err
+
+    def _tell_mismatch(self, exc, store=True):
+        comm = self.comm
+        message = exc.args[0] if exc.args else str(exc)
+        self._broken = f"rank {comm.rank} found mismatched calls: {message}"
+        st = getattr(comm._ctx.boot, "store", None) if store else None
+        if st is not None:
+            told = {"by": comm.rank, "ranks": list(getattr(exc, "ranks", ())), "message": message}
+            try:
+                st.compare_set(self._mismatch_key(), None, json.dumps(told).encode())
+            except GpucollError:
+                pass
+        if self._channels is not None:
+            self._channels.close()
 
     def _name_dead_ranks(self, exc):
         """A schedule notices a lost peer through the neighbour it talks to, which may only
@@ -165,31 +218,46 @@ class Dispatcher:
             exc.args = (f"{exc.args[0] if exc.args else exc}; the process of rank(s) "
                         f"{', '.join(map(str, dead))} has ended",) + exc.args[1:]
 
-    def _name_late_ranks(self, exc, seq):
+    def _name_late_ranks(self, exc, seq, call):
         """A schedule that times out only knows the peer it waited for, which may itself be
-        waiting for someone else. Ranks that time out in call `seq` say so in the store; the
-        ranks that have not said so within a short grace never reached the call (or are stuck
-        before it), and are named in the error and in `exc.ranks`."""
+        waiting for someone else. Ranks that time out in call `seq` say so in the store, with
+        the signature of their call; the ranks that have not said so within a short grace never
+        reached the call (or are stuck before it), and are named in the error and in
+        `exc.ranks`. When ranks that did time out called it differently (a bcast whose ranks
+        all wait for a different root), the error returned is that MismatchError instead."""
         comm = self.comm
         store = getattr(comm._ctx.boot, "store", None)
         if store is None or comm.size == 1:
-            return
+            return exc
         prefix = f"gpucoll/late/{comm._id}/{seq}/"
         # Ranks blocked in the same call time out within the spread of their arrival times.
         deadline = time.monotonic() + min(self.timeout, 2.0)
         try:
+            store.set(prefix + f"sig/{comm.rank}", json.dumps(call.signature()).encode())
             store.add(prefix + str(comm.rank), 1)
             while True:
                 late = [r for r in range(comm.size) if r != comm.rank and store.add(prefix + str(r), 0) == 0]
                 if not late or time.monotonic() >= deadline:
                     break
                 time.sleep(0.05)
+            sigs = {r: tuple(json.loads(store.get(prefix + f"sig/{r}", timeout=1.0)))
+                    for r in range(comm.size) if r != comm.rank and r not in late}
         except GpucollError:  # no store to ask: keep what the schedule knew
-            return
+            return exc
+        mine = call.signature()
+        differ = sorted(r for r, sig in sigs.items() if sig != mine)
+        if differ:
+            err = MismatchError(f"rank {differ[0]} called {_describe(sigs[differ[0]])}, this rank "
+                                f"{_describe(mine)} (found after a timeout); every rank must call "
+                                "collectives in the same order with matching counts, dtypes, ops and roots")
+            err.ranks = tuple(differ)
+            self._tell_mismatch(err)
+            return err
         if late:
             exc.ranks = tuple(late)
             exc.args = (f"{exc.args[0] if exc.args else exc}; rank(s) {', '.join(map(str, late))} did not "
                         "reach this call (every other rank timed out inside it)",) + exc.args[1:]
+        return exc
 
     def _choose(self, call, nbytes):
         """The algorithm for this call; the same (collective, size) always gets the same
@@ -266,11 +334,11 @@ class Dispatcher:
                                inplace=call.send is None or call.send.addr == _addr(call.recv))
         send, recv = self._buffers(call)
         scratch = self.scratch(sched.scratch_count * isz) if sched.scratch_count else 0
+        # AVG travels as AVG (the executor reduces it as SUM), so that a peer's SUM differs
         op = call.op.code if call.op is not None else _ops.SUM.code
-        if op == _ops.AVG.code:
-            op = _ops.SUM.code
         chans = self.channels().pointers(_peers_of(sched))
-        core.run_schedule(sched.steps, chans, send, recv, scratch, isz, call.code, op, self.timeout)
+        root = call.root if call.kind in _ROOTED else -1
+        core.run_schedule(sched.steps, chans, send, recv, scratch, isz, call.code, op, self.timeout, root=root)
         if call.op is _ops.AVG and call.recv is not None and (call.kind != "reduce" or comm.rank == call.root):
             core.scale_avg(call.recv.array[:call.count], call.code, comm.size)
 
@@ -306,6 +374,13 @@ class Dispatcher:
                             + "; ".join(described))
         err.ranks = tuple(sorted(r for _, ranks in ordered[1:] for r in ranks))  # all but the largest group
         raise err
+
+
+def _describe(signature):
+    """A Call.signature() in words: 'bcast count=4 dtype=float32 op=- root=1'."""
+    kind, count, code, op, root = signature
+    op_name = _ops.ALL[op].name if op >= 0 else "-"
+    return f"{_KIND_NAMES.get(kind, kind)} count={count} dtype={dtypes.name(code)} op={op_name} root={root}"
 
 
 def _ranges(ranks):

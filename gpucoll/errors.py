@@ -38,4 +38,7 @@ class LostPeerError(GpucollError):
 
 
 class MismatchError(InvalidUsageError):
-    """Ranks called the same collective with different signatures (GPUCOLL_DEBUG_CHECKS=1)."""
+    """Ranks called the same collective with different counts, dtypes, ops, roots or kinds.
+
+    Found by the direct engine's call signatures and the executor's message headers, or by the
+    full cross-check of GPUCOLL_DEBUG_CHECKS=1. `ranks` names the ranks whose call differed."""

@@ -284,3 +284,70 @@ def test_timeout_names_missing_rank():
         assert "waiting for rank(s) 1" in message
         assert 0.5 <= elapsed < 2.5
         assert after == "GpucollError"
+
+
+def _mismatched(group, case):
+    """One mismatched call (case), then a barrier; what each rank got, and where."""
+    me = group.rank
+    group.oneshot_max = 64  # 80 B is two-shot, 40 B one-shot
+    x = np.full(20, me + 1, np.float32)
+    calls = {
+        "count": lambda: group.allreduce(addr(x), addr(x), 20 if me == 1 else 10, DT["float32"], SUM, 5.0),
+        "dtype": lambda: group.allreduce(addr(x), addr(x), 10, DT["int32"] if me == 1 else DT["float32"],
+                                         SUM, 5.0),
+        "op": lambda: group.allreduce(addr(x), addr(x), 10, DT["float32"], MAX if me == 1 else SUM, 5.0),
+        # a two-shot reduction against a one-shot one: their first posts must not be read as data
+        "rounds": lambda: group.allreduce(addr(x), addr(x), 20 if me == 1 else 3, DT["float32"], SUM, 5.0),
+        "root": lambda: group.bcast(addr(x), 20, 4, 1 if me == 1 else 0, 5.0),
+    }
+    where = "call"
+    try:
+        calls[case]()
+        where = "next"
+        group.barrier(5.0)
+        return "none", x.tolist()
+    except GpucollError as exc:
+        return type(exc).__name__, where, str(exc), tuple(exc.ranks)
+
+
+@pytest.mark.parametrize("case", ["count", "dtype", "op", "rounds", "root"])
+def test_mismatched_calls_raise_on_every_rank(case):
+    out = all_ok(run_ranks(3, _mismatched, case, slot=4096 * 3))
+    for rank, got in out.items():
+        assert got[0] == "MismatchError", (rank, got)
+        name, where, message, ranks = got
+        assert "every rank must call collectives in the same order" in message, message
+        if case != "root":  # every rank reads from rank 1 in the call itself
+            assert where == "call" and ranks == ((0,) if rank == 1 else (1,)), (rank, got)
+    if case == "count":
+        assert "rank 1 called allreduce with 20 x float32 SUM, this rank with allreduce with 10 x float32 SUM" \
+            in out[0][2]
+    if case == "op":
+        assert "10 x float32 MAX" in out[0][2] and "10 x float32 SUM" in out[1][2]
+    if case == "root":
+        # ranks 0 and 1 are both roots (they read from no one in the bcast), rank 2 reads
+        # from its root 0 as asked: all of them find the mismatch at the barrier after it
+        assert all(where == "next" for _, where, _, _ in out.values()), out
+        assert "(the previous collective on this communicator)" in out[2][2], out[2][2]
+
+
+def _mixed_loop(group):
+    """Collectives where some ranks never wait for others (roots of bcast, non-roots of
+    reduce and gather): a fast rank runs ahead, and must never be taken for a mismatch."""
+    n, me = group.nranks, group.rank
+    x = np.zeros(4, np.int64)
+    big = np.zeros(4 * n, np.int64)
+    for i in range(3000):
+        root = i % n
+        x[:] = i if me == root else -1
+        group.bcast(addr(x), 4, 8, root, 10.0)
+        assert (x == i).all()
+        group.reduce(addr(x), addr(x), 4, DT["int64"], SUM, (i + 1) % n, 10.0)
+        group.gather(addr(x), addr(big), 4, 8, root, 10.0)
+        if i % 7 == 0:
+            group.barrier(10.0)
+    return True
+
+
+def test_no_false_mismatch_when_ranks_run_ahead():
+    assert all(all_ok(run_ranks(3, _mixed_loop)).values())

@@ -1,6 +1,7 @@
 """Failures users meet, in real gpurun jobs (tests/scripts/faults.py): a rank that dies inside
-a collective, a rank that skips one (GPUCOLL_TIMEOUT), ranks whose calls disagree
-(GPUCOLL_DEBUG_CHECKS=1), and bad arguments, refused before anything is sent."""
+a collective, a rank that skips one (GPUCOLL_TIMEOUT), ranks whose calls disagree (with
+GPUCOLL_DEBUG_CHECKS=1, and without: then the direct engine's call signatures and the
+executor's message headers catch them), and bad arguments, refused before anything is sent."""
 import re
 
 import pytest
@@ -78,6 +79,38 @@ def test_mismatched_calls_raise_on_every_rank(gpurun_job):
             assert "differing: " in info["message"] and field in info["message"].split("differing: ")[1], info
             assert odd in info["message"] and info["ranks"] == ranks, info
         assert got["after"] == [3.0] * 4  # the communicator still works
+
+
+@pytest.mark.parametrize("path", ["auto", "ring", "tcp"])
+def test_mismatched_calls_raise_without_debug_checks(gpurun_job, path):
+    # No cross-check round: what the direct engine (auto: one host) or the executor's headers
+    # (ring over shared memory, tcp) find by themselves. Every rank gets MismatchError, never a
+    # wrong buffer or a hang. A rank that reads from no differing rank in the call (a bcast's
+    # root, or a rank whose bcast is left unsent) gets it from the Barrier right after; when
+    # no rank sends at all ("roots-all-differ" on a schedule), every rank finds it when its wait
+    # times out (GPUCOLL_TIMEOUT), comparing call signatures in the store; a rank left waiting
+    # for a channel no peer opens (tcp) gets it at GPUCOLL_INIT_TIMEOUT from the report there.
+    env = {"GPUCOLL_TIMEOUT": 2, "GPUCOLL_INIT_TIMEOUT": 4, **PATHS[path]}
+    job = gpurun_job(3, "faults.py", "unchecked", env=env, timeout=90).check()
+    res = job.json_lines()
+    assert sorted(res) == [0, 1, 2], job.describe()
+    immediate = ("count", "dtype", "op") if path != "auto" else ("count", "dtype", "op", "roots-all-differ")
+    for rank, got in res.items():
+        for case, info in got.items():
+            assert info["type"] == "MismatchError", (path, rank, case, info)
+            assert "every rank must call collectives in the same order" in info["message"], info
+            assert info["elapsed"] < 8, (path, rank, case, info)
+            if case in immediate:
+                assert info["where"] == "call" and info["elapsed"] < 1.5, (path, rank, case, info)
+            if info["where"] == "next":  # the Bcast returned: with the root's data, as asked
+                root = 1 if case == "root" and rank == 1 else (0 if case == "root" else (rank + 1) % 3)
+                assert info["buffer"] == [root + 1.0] * 20, (path, rank, case, info)
+    if path == "auto":  # the direct engine names both calls
+        assert ("rank 1 called allreduce with 20 x float32 SUM, this rank with allreduce with 10 x float32 SUM"
+                in res[0]["count"]["message"]), res[0]["count"]
+        assert "20 x float32 MAX" in res[0]["op"]["message"] and "20 x int32 SUM" in res[0]["dtype"]["message"]
+    else:
+        assert "reduces with MAX" in res[0]["op"]["message"] or "reduces with SUM" in res[0]["op"]["message"]
 
 
 def test_bad_arguments_raise_before_anything_is_sent(gpurun_job):

@@ -377,8 +377,20 @@ def test_count_mismatch_between_processes():
             [(steps([SEND | RECV, 0, 0, 0, 12, 0, 1, 0, 10]), "float64", "SUM", 10, [0])]]
     got = run_ranks(2, plan, inputs)
     kind, (name, msg, _) = got[0]
-    assert (kind, name) == ("error", "InvalidUsageError")
+    assert (kind, name) == ("error", "MismatchError")  # an InvalidUsageError too
     assert "rank 1" in msg and "96 bytes announced, 80 expected" in msg and "step 0" in msg
+
+
+def test_op_mismatch_between_processes():
+    # the op travels in the header: a SUM against a MAX is caught on both sides, before reducing
+    inputs = [np.arange(16, dtype=np.float32)] * 2
+    plan = [[(steps([SEND | RECV | REDUCE, 1, 0, 0, 16, 1, 1, 0, 16]), "float32", "SUM", 10, [1])],
+            [(steps([SEND | RECV | REDUCE, 0, 0, 0, 16, 0, 1, 0, 16]), "float32", "MAX", 10, [0])]]
+    got = run_ranks(2, plan, inputs)
+    for r, (mine, theirs) in ((0, ("SUM", "MAX")), (1, ("MAX", "SUM"))):
+        kind, (name, msg, _) = got[r]
+        assert (kind, name) == ("error", "MismatchError"), got[r]
+        assert f"rank {1 - r} reduces with {theirs}, this rank with {mine} at step 0" in msg, msg
 
 
 def test_peer_killed_mid_exchange():

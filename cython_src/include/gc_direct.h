@@ -6,9 +6,10 @@
  *   0        gc_direct_hdr       magic, version, nranks, slot size, creator pid, attach count,
  *                                first lost rank (so that one rank's discovery reaches all)
  *   64       procs[nranks]       each rank's process id and pid namespace, for liveness checks
- *   F        flags[nranks]       one uint64 epoch per rank (and a count of the ranks blocked on
- *                                it), each on its own 64-byte line so that a rank's posts never
- *                                invalidate the line another rank polls
+ *   F        flags[nranks]       one 64-byte line per rank, so that a rank's posts never
+ *                                invalidate the line another rank polls: its epoch, the count of
+ *                                ranks blocked on it, the signatures of its last two calls and,
+ *                                after a mismatch, what it found (gc_direct_line)
  *   S        slots[nranks][2]    per-rank staging buffers of slot_bytes, page aligned
  *
  * Synchronisation. Each rank owns one flag and only ever raises it ("post"): the epoch is a
@@ -23,6 +24,24 @@
  * before writing generation u a rank only needs every flag >= the first epoch of generation u-1
  * (gc__gen_begin); in the steady state that is already known from the rank's own waits, and
  * consecutive rounds and consecutive collectives need no extra barrier.
+ *
+ * Call signatures. Mismatched calls (rank 0 reduces 10 floats, rank 1 20) would otherwise read
+ * garbage from a slot or drift out of step. Call k of a rank (counting the calls that post)
+ * stores a u64 signature (kind, count or bytes, dtype, op, root) in sig[k % 2] of its own line
+ * right after the gc__gen_begin of its first generation, before its first post; the post
+ * releases it. The first wait of call k that proves a peer posted in call k (a target above
+ * the epoch this rank had when call k began) compares the peer's sig[k % 2] with its own,
+ * before any data of that peer is read. A rank that does not wait for a peer in call k (a
+ * bcast's root) compares at the gc__gen_begin of call k+1, whose wait is for epochs of call k.
+ * Two entries suffice: a peer stores call k+2's signature only after the gc__gen_begin of its
+ * first generation, which needs this rank's first epoch of the last generation of call k+1,
+ * posted after this rank is done with call k (and with its deferred check of call k in the
+ * first gen_begin of call k+1). So a reader never sees an entry overwritten early, and a
+ * correct program never reports a mismatch. Every call that posts (barrier included) starts
+ * with gc__gen_begin for this reason. The cost is one store per call and one load and compare
+ * per peer per call, from a line that the wait has just brought into cache. A rank that finds
+ * a mismatch records it in the header, so that ranks stuck waiting for it fail at their next
+ * periodic check with the same report instead of a timeout.
  *
  * Determinism. Every reduced element is combined in rank order 0..N-1 (one-shot: by every rank
  * the same way; two-shot: by exactly one rank, then copied), so results are bitwise identical on
@@ -58,6 +77,7 @@
 #define GC_DIRECT_VERSION 1u
 #define GC_DIRECT_LINE 64u
 #define GC_DIRECT_PAGE 4096u
+#define GC_DIRECT_LINE_PAD_ (GC_DIRECT_LINE - 48u)
 
 /* Defaults of the tunables kept in gc_direct (the Python layer may change them per group). */
 #define GC_DIRECT_ONESHOT_MAX (64u << 10)  /* allreduce/reduce: one-shot up to this many bytes */
@@ -76,7 +96,7 @@ typedef struct {
     int32_t creator_pid;  /* lets an attacher tell a stale segment of a crashed job */
     uint32_t attached;    /* ranks that have mapped the segment (atomic) */
     int32_t lost;         /* 1 + the first rank found dead, 0 while none (atomic) */
-    uint32_t pad_;
+    int32_t mismatch;     /* 1 + the first rank that found mismatched calls, 0 while none */
     uint64_t creator_pidns;
 } gc_direct_hdr;
 
@@ -88,6 +108,35 @@ typedef struct {
     int32_t pad_;
     uint64_t pidns;  /* inode of /proc/self/ns/pid, 0 when unknown */
 } gc_direct_proc;
+
+/* One rank's flag line. Only the rank itself writes it (sleepers: every waiter on it). */
+typedef struct {
+    uint64_t epoch;        /* raised by every post; its low 32 bits are the futex word */
+    uint32_t sleepers;     /* ranks blocked in a futex on epoch */
+    int32_t bad_peer;      /* after a mismatch: the peer whose call differed */
+    uint64_t sig[2];       /* signature of this rank's call k at sig[k % 2] */
+    uint64_t bad_sig[2];   /* after a mismatch: the peer's signature, then this rank's */
+    uint8_t pad_[GC_DIRECT_LINE_PAD_];
+} gc_direct_line;
+typedef char gc__line_is_64_bytes[sizeof(gc_direct_line) == GC_DIRECT_LINE ? 1 : -1];
+
+/* Collective kinds of a call signature: the numbers of KIND_IDS in gpucoll/dispatch.py. */
+enum {
+    GC_KIND_ALLREDUCE = 1, GC_KIND_BCAST = 2, GC_KIND_REDUCE = 3, GC_KIND_ALLGATHER = 4,
+    GC_KIND_REDUCE_SCATTER = 5, GC_KIND_ALLTOALL = 6, GC_KIND_GATHER = 7, GC_KIND_SCATTER = 8,
+    GC_KIND_BARRIER = 9
+};
+#define GC_SIG_NONE 15       /* dtype or op field of a call that has none (sizes in bytes) */
+
+/* A call's signature: kind (4 bits) | dtype (4) | op (4) | root (16 bits; -1 for none) |
+ * count or bytes (36 bits; larger counts are folded in, so that they still compare). Never 0,
+ * so a fresh segment's zero entries match nothing. */
+static inline uint64_t gc_direct_sig(int kind, uint64_t count, int dt, int op, int root)
+{
+    const uint64_t m36 = (1ULL << 36) - 1;
+    return (uint64_t)(kind & 15) << 60 | (uint64_t)(dt & 15) << 56 | (uint64_t)(op & 15) << 52 |
+           (uint64_t)(root & 0xffff) << 36 | ((count ^ (count >> 36)) & m36);
+}
 
 typedef struct {
     /* mapping */
@@ -106,6 +155,11 @@ typedef struct {
     int parity;               /* slot parity of the current generation */
     uint64_t *seen;           /* highest value seen of each flag: repeated waits cost no load */
     int broken;               /* a wait failed: epochs are out of step, the group is unusable */
+    /* call signatures (see "Call signatures" above) */
+    uint64_t calls;           /* calls that posted, the current one included */
+    uint64_t call_base;       /* this rank's epoch when the current call began */
+    uint64_t sig;             /* signature of the current call */
+    uint64_t *verified;       /* per rank: the last call whose signature was compared */
     /* tunables */
     size_t oneshot_max;
     size_t round_max;
@@ -115,6 +169,11 @@ typedef struct {
     int nmissing, ndead;
     int *missing, *dead;
     double waited_s;
+    /* report of a mismatch: rank bad_by called bad_sig_by where rank bad_peer called
+     * bad_sig_peer; bad_by is another rank when this one learnt it from the header. bad_prev:
+     * found at the start of the next call (this rank did not wait for bad_peer in that one). */
+    int bad_peer, bad_by, bad_prev;
+    uint64_t bad_sig_peer, bad_sig_by;
 } gc_direct;
 
 static inline int gc__pid_dead(int32_t pid);
@@ -198,8 +257,9 @@ static inline int gc_direct_attach(gc_direct *g, void *base, size_t size, int ra
     g->seen = (uint64_t *)calloc((size_t)nranks, sizeof(uint64_t));
     g->missing = (int *)calloc((size_t)nranks, sizeof(int));
     g->dead = (int *)calloc((size_t)nranks, sizeof(int));
-    if (!g->seen || !g->missing || !g->dead) {
-        free(g->seen); free(g->missing); free(g->dead);
+    g->verified = (uint64_t *)calloc((size_t)nranks, sizeof(uint64_t));
+    if (!g->seen || !g->missing || !g->dead || !g->verified) {
+        free(g->seen); free(g->missing); free(g->dead); free(g->verified);
         memset(g, 0, sizeof *g);
         return GC_ERR_NOMEM;
     }
@@ -224,6 +284,7 @@ static inline int gc_direct_attach(gc_direct *g, void *base, size_t size, int ra
      * (zero in a fresh segment). */
     g->epoch = __atomic_load_n((uint64_t *)(g->flags + (size_t)rank * GC_DIRECT_LINE),
                                __ATOMIC_ACQUIRE);
+    g->bad_peer = g->bad_by = -1;
     g->procs[rank].pidns = g->pidns;
     __atomic_store_n(&g->procs[rank].pid, (int32_t)getpid(), __ATOMIC_RELEASE);
     int n = (int)__atomic_add_fetch(&h->attached, 1, __ATOMIC_ACQ_REL);
@@ -237,21 +298,21 @@ static inline void gc_direct_detach(gc_direct *g)
     free(g->seen);
     free(g->missing);
     free(g->dead);
+    free(g->verified);
     memset(g, 0, sizeof *g);
 }
 
 /* ---- waiting ------------------------------------------------------------------------------ */
 
-static inline uint64_t *gc__flag(const gc_direct *g, int r)
+static inline gc_direct_line *gc__line(const gc_direct *g, int r)
 {
-    return (uint64_t *)(g->flags + (size_t)r * GC_DIRECT_LINE);
+    return (gc_direct_line *)(g->flags + (size_t)r * GC_DIRECT_LINE);
 }
 
+static inline uint64_t *gc__flag(const gc_direct *g, int r) { return &gc__line(g, r)->epoch; }
+
 /* Ranks blocked in a futex on rank r's epoch, in the same line (only touched by sleepers). */
-static inline uint32_t *gc__sleepers(const gc_direct *g, int r)
-{
-    return (uint32_t *)(g->flags + (size_t)r * GC_DIRECT_LINE + 8);
-}
+static inline uint32_t *gc__sleepers(const gc_direct *g, int r) { return &gc__line(g, r)->sleepers; }
 
 /* The futex word: the low 32 bits of the epoch, which change at every post. */
 static inline uint32_t *gc__futex_word(const gc_direct *g, int r)
@@ -359,6 +420,27 @@ static inline void gc__report(gc_direct *g, uint64_t target, int64_t started_ns)
     g->broken = 1;
 }
 
+static inline int gc__verify(gc_direct *g, int peer);
+
+/* Another rank found mismatched calls (hdr->mismatch): take over its report, so that a rank
+ * stuck waiting for it fails with the same cause instead of a timeout; but first compare the
+ * peers that have posted in this call, so that a rank names what it can see itself. */
+static int gc__mismatch_relayed(gc_direct *g, int by)
+{
+    for (int r = 0; r < g->nranks; r++)
+        if (g->verified[r] < g->calls &&
+            __atomic_load_n(gc__flag(g, r), __ATOMIC_ACQUIRE) > g->call_base && gc__verify(g, r))
+            return GC_ERR_MISMATCH;
+    const gc_direct_line *l = gc__line(g, by);
+    g->bad_by = by;
+    g->bad_peer = __atomic_load_n(&l->bad_peer, __ATOMIC_ACQUIRE);
+    g->bad_sig_peer = __atomic_load_n(&l->bad_sig[0], __ATOMIC_RELAXED);
+    g->bad_sig_by = __atomic_load_n(&l->bad_sig[1], __ATOMIC_RELAXED);
+    g->bad_prev = 0;
+    g->broken = 1;
+    return GC_ERR_MISMATCH;
+}
+
 /* The slow part of a wait, out of line so that the fast path stays a load and a compare. */
 static int gc__wait_slow(gc_direct *g, int peer, uint64_t target, int64_t deadline)
 {
@@ -400,6 +482,9 @@ static int gc__wait_slow(gc_direct *g, int peer, uint64_t target, int64_t deadli
                 gc__report(g, target, start);
                 return GC_ERR_PEER;
             }
+            int bad = __atomic_load_n(&g->hdr->mismatch, __ATOMIC_ACQUIRE);
+            if (bad > 0 && bad - 1 != g->rank)
+                return gc__mismatch_relayed(g, bad - 1);
             if (deadline >= 0 && now >= deadline) {
                 gc__report(g, target, start);
                 return GC_ERR_TIMEOUT;
@@ -411,16 +496,50 @@ arrived:
     return GC_OK;
 }
 
+/* The peer's signature of the current call differs from ours: record who and what (in this
+ * rank's line and the header too, for the ranks that wait for this one), and break the group. */
+static int gc__mismatch(gc_direct *g, int peer, uint64_t theirs)
+{
+    gc_direct_line *l = gc__line(g, g->rank);
+    g->bad_peer = peer;
+    g->bad_by = g->rank;
+    g->bad_sig_peer = theirs;
+    g->bad_sig_by = g->sig;
+    g->broken = 1;
+    __atomic_store_n(&l->bad_sig[0], theirs, __ATOMIC_RELAXED);
+    __atomic_store_n(&l->bad_sig[1], g->sig, __ATOMIC_RELAXED);
+    __atomic_store_n(&l->bad_peer, peer, __ATOMIC_RELEASE);
+    int32_t none = 0;
+    __atomic_compare_exchange_n(&g->hdr->mismatch, &none, g->rank + 1, 0, __ATOMIC_ACQ_REL,
+                                __ATOMIC_ACQUIRE);
+    return GC_ERR_MISMATCH;
+}
+
+/* Compare `peer`'s signature of the current call with ours; the caller has seen (acquire) an
+ * epoch that the peer posted after storing it. */
+static inline int gc__verify(gc_direct *g, int peer)
+{
+    uint64_t theirs = __atomic_load_n(&gc__line(g, peer)->sig[g->calls & 1], __ATOMIC_RELAXED);
+    g->verified[peer] = g->calls;
+    return theirs == g->sig ? GC_OK : gc__mismatch(g, peer, theirs);
+}
+
 static inline int gc__wait(gc_direct *g, int peer, uint64_t target, int64_t deadline)
 {
-    if (g->seen[peer] >= target)
-        return GC_OK;
-    uint64_t v = __atomic_load_n(gc__flag(g, peer), __ATOMIC_ACQUIRE);
-    if (v >= target) {
-        g->seen[peer] = v;
-        return GC_OK;
+    if (g->seen[peer] < target) {
+        uint64_t v = __atomic_load_n(gc__flag(g, peer), __ATOMIC_ACQUIRE);
+        if (v >= target) {
+            g->seen[peer] = v;
+        } else {
+            int st = gc__wait_slow(g, peer, target, deadline);
+            if (st)
+                return st;
+        }
     }
-    return gc__wait_slow(g, peer, target, deadline);
+    /* The first wait of this call that proves the peer posted in this call. */
+    if (g->verified[peer] < g->calls && target > g->call_base)
+        return gc__verify(g, peer);
+    return GC_OK;
 }
 
 static inline int gc__wait_all(gc_direct *g, uint64_t target, int64_t deadline)
@@ -447,13 +566,30 @@ static inline uint64_t gc__post(gc_direct *g)
 }
 
 /* Start a generation: flip the slot parity, and make sure every rank is done reading the
- * generation before the previous one (which used the same parity). */
-static inline int gc__gen_begin(gc_direct *g, int64_t deadline)
+ * generation before the previous one (which used the same parity). sig != 0 starts a call:
+ * these waits are for epochs of the previous call, so they compare the signatures of the
+ * peers this rank did not wait for in it; then this call's signature is published. */
+static inline int gc__gen_begin(gc_direct *g, uint64_t sig, int64_t deadline)
 {
     uint64_t need = g->gen_prev_first;
     g->gen_prev_first = g->epoch + 1;
     g->parity ^= 1;
-    return need ? gc__wait_all(g, need, deadline) : GC_OK;
+    if (need) {
+        int st = gc__wait_all(g, need, deadline);
+        if (st) {
+            g->bad_prev = st == GC_ERR_MISMATCH && sig && g->bad_by == g->rank;
+            return st;
+        }
+    }
+    if (sig) {
+        uint64_t k = ++g->calls;
+        g->sig = sig;
+        g->call_base = g->epoch;
+        g->verified[g->rank] = k;
+        /* the first post of the call releases it */
+        __atomic_store_n(&gc__line(g, g->rank)->sig[k & 1], sig, __ATOMIC_RELAXED);
+    }
+    return GC_OK;
 }
 
 static inline int gc__enter(gc_direct *g)
@@ -542,10 +678,12 @@ static int gc__allreduce_impl(gc_direct *g, const void *send, void *recv, size_t
     }
     int64_t dl = gc__deadline(timeout_s);
     size_t bytes = count * isz;
+    const uint64_t sig = gc_direct_sig(root < 0 ? GC_KIND_ALLREDUCE : GC_KIND_REDUCE, count, dt, op,
+                                       root);
 
     if (bytes <= g->oneshot_max && bytes <= g->slot_bytes) {
         /* One-shot: one post, then every receiving rank combines all slots itself. */
-        GC__TRY(gc__gen_begin(g, dl));
+        GC__TRY(gc__gen_begin(g, sig, dl));
         memcpy(gc__slot(g, me), in, bytes);
         uint64_t e = gc__post(g);
         if (mine) {
@@ -565,7 +703,7 @@ static int gc__allreduce_impl(gc_direct *g, const void *send, void *recv, size_t
         per_round = g->slot_bytes / isz;
     for (size_t off = 0; off < count; off += per_round) {
         size_t c = count - off < per_round ? count - off : per_round;
-        GC__TRY(gc__gen_begin(g, dl));
+        GC__TRY(gc__gen_begin(g, off ? 0 : sig, dl));
         uint8_t *mys = gc__slot(g, me);
         size_t lo, len;
         for (int j = 0; j < N; j++) {
@@ -630,10 +768,11 @@ static int gc_direct_reduce_scatter_block(gc_direct *g, const void *send, void *
         return GC_OK;
     }
     int64_t dl = gc__deadline(timeout_s);
+    const uint64_t sig = gc_direct_sig(GC_KIND_REDUCE_SCATTER, count, dt, op, -1);
     size_t piece = gc__piece_elems(g, isz);
     for (size_t off = 0; off < count; off += piece) {
         size_t c = count - off < piece ? count - off : piece;
-        GC__TRY(gc__gen_begin(g, dl));
+        GC__TRY(gc__gen_begin(g, off ? 0 : sig, dl));
         uint8_t *mys = gc__slot(g, me);
         for (int j = 0; j < N; j++)
             if (j != me)
@@ -659,10 +798,11 @@ static int gc_direct_bcast(gc_direct *g, void *buf, size_t bytes, int root, doub
     if (bytes == 0 || g->nranks == 1)
         return GC_OK;
     int64_t dl = gc__deadline(timeout_s);
+    const uint64_t sig = gc_direct_sig(GC_KIND_BCAST, bytes, GC_SIG_NONE, GC_SIG_NONE, root);
     uint8_t *p = (uint8_t *)buf;
     for (size_t off = 0; off < bytes; off += g->slot_bytes) {
         size_t c = bytes - off < g->slot_bytes ? bytes - off : g->slot_bytes;
-        GC__TRY(gc__gen_begin(g, dl));
+        GC__TRY(gc__gen_begin(g, off ? 0 : sig, dl));
         if (g->rank == root)
             memcpy(gc__slot(g, root), p + off, c);
         uint64_t e = gc__post(g);
@@ -689,9 +829,10 @@ static int gc_direct_allgather(gc_direct *g, const void *send, void *recv, size_
     if (N == 1)
         return GC_OK;
     int64_t dl = gc__deadline(timeout_s);
+    const uint64_t sig = gc_direct_sig(GC_KIND_ALLGATHER, bytes, GC_SIG_NONE, GC_SIG_NONE, -1);
     for (size_t off = 0; off < bytes; off += g->slot_bytes) {
         size_t c = bytes - off < g->slot_bytes ? bytes - off : g->slot_bytes;
-        GC__TRY(gc__gen_begin(g, dl));
+        GC__TRY(gc__gen_begin(g, off ? 0 : sig, dl));
         memcpy(gc__slot(g, me), own + off, c);
         uint64_t e = gc__post(g);
         for (int k = 1; k < N; k++) {
@@ -719,10 +860,11 @@ static int gc_direct_gather(gc_direct *g, const void *send, void *recv, size_t b
     if (N == 1)
         return GC_OK;
     int64_t dl = gc__deadline(timeout_s);
+    const uint64_t sig = gc_direct_sig(GC_KIND_GATHER, bytes, GC_SIG_NONE, GC_SIG_NONE, root);
     const uint8_t *in = (const uint8_t *)send;
     for (size_t off = 0; off < bytes; off += g->slot_bytes) {
         size_t c = bytes - off < g->slot_bytes ? bytes - off : g->slot_bytes;
-        GC__TRY(gc__gen_begin(g, dl));
+        GC__TRY(gc__gen_begin(g, off ? 0 : sig, dl));
         if (me != root)
             memcpy(gc__slot(g, me), in + off, c);
         uint64_t e = gc__post(g);
@@ -754,10 +896,11 @@ static int gc_direct_scatter(gc_direct *g, const void *send, void *recv, size_t 
     if (N == 1)
         return GC_OK;
     int64_t dl = gc__deadline(timeout_s);
+    const uint64_t sig = gc_direct_sig(GC_KIND_SCATTER, bytes, GC_SIG_NONE, GC_SIG_NONE, root);
     size_t piece = gc__piece_elems(g, 1);
     for (size_t off = 0; off < bytes; off += piece) {
         size_t c = bytes - off < piece ? bytes - off : piece;
-        GC__TRY(gc__gen_begin(g, dl));
+        GC__TRY(gc__gen_begin(g, off ? 0 : sig, dl));
         if (me == root)
             for (int j = 0; j < N; j++)
                 if (j != root)
@@ -787,10 +930,11 @@ static int gc_direct_alltoall(gc_direct *g, const void *send, void *recv, size_t
     if (N == 1)
         return GC_OK;
     int64_t dl = gc__deadline(timeout_s);
+    const uint64_t sig = gc_direct_sig(GC_KIND_ALLTOALL, bytes, GC_SIG_NONE, GC_SIG_NONE, -1);
     size_t piece = gc__piece_elems(g, 1);
     for (size_t off = 0; off < bytes; off += piece) {
         size_t c = bytes - off < piece ? bytes - off : piece;
-        GC__TRY(gc__gen_begin(g, dl));
+        GC__TRY(gc__gen_begin(g, off ? 0 : sig, dl));
         uint8_t *mys = gc__slot(g, me);
         for (int j = 0; j < N; j++)
             if (j != me)
@@ -810,8 +954,10 @@ static int gc_direct_barrier(gc_direct *g, double timeout_s)
     GC__TRY(gc__enter(g));
     if (g->nranks == 1)
         return GC_OK;
+    int64_t dl = gc__deadline(timeout_s);
+    GC__TRY(gc__gen_begin(g, gc_direct_sig(GC_KIND_BARRIER, 0, GC_SIG_NONE, GC_SIG_NONE, -1), dl));
     uint64_t e = gc__post(g);
-    return gc__wait_all(g, e, gc__deadline(timeout_s));
+    return gc__wait_all(g, e, dl);
 }
 
 #undef GC__TRY

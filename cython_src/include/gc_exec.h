@@ -8,13 +8,16 @@
  *
  * Message framing. Every message a step sends is
  *     16-byte header | payload | zero pad to a multiple of GC_CHAN_ALIGN
- * The header is { uint64 payload bytes; uint32 magic; uint8 dtype; 3 zero bytes }. It makes an
- * empty message real (16 bytes that the receiver must wait for, so a zero-count step still
- * synchronises the pair) and lets the receiver check that the sender sent what it expects:
- * a different length or dtype is GC_ERR_USAGE naming the peer instead of silent corruption,
- * and a wrong magic means the two ranks disagree about where messages start (they ran
- * different schedules). Headers are at GC_CHAN_ALIGN-aligned stream offsets and rings are
- * multiples of GC_CHAN_ALIGN, so a header and an element never straddle a ring's wrap.
+ * The header is { uint64 payload bytes; uint32 magic; uint8 dtype; uint8 op; uint16 root }
+ * (root: the call's root rank mod 2^16, 0xffff for none). It makes an empty message real (16
+ * bytes that the receiver must wait for, so a zero-count step still synchronises the pair) and
+ * lets the receiver check that the sender runs the same call: a different length, dtype, op
+ * or root is GC_ERR_MISMATCH naming the peer (e->mismatch says
+ * which, e->got / e->want the two values) instead of silent corruption, and a wrong magic
+ * means the two ranks disagree about where messages start (they ran different schedules).
+ * The op travels as the caller gave it (AVG, which reduces as SUM, is not SUM). Headers are at
+ * GC_CHAN_ALIGN-aligned stream offsets and rings are multiples of GC_CHAN_ALIGN, so a header
+ * and an element never straddle a ring's wrap.
  * After an error the stream position is undefined: the channel must be closed.
  *
  * Data is moved in slices of at most GC_EXEC_SLICE bytes, alternating between the send and the
@@ -59,7 +62,8 @@ typedef struct {
     uint64_t nbytes;
     uint32_t magic;
     uint8_t dtype;
-    uint8_t zero[3];
+    uint8_t op;
+    uint16_t root;
 } gc_msg_hdr;
 
 typedef struct {
@@ -71,19 +75,26 @@ typedef struct {
     int64_t buf_bytes[3];    /* their sizes in bytes, or -1 when unknown (not checked) */
     size_t itemsize;
     gc_dtype dtype;
-    gc_op op;
+    gc_op op;                /* AVG reduces as SUM here (the caller divides at the end) */
+    int root;                /* the call's root rank, -1 for none: checked, not used */
     int64_t deadline_ns;     /* CLOCK_MONOTONIC; <= 0 means none */
 } gc_exec_args;
 
+/* Which field of a peer's message header differed from what this rank expects. */
+enum { GC_MISMATCH_NONE, GC_MISMATCH_MAGIC, GC_MISMATCH_BYTES, GC_MISMATCH_DTYPE, GC_MISMATCH_OP,
+       GC_MISMATCH_ROOT };
+
 /* What went wrong, for the error message: the peer (-1 when none), the step (-1 when the
  * arguments as a whole are wrong), a static description, and for a mismatched message the
- * payload bytes the peer announced against those expected; errno_ for GC_ERR_IO. */
+ * field (mismatch) and the peer's value of it against this rank's (payload bytes, dtype or op
+ * code); errno_ for GC_ERR_IO. */
 typedef struct {
     int code;
     int peer;
     int64_t step;
     const char *what;
     int64_t got, want;
+    int mismatch;
     int errno_;
 } gc_exec_err;
 
@@ -227,19 +238,38 @@ static inline ssize_t gc__rx_progress(gc__rx *r, const gc_exec_args *a, gc_exec_
             return 0;
         gc_msg_hdr h;
         memcpy(&h, p, sizeof h);
-        e->got = (int64_t)h.nbytes;
-        e->want = (int64_t)r->expect;
         if (h.magic != GC_MSG_MAGIC) {
             e->what = "the peer's byte stream is out of step (the ranks ran different schedules)";
-            return GC_ERR_USAGE;
+            e->mismatch = GC_MISMATCH_MAGIC;
+            return GC_ERR_MISMATCH;
         }
         if (h.nbytes != r->expect) {
             e->what = "the peer sent a different number of bytes than this rank expects";
-            return GC_ERR_USAGE;
+            e->mismatch = GC_MISMATCH_BYTES;
+            e->got = (int64_t)h.nbytes;
+            e->want = (int64_t)r->expect;
+            return GC_ERR_MISMATCH;
         }
         if (h.dtype != (uint8_t)a->dtype) {
             e->what = "the peer sent a different dtype than this rank expects";
-            return GC_ERR_USAGE;
+            e->mismatch = GC_MISMATCH_DTYPE;
+            e->got = h.dtype;
+            e->want = (uint8_t)a->dtype;
+            return GC_ERR_MISMATCH;
+        }
+        if (h.op != (uint8_t)a->op) {
+            e->what = "the peer reduces with a different op than this rank";
+            e->mismatch = GC_MISMATCH_OP;
+            e->got = h.op;
+            e->want = (uint8_t)a->op;
+            return GC_ERR_MISMATCH;
+        }
+        if (h.root != (uint16_t)a->root) {
+            e->what = "the peer has a different root than this rank";
+            e->mismatch = GC_MISMATCH_ROOT;
+            e->got = h.root == 0xffff ? -1 : h.root;
+            e->want = a->root;
+            return GC_ERR_MISMATCH;
         }
         r->c->consume(r->c, GC_MSG_HDR_BYTES);
         r->have_hdr = 1;
@@ -316,6 +346,8 @@ static int gc_exec_run(const gc_exec_args *a, gc_exec_err *e)
             tx.hdr.nbytes = tx.payload;
             tx.hdr.magic = GC_MSG_MAGIC;
             tx.hdr.dtype = (uint8_t)a->dtype;
+            tx.hdr.op = (uint8_t)a->op;
+            tx.hdr.root = (uint16_t)a->root;
             tx.total = GC_MSG_HDR_BYTES + tx.payload + gc_pad16(tx.payload);
         }
         if (receiving) {
@@ -344,7 +376,7 @@ static int gc_exec_run(const gc_exec_args *a, gc_exec_err *e)
                 r = gc__rx_progress(&rx, a, e);
                 if (r < 0)
                     return gc__fail(e, (int)r, (int)st[GC_COL_RECV_PEER],
-                                    r == GC_ERR_USAGE ? e->what : "receiving failed");
+                                    r == GC_ERR_MISMATCH ? e->what : "receiving failed");
                 progress += r;
             }
             if (progress) {

@@ -28,5 +28,6 @@ typedef enum {
 #define GC_ERR_IO       -3   /* an OS call failed (errno is kept) */
 #define GC_ERR_USAGE    -4   /* arguments that cannot work (caught earlier in Python, kept as a guard) */
 #define GC_ERR_NOMEM    -5
+#define GC_ERR_MISMATCH -6   /* ranks called the same collective with different counts, dtypes, ops or roots */
 
 #endif

@@ -11,6 +11,10 @@ MODE:
                others print "TIMEOUT {json}". The skipping rank stays alive until told.
   mismatch     (run with GPUCOLL_DEBUG_CHECKS=1) ranks call collectives that differ in count,
                dtype, op, root or kind; every rank prints "RESULT {json}" with the errors.
+  unchecked    (without GPUCOLL_DEBUG_CHECKS) ranks call Allreduce with different counts, dtypes
+               and ops, and Bcast with different roots, each on a fresh Dup of COMM_WORLD,
+               then Barrier on it; every rank prints "RESULT {json}": per case the error,
+               whether the call or the Barrier raised it, and the buffer when the call returned.
   badargs      rank 1 alone makes calls with bad arguments, which must raise InvalidUsageError
                before anything is sent; then every rank runs a correct Allreduce.
 """
@@ -99,6 +103,32 @@ elif mode == "mismatch":
     x = np.ones(4, f32)
     comm.Allreduce(gpucoll.IN_PLACE, x)  # the communicator still works afterwards
     out["after"] = x.tolist()
+    print("RESULT " + json.dumps(out), flush=True)
+
+elif mode == "unchecked":
+    out = {}
+    cases = {
+        "count": lambda x: comm_.Allreduce(gpucoll.IN_PLACE, x[:20 if rank == 1 else 10]),
+        "dtype": lambda x: comm_.Allreduce(gpucoll.IN_PLACE, x.view(np.int32) if rank == 1 else x),
+        "op": lambda x: comm_.Allreduce(gpucoll.IN_PLACE, x, op=gpucoll.MAX if rank == 1 else gpucoll.SUM),
+        # ranks 0 and 2 take 0 for the root, rank 1 itself
+        "root": lambda x: comm_.Bcast(x, root=1 if rank == 1 else 0),
+        # every rank waits for another root: no rank sends anything
+        "roots-all-differ": lambda x: comm_.Bcast(x, root=(rank + 1) % size),
+    }
+    for name, call in cases.items():
+        comm_ = comm.Dup()
+        x = np.full(20, rank + 1, np.float32)
+        where, start = "call", time.monotonic()
+        try:
+            call(x)
+            where, got = "next", x.tolist()
+            comm_.Barrier()
+            out[name] = {"type": "none", "buffer": got}
+        except gpucoll.GpucollError as exc:
+            out[name] = dict(error_info(exc, start), where=where)
+            if where == "next":
+                out[name]["buffer"] = got
     print("RESULT " + json.dumps(out), flush=True)
 
 elif mode == "badargs":
