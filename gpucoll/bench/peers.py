@@ -18,7 +18,7 @@ import tempfile
 
 import numpy as np
 
-from .runner import Plan, Unsupported, measure
+from .runner import MpiStyleBackend, Plan, Unsupported, measure
 
 HOST_PEERS = ("mpi", "gloo")
 GPU_PEERS = ("nccl", "torch")
@@ -30,8 +30,8 @@ class PeerError(Exception):
 
 
 # --- backends (run inside the peer's ranks) --------------------------------------------------------
-class MpiBackend:
-    """mpi4py's buffer methods on COMM_WORLD, called as a user script calls them."""
+class MpiBackend(MpiStyleBackend):
+    """mpi4py's buffer methods on COMM_WORLD (Open MPI has no half-precision type or AVG)."""
 
     name = "mpi"
 
@@ -39,42 +39,12 @@ class MpiBackend:
         from mpi4py import MPI
 
         self.MPI = MPI
-        self.comm = MPI.COMM_WORLD
-        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        self._ops = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
-        self._f64 = np.zeros(1, np.float64)
-        self._i64 = np.zeros(1, np.int64)
-
-    def barrier(self):
-        self.comm.Barrier()
-
-    def reduce_max(self, value):
-        self._f64[0] = value
-        self.comm.Allreduce(self.MPI.IN_PLACE, self._f64, op=self.MPI.MAX)
-        return float(self._f64[0])
-
-    def reduce_sum(self, value):
-        self._i64[0] = value
-        self.comm.Allreduce(self.MPI.IN_PLACE, self._i64, op=self.MPI.SUM)
-        return int(self._i64[0])
+        super().__init__(MPI, MPI.COMM_WORLD, {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN})
 
     def prepare(self, collective, send, recv, redop, root):
-        c = self.comm
         if send.dtype == np.float16:
             raise Unsupported("MPI has no half-precision type")
-        if collective in ("allreduce", "reduce_scatter"):
-            if redop not in self._ops:
-                raise Unsupported(f"MPI has no {redop} reduction")
-            op = self._ops[redop]
-            fn = c.Allreduce if collective == "allreduce" else c.Reduce_scatter_block
-            return functools.partial(fn, send, recv, op)
-        if collective == "allgather":
-            return functools.partial(c.Allgather, send, recv)
-        if collective == "alltoall":
-            return functools.partial(c.Alltoall, send, recv)
-        if collective == "bcast":
-            return functools.partial(c.Bcast, send, root)
-        raise Unsupported(collective)
+        return super().prepare(collective, send, recv, redop, root)
 
 
 class GlooBackend:

@@ -194,46 +194,41 @@ def here():
     return {"pid": os.getpid(), "host": socket.gethostname()}
 
 
-# --- gpucoll itself ----------------------------------------------------------------------------
-class GpucollBackend:
-    """The collectives through gpucoll's public API, exactly as a user script calls them."""
+# --- mpi4py-shaped libraries: gpucoll itself and mpi4py share one API ----------------------------
+class MpiStyleBackend:
+    """Calls through an mpi4py-shaped API, exactly as a user script makes them. `lib` is the
+    module holding IN_PLACE and the ops (gpucoll, or mpi4py's MPI); `comm` its communicator."""
 
-    name = "gpucoll"
+    name = "mpi-style"
 
-    def __init__(self, comm=None):
-        import gpucoll
-
-        self._g = gpucoll
-        self.comm = comm if comm is not None else gpucoll.COMM_WORLD
-        self.rank, self.size = self.comm.rank, self.comm.size
+    def __init__(self, lib, comm, ops):
+        self._lib = lib
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self._ops = ops
         self._f64 = np.zeros(1, np.float64)
         self._i64 = np.zeros(1, np.int64)
-        self._ops = {"sum": gpucoll.SUM, "prod": gpucoll.PROD, "max": gpucoll.MAX, "min": gpucoll.MIN,
-                     "avg": gpucoll.AVG}
 
     def barrier(self):
         self.comm.Barrier()
 
     def reduce_max(self, value):
         self._f64[0] = value
-        self.comm.Allreduce(self._g.IN_PLACE, self._f64, op=self._g.MAX)
+        self.comm.Allreduce(self._lib.IN_PLACE, self._f64, op=self._lib.MAX)
         return float(self._f64[0])
 
     def reduce_sum(self, value):
         self._i64[0] = value
-        self.comm.Allreduce(self._g.IN_PLACE, self._i64, op=self._g.SUM)
+        self.comm.Allreduce(self._lib.IN_PLACE, self._i64, op=self._lib.SUM)
         return int(self._i64[0])
 
-    def ranks_info(self):
-        info = dict(here(), rank=self.rank)
-        return self.comm.allgather(info)
-
     def prepare(self, collective, send, recv, redop, root):
-        c, op = self.comm, self._ops[redop]
-        if collective == "allreduce":
-            return functools.partial(c.Allreduce, send, recv, op)
-        if collective == "reduce_scatter":
-            return functools.partial(c.Reduce_scatter_block, send, recv, op)
+        c = self.comm
+        if collective in ("allreduce", "reduce_scatter"):
+            if redop not in self._ops:
+                raise Unsupported(f"{self.name} has no {redop} reduction")
+            fn = c.Allreduce if collective == "allreduce" else c.Reduce_scatter_block
+            return functools.partial(fn, send, recv, self._ops[redop])
         if collective == "allgather":
             return functools.partial(c.Allgather, send, recv)
         if collective == "alltoall":
@@ -241,3 +236,20 @@ class GpucollBackend:
         if collective == "bcast":
             return functools.partial(c.Bcast, send, root)
         raise Unsupported(f"gpucoll-bench does not measure {collective}")
+
+
+class GpucollBackend(MpiStyleBackend):
+    """The collectives through gpucoll's public API."""
+
+    name = "gpucoll"
+
+    def __init__(self, comm=None):
+        import gpucoll
+
+        super().__init__(gpucoll, comm if comm is not None else gpucoll.COMM_WORLD,
+                         {"sum": gpucoll.SUM, "prod": gpucoll.PROD, "max": gpucoll.MAX, "min": gpucoll.MIN,
+                          "avg": gpucoll.AVG})
+
+    def ranks_info(self):
+        info = dict(here(), rank=self.rank)
+        return self.comm.allgather(info)
