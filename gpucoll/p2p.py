@@ -161,6 +161,12 @@ class Inbox:
         except (OSError, ConnectionError):
             self._sel.unregister(conn)
             conn.close()
+            # The receive being filled is no longer posted: _peer_lost cannot see it, and its
+            # Wait would block for ever.
+            if posted is not None and not posted.request._done.is_set():
+                posted.request._finish(error=LostPeerError(
+                    f"Recv from rank {source}: its connection closed (the process ended or crashed) "
+                    f"in the middle of a {nbytes}-byte message with tag {tag}", ranks=[source]))
             self._peer_lost(world_rank)
 
     def _peer_lost(self, world_rank):
@@ -249,7 +255,10 @@ def _complete(posted, source, tag, nbytes, error, payload):
         posted.status.source, posted.status.tag, posted.status.nbytes = source, tag, nbytes
     value = None
     if error is None and posted.view is None:  # an object receive
-        value = pickle.loads(payload)
+        try:
+            value = pickle.loads(payload)
+        except Exception as exc:  # the receiver's error, raised by its wait(); the reader thread lives on
+            error = exc
     posted.request._finish(value, error)
 
 

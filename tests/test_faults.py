@@ -138,3 +138,13 @@ def test_bad_arguments_raise_before_anything_is_sent(gpurun_job):
     for name, info in got.items():
         assert info["type"] == "InvalidUsageError", (name, info)
         assert words[name] in info["message"], (name, info["message"])
+
+
+def test_connection_closed_inside_a_message_fails_the_receive(gpurun_job):
+    # The receive being filled is no longer posted; it must still be told, not wait for ever.
+    job = gpurun_job(2, "p2p_faults.py", "cut", env={"GPUCOLL_TIMEOUT": "5"}, timeout=40).check()
+    cut = job.json_lines("CUT ")
+    assert sorted(cut) == [1], job.describe()
+    assert cut[1]["type"] == "LostPeerError", cut
+    assert "in the middle of a 65536-byte message with tag 5" in cut[1]["message"], cut
+    assert cut[1]["elapsed"] < 4, cut

@@ -47,3 +47,10 @@ def test_scatter_with_a_bad_root_list_raises_everywhere(gpurun_job):
     assert sorted(raised) == [0, 1, 2], job.describe()
     for lines in raised.values():
         assert "must pass a sequence of 3 objects, not list of length 2" in lines[0]
+
+
+def test_object_that_cannot_be_unpickled_raises_in_recv(gpurun_job):
+    # The error belongs to the receive; the process's message reader keeps serving the next one.
+    job = gpurun_job(2, "p2p_faults.py", "unpickle", env={"GPUCOLL_TIMEOUT": "5"}, timeout=40).check()
+    assert job.tagged("RAISED ") == {1: ["this object cannot be rebuilt here"]}, job.describe()
+    assert job.tagged("NEXT ") == {1: ["after"]}, job.describe()

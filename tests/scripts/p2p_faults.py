@@ -1,0 +1,59 @@
+"""Point-to-point failures on the receiving side, with GPUCOLL_TIMEOUT short:
+
+  unpickle  rank 0 sends an object that cannot be rebuilt on rank 1, then a plain one: rank 1's
+            recv raises the unpickling error and the next recv still gets its message
+  cut       rank 0's connection to rank 1 closes in the middle of a message that rank 1 is
+            receiving: rank 1's Wait raises LostPeerError instead of blocking
+"""
+import json
+import sys
+import time
+
+import numpy as np
+
+import gpucoll
+from gpucoll import p2p
+
+mode = sys.argv[1]
+comm = gpucoll.COMM_WORLD
+
+
+def _refuse():
+    raise ValueError("this object cannot be rebuilt here")
+
+
+class Unpicklable:
+    def __reduce__(self):
+        return (_refuse, ())
+
+
+if mode == "unpickle":
+    if comm.rank == 0:
+        comm.send(Unpicklable(), 1, tag=1)
+        comm.send("after", 1, tag=2)
+    else:
+        try:
+            comm.recv(source=0, tag=1)
+            print("RESULT-NO-ERROR")
+        except ValueError as exc:
+            print("RAISED", exc)
+        print("NEXT", comm.recv(source=0, tag=2))
+elif mode == "cut":
+    if comm.rank == 1:
+        buf = np.zeros(1 << 16, np.uint8)
+        req = comm.Irecv(buf, source=0, tag=5)
+        comm.Barrier()  # the receive is posted before the message starts
+        t0 = time.monotonic()
+        try:
+            req.Wait()
+            print("RESULT-NO-ERROR")
+        except gpucoll.GpucollError as exc:
+            print("CUT " + json.dumps({"type": type(exc).__name__, "message": str(exc),
+                                       "elapsed": time.monotonic() - t0}))
+    else:
+        comm.Barrier()
+        conn, lock = comm._p2p._connection(1)
+        with lock:  # a header for 64 KiB, 100 bytes of it, then the connection ends
+            conn.sendall(p2p._FRAME.pack(comm._p2p._key, comm.rank, 5, 1 << 16) + bytes(100))
+            conn.close()
+    comm.Barrier()
