@@ -367,7 +367,7 @@ class Communicator:
                  recvtag=_p2p.ANY_TAG, status=None):
         req = self.irecv(None, source, recvtag)
         self.send(sendobj, dest, sendtag)
-        return req.wait()
+        return req.wait(status)
 
     def bcast(self, obj, root=0):
         """root's Python object, on every rank."""

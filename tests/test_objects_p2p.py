@@ -33,6 +33,7 @@ def test_object_methods(gpurun_job, size):
             left = (r - 1) % size
             assert got["ring"] == [left, [left] * 3, left, 4]
             assert got["sendrecv"] == ["hi", left]
+            assert got["sendrecv_status"] == [left, 6]
             if r == 1:
                 assert got["send_recv"] == ["first", 100000, 99999]
         members = [q for q in range(size) if q % 2 == r % 2]

@@ -64,8 +64,10 @@ if size > 1:
         first = comm.recv(source=0, tag=1)
         second = ireq.wait()
         out["send_recv"] = [first, len(second), second[-1]]
-    out["sendrecv"] = comm.sendrecv(("hi", rank), dest=right, source=left)
+    st = gpucoll.Status()
+    out["sendrecv"] = comm.sendrecv(("hi", rank), dest=right, sendtag=6, source=left, status=st)
     out["sendrecv"] = list(out["sendrecv"])
+    out["sendrecv_status"] = [st.Get_source(), st.Get_tag()]
 
 # the same methods on a sub-communicator
 sub = comm.Split(rank % 2, key=rank)
