@@ -381,7 +381,23 @@ class Communicator:
 
     def allgather(self, obj):
         """Every rank's object, in rank order."""
-        return [pickle.loads(b) for b in self._allgather_bytes(_dumps(obj))]
+        return self._allgather_objects(obj, "allgather")
+
+    def _allgather_objects(self, obj, what, problem=None):
+        """allgather, raising on every rank when a rank's input is wrong (`problem`) or cannot
+        be pickled: no rank is left waiting for a rank that gave up."""
+        if problem is None:
+            try:
+                data = _dumps(obj)
+            except Exception as exc:
+                problem = f"{what}: rank {self.rank} cannot pickle its object: {type(exc).__name__}: {exc}"
+        if problem is not None:
+            data = _dumps(_ScatterFailed(problem))
+        items = [pickle.loads(b) for b in self._allgather_bytes(data)]
+        failed = next((item for item in items if isinstance(item, _ScatterFailed)), None)
+        if failed is not None:
+            raise InvalidUsageError(failed.problem)
+        return items
 
     def _allgather_bytes(self, data):
         lengths = np.empty(self.size, np.int64)
@@ -396,7 +412,7 @@ class Communicator:
     def gather(self, obj, root=0):
         """On root: every rank's object in rank order; None elsewhere."""
         root = self._check_root(root)
-        items = self.allgather(obj) if self.size <= 64 else self._gather_via_root(obj, root)
+        items = self._allgather_objects(obj, "gather") if self.size <= 64 else self._gather_via_root(obj, root)
         return items if self.rank == root else None
 
     def _gather_via_root(self, obj, root):
@@ -430,7 +446,7 @@ class Communicator:
     def allreduce(self, obj, op=_ops.SUM):
         """op over every rank's object, combined in rank order (same result everywhere)."""
         op = _ops.as_op(op)
-        items = self.allgather(obj)
+        items = self._allgather_objects(obj, "allreduce")
         if op is _ops.AVG:
             total = items[0]
             for item in items[1:]:
@@ -446,14 +462,18 @@ class Communicator:
         return result if self.rank == self._check_root(root) else None
 
     def alltoall(self, sendobj):
-        if sendobj is None or len(sendobj) != self.size:
-            raise InvalidUsageError(f"alltoall: pass a sequence of {self.size} objects")
-        table = self.allgather(list(sendobj))
+        """Item j of rank i's sendobj becomes item i of rank j's result."""
+        problem = None
+        if sendobj is None or not hasattr(sendobj, "__len__") or len(sendobj) != self.size:
+            problem = (f"alltoall: every rank must pass a sequence of {self.size} objects; rank {self.rank} "
+                       f"passed {type(sendobj).__name__}"
+                       + (f" of length {len(sendobj)}" if hasattr(sendobj, "__len__") else ""))
+        table = self._allgather_objects(None if problem else list(sendobj), "alltoall", problem)
         return [table[r][self.rank] for r in range(self.size)]
 
 
 class _ScatterFailed:
-    """What the root of an object scatter sends instead of data when its input is wrong."""
+    """What a rank sends instead of data when its input to an object collective is wrong."""
 
     def __init__(self, problem):
         self.problem = problem

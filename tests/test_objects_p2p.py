@@ -55,3 +55,16 @@ def test_object_that_cannot_be_unpickled_raises_in_recv(gpurun_job):
     job = gpurun_job(2, "p2p_faults.py", "unpickle", env={"GPUCOLL_TIMEOUT": "5"}, timeout=40).check()
     assert job.tagged("RAISED ") == {1: ["this object cannot be rebuilt here"]}, job.describe()
     assert job.tagged("NEXT ") == {1: ["after"]}, job.describe()
+
+
+@pytest.mark.parametrize("mode, message", [
+    ("alltoall", "alltoall: every rank must pass a sequence of 3 objects; rank 1 passed list of length 2"),
+    ("allgather", "allgather: rank 1 cannot pickle its object"),
+])
+def test_bad_object_input_on_one_rank_raises_everywhere(gpurun_job, mode, message):
+    job = gpurun_job(3, "objects_bad_input.py", mode, env={"GPUCOLL_TIMEOUT": "10"}, timeout=40).check()
+    raised = job.tagged("RAISED ")
+    assert sorted(raised) == [0, 1, 2], job.describe()
+    for lines in raised.values():
+        assert lines[0].startswith(message), job.describe()
+    assert job.tagged("NEXT ") == {r: ["[0, 1, 2]"] for r in range(3)}, job.describe()
