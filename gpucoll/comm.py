@@ -372,9 +372,18 @@ class Communicator:
     def bcast(self, obj, root=0):
         """root's Python object, on every rank."""
         root = self._check_root(root)
-        data = _dumps(obj) if self.rank == root else b""
-        length = np.array([len(data)], dtype=np.int64)
+        data, problem = b"", None
+        if self.rank == root:
+            try:
+                data = _dumps(obj)
+            except Exception as exc:
+                problem = exc
+        # A length of -1 tells the others that the root gave up, so that they raise too.
+        length = np.array([len(data) if problem is None else -1], dtype=np.int64)
         self.Bcast(length, root)
+        if length[0] < 0:
+            why = f": {type(problem).__name__}: {problem}" if problem is not None else ""
+            raise InvalidUsageError(f"bcast: the root (rank {root}) cannot pickle its object{why}")
         buf = np.frombuffer(data, np.uint8).copy() if self.rank == root else np.empty(length[0], np.uint8)
         self.Bcast(buf, root)
         return obj if self.rank == root else pickle.loads(buf.tobytes())

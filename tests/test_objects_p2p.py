@@ -60,6 +60,7 @@ def test_object_that_cannot_be_unpickled_raises_in_recv(gpurun_job):
 @pytest.mark.parametrize("mode, message", [
     ("alltoall", "alltoall: every rank must pass a sequence of 3 objects; rank 1 passed list of length 2"),
     ("allgather", "allgather: rank 1 cannot pickle its object"),
+    ("bcast", "bcast: the root (rank 1) cannot pickle its object"),
 ])
 def test_bad_object_input_on_one_rank_raises_everywhere(gpurun_job, mode, message):
     job = gpurun_job(3, "objects_bad_input.py", mode, env={"GPUCOLL_TIMEOUT": "10"}, timeout=40).check()
