@@ -2,6 +2,9 @@
 import threading
 
 
+_UNDEFINED = -32766  # gpucoll.UNDEFINED (comm.py imports this module)
+
+
 class Request:
     """Completion handle of a nonblocking operation.
 
@@ -77,7 +80,10 @@ class Request:
 
     @staticmethod
     def Waitany(requests, status=None):
-        """Index of a completed request (blocks until one is done)."""
+        """Index of a completed request (blocks until one is done); UNDEFINED when there is
+        none to wait for, as in MPI."""
+        if not requests:
+            return _UNDEFINED
         while True:
             for i, req in enumerate(requests):
                 if req._done.wait(0 if i else 0.0005):

@@ -3,6 +3,8 @@ several operations in flight at once, Test() while a peer is late, Isend/Irecv w
 ANY_SOURCE and ANY_TAG, statuses, FIFO order between a pair, Waitany."""
 import pytest
 
+import gpucoll
+
 
 @pytest.mark.parametrize("size", [3])
 def test_nonblocking(gpurun_job, size):
@@ -38,5 +40,6 @@ def test_nonblocking(gpurun_job, size):
     assert p2p["any_any"] == [[q, 30 + q, 1000 + q] for q in range(1, size)]
     assert p2p["fifo"] == list(range(20))
     assert p2p["waitany"] == list(range(1, size)) and "waitany_status_wrong" not in p2p
+    assert p2p["waitany_empty"] == gpucoll.UNDEFINED
     for r in range(1, size):
         assert res[r]["p2p"] == {"isends_tested_true": True}

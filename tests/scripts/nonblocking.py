@@ -121,6 +121,7 @@ if rank == 0:
             if st.Get_source() != rq.index(live[j]) + 1:
                 p2p["waitany_status_wrong"] = st.Get_source()
         p2p["waitany"] = sorted(int(b[0]) for b in bufs)
+        p2p["waitany_empty"] = Request.Waitany([])
 else:
     sends = [comm.Isend(np.array([100 + rank], np.int32), dest=0, tag=99),
              comm.Isend(np.array([rank, rank * rank], np.int32), dest=0, tag=10 + rank)]
