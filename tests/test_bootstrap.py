@@ -92,6 +92,14 @@ def test_torchrun_style_environment():
     assert sorted(out.strip() for _, out, _ in results) == [f"{r} 3 {r} 3" for r in range(3)]
 
 
+def test_torchrun_style_single_rank_needs_no_address():
+    # RANK=0 WORLD_SIZE=1 alone (a one-process debug run): a singleton, not a store on port 0.
+    out = subprocess.run([sys.executable, "-c", HELLO], capture_output=True, text=True, timeout=30,
+                         env=_clean_env(RANK=0, WORLD_SIZE=1, GPUCOLL_INIT_TIMEOUT=5))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "0 1 0 1"
+
+
 def test_slurm_step_environment_with_real_hostlist():
     job = 4242 + os.getpid() % 1000
     host = socket.gethostname()

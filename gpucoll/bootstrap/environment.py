@@ -165,6 +165,8 @@ def _from_torchrun(environ):
     else:
         if size > 1 and not (environ.get("MASTER_ADDR") and environ.get("MASTER_PORT")):
             raise BootstrapError(f"WORLD_SIZE={size} needs MASTER_ADDR and MASTER_PORT (or GPUCOLL_STORE).")
+        if not environ.get("MASTER_PORT"):  # one rank and no address: nothing to exchange
+            return _singleton(environ)
         host = environ.get("MASTER_ADDR", "127.0.0.1")
         port = int(environ.get("MASTER_PORT", "0") or 0)
         # torchrun's own agent already serves torch's store on MASTER_PORT: take the next port.
