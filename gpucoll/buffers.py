@@ -100,6 +100,8 @@ def _from_spec(spec, what):
         raise InvalidUsageError(f"{what}: {raw.size} bytes is not a whole number of {datatype.name} elements")
     view = raw.view(datatype.np)
     if count is not None:
+        if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or count < 0:
+            raise InvalidUsageError(f"{what}: count {count!r} must be a non-negative integer")
         if count > view.size:
             raise InvalidUsageError(f"{what}: count {count} exceeds the buffer's {view.size} {datatype.name} elements")
         view = view[:count]

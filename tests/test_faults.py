@@ -133,6 +133,7 @@ def test_bad_arguments_raise_before_anything_is_sent(gpurun_job):
         "object dtype": "dtype object", "not a buffer": "not a buffer",
         "IN_PLACE on a non-root": "only allowed on the root", "Send to a rank out of range": "out of range",
         "Recv from a rank out of range": "out of range", "Isend negative dest": "out of range",
+        "negative count in a buffer spec": "count -1 must be a non-negative integer",
     }
     assert sorted(got) == sorted(words)
     for name, info in got.items():

@@ -27,6 +27,7 @@ import time
 import numpy as np
 
 import gpucoll
+from gpucoll import MPI
 
 mode = sys.argv[1]
 comm = gpucoll.COMM_WORLD
@@ -164,6 +165,7 @@ elif mode == "badargs":
             "Send to a rank out of range": lambda: comm.Send(np.ones(4), dest=size),
             "Recv from a rank out of range": lambda: comm.Recv(np.ones(4), source=size + 3),
             "Isend negative dest": lambda: comm.Isend(np.ones(4), dest=-5),
+            "negative count in a buffer spec": lambda: comm.Allreduce(gpucoll.IN_PLACE, [np.ones(4), -1, MPI.DOUBLE]),
         }
         for name, call in bad.items():
             try:
