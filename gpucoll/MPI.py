@@ -14,14 +14,13 @@ from . import ops as _ops
 from . import world as _world
 from .buffers import Datatype
 from .errors import GpucollError
-from .p2p import ANY_SOURCE, ANY_TAG, Status
+from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Status
 from .request import Request
 
 Comm = Intracomm = _comm.Communicator
 Exception = GpucollError  # noqa: A001 - mpi4py's name
 IN_PLACE = _comm.IN_PLACE
 UNDEFINED = _comm.UNDEFINED
-PROC_NULL = -2
 Op = _ops.Op
 SUM, PROD, MAX, MIN, BAND, BOR, BXOR = _ops.SUM, _ops.PROD, _ops.MAX, _ops.MIN, _ops.BAND, _ops.BOR, _ops.BXOR
 

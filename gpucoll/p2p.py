@@ -24,10 +24,11 @@ from . import config, log
 from .engine import OrderedEngine
 from .errors import GpucollError, InvalidUsageError, LostPeerError
 from .errors import TimeoutError as GpucollTimeout
-from .request import Request
+from .request import CompletedRequest, Request
 
 ANY_SOURCE = -1
 ANY_TAG = -1
+PROC_NULL = -2  # a peer that does not exist: sends to it and receives from it do nothing, at once
 OBJECT_GATHER_TAG = -1001  # tags below zero are reserved for gpucoll's object methods
 OBJECT_SCATTER_TAG = -1002
 
@@ -316,29 +317,41 @@ class PointToPoint:
         return memoryview(buf.array).cast("B") if buf.count else memoryview(b"")
 
     def send(self, buf, dest, tag):
+        if dest == PROC_NULL:
+            return
         dest = self._check_peer(dest, "destination")
         self._sender(dest).run(self._send_task(self._payload(buf), dest, int(tag)))
 
     def isend(self, buf, dest, tag):
+        if dest == PROC_NULL:
+            return CompletedRequest("Isend")
         dest = self._check_peer(dest, "destination")
         return self._sender(dest).submit(self._send_task(self._payload(buf), dest, int(tag)), "Isend")
 
     def send_object(self, obj, dest, tag):
+        if dest == PROC_NULL:
+            return
         dest = self._check_peer(dest, "destination")
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         self._sender(dest).run(self._send_task(memoryview(data), dest, int(tag)))
 
     def isend_object(self, obj, dest, tag):
+        if dest == PROC_NULL:
+            return CompletedRequest("isend")
         dest = self._check_peer(dest, "destination")
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         return self._sender(dest).submit(self._send_task(memoryview(data), dest, int(tag)), "isend")
 
     def _post(self, view, source, tag, status, want_bytes, name):
-        if source != ANY_SOURCE:
+        if source not in (ANY_SOURCE, PROC_NULL):
             source = self._check_peer(source, "source")
         req = _TimedRequest(name, self, source, tag)
         # Keep a status even when the caller passed none: Wait(status)/Test(status) copy it.
         req.status = status if status is not None else Status()
+        if source == PROC_NULL:  # MPI: done at once, no data, source PROC_NULL and tag ANY_TAG
+            req.status.source, req.status.tag, req.status.nbytes = PROC_NULL, ANY_TAG, 0
+            req._finish()
+            return req
         posted = _Posted(source, int(tag), view, req, req.status, want_bytes)
         req.posted = posted
         self._ctx.inbox.post(self._key, posted)

@@ -89,3 +89,4 @@ def test_names_and_missing_pieces(gpurun_job):
         assert got["count_spec"] == [0, 3, 6, 9, 4 * (r + 1), 5 * (r + 1)]  # only [buf, 4, INT] reduced
         assert got["sizes"] == [8, 4, 1, 4]
         assert got["waitall"] is True and got["exception_is_base"] is True
+        assert got["proc_null"] == [[7.0, 7.0], -2, -1, 0, None]

@@ -45,5 +45,12 @@ reqs = [comm.Iallreduce(MPI.IN_PLACE, [np.ones(3), MPI.DOUBLE]) for _ in range(3
 MPI.Request.Waitall(reqs)
 out["waitall"] = True
 out["exception_is_base"] = issubclass(MPI.Exception, Exception)
+# PROC_NULL: the edge of a non-periodic halo exchange; nothing is sent or received
+edge = np.full(2, 7.0)
+st = MPI.Status()
+comm.Sendrecv(np.ones(2), dest=MPI.PROC_NULL, recvbuf=edge, source=MPI.PROC_NULL, status=st)
+obj = comm.sendrecv("x", dest=MPI.PROC_NULL, source=MPI.PROC_NULL)
+MPI.Request.Waitall([comm.Isend(np.ones(2), dest=MPI.PROC_NULL), comm.Irecv(edge, source=MPI.PROC_NULL)])
+out["proc_null"] = [edge.tolist(), st.Get_source(), st.Get_tag(), st.Get_count(), obj]
 MPI.Finalize()
 print("RESULT " + json.dumps(out), flush=True)
