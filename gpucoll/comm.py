@@ -10,6 +10,7 @@ algorithm and transport. Blocking methods return when the result is in place;
     x = np.full(4, comm.rank, dtype=np.float32)
     comm.Allreduce(gpucoll.IN_PLACE, x, op=gpucoll.SUM)
 """
+import operator
 import pickle
 
 import numpy as np
@@ -96,12 +97,19 @@ class Communicator:
 
     def Split(self, color=0, key=0):
         """Ranks with the same color form a new communicator, ordered by (key, rank).
-        A color of UNDEFINED (or a negative one) gives None."""
+        A color of UNDEFINED (any negative one, or None) gives None."""
         self._check_alive()
         self._children += 1
-        table = self.allgather((int(color), int(key)))
         tag = self._children
-        if color is None or color < 0:
+        # Checked after the exchange, so that a bad argument on one rank raises on all of them.
+        mine = (UNDEFINED if color is None else _integer(color), _integer(key))
+        table = self.allgather(mine)
+        bad = [r for r, (c, k) in enumerate(table) if c is None or k is None]
+        if bad:
+            raise InvalidUsageError(f"Split: rank(s) {', '.join(map(str, bad))} passed a color or key that is "
+                                    "not an integer; pass integers (UNDEFINED to stay out)")
+        color = mine[0]
+        if color < 0:
             return None
         members = sorted((k, r) for r, (c, k) in enumerate(table) if c == color)
         world = [self._world_ranks[r] for _, r in members]
@@ -150,6 +158,7 @@ class Communicator:
         recv = host_buffer(recvbuf, "recvbuf", writable=True)
         send = recv if sendbuf is IN_PLACE else host_buffer(sendbuf, "sendbuf")
         _same_shape(send, recv, "sendbuf", "recvbuf", "Allreduce")
+        _overlap(send, recv, 0, "Allreduce")
         op.check(recv.code)
         return Call(self._dispatch, "allreduce", send, recv, recv.count, recv.code, op)
 
@@ -184,6 +193,7 @@ class Communicator:
             recv = host_buffer(recvbuf, "recvbuf", writable=True)
             send = recv if sendbuf is IN_PLACE else host_buffer(sendbuf, "sendbuf")
             _same_shape(send, recv, "sendbuf", "recvbuf", "Reduce")
+            _overlap(send, recv, 0, "Reduce")
         else:
             if sendbuf is IN_PLACE:
                 raise InvalidUsageError("Reduce: IN_PLACE is only allowed on the root")
@@ -209,6 +219,7 @@ class Communicator:
         else:
             send = host_buffer(sendbuf, "sendbuf")
             _block_fits(send, recv, block, self.size, "Allgather", "sendbuf", "recvbuf")
+            _overlap(send, recv, self.rank * send.nbytes, "Allgather")
         return Call(self._dispatch, "allgather", send, recv, block, recv.code)
 
     def Allgather(self, sendbuf, recvbuf, stream=None):
@@ -231,6 +242,7 @@ class Communicator:
             send = host_buffer(sendbuf, "sendbuf")
             block = recv.count
             _block_fits(recv, send, block, self.size, "Reduce_scatter_block", "recvbuf", "sendbuf")
+            _overlap(recv, send, 0, "Reduce_scatter_block")
         op.check(recv.code)
         return Call(self._dispatch, "reduce_scatter", send, recv, block, recv.code, op)
 
@@ -250,6 +262,7 @@ class Communicator:
         else:
             send = host_buffer(sendbuf, "sendbuf")
             _same_shape(send, recv, "sendbuf", "recvbuf", "Alltoall")
+            _overlap(send, recv, 0, "Alltoall")
         return Call(self._dispatch, "alltoall", send, recv, recv.count // self.size, recv.code)
 
     def Alltoall(self, sendbuf, recvbuf, stream=None):
@@ -269,6 +282,7 @@ class Communicator:
             send = None if sendbuf is IN_PLACE else host_buffer(sendbuf, "sendbuf")
             if send is not None:
                 _block_fits(send, recv, block, self.size, "Gather", "sendbuf", "recvbuf")
+                _overlap(send, recv, root * send.nbytes, "Gather")
             code = recv.code
         else:
             if sendbuf is IN_PLACE:
@@ -294,6 +308,7 @@ class Communicator:
             recv = None if recvbuf is IN_PLACE else host_buffer(recvbuf, "recvbuf", writable=True)
             if recv is not None:
                 _block_fits(recv, send, block, self.size, "Scatter", "recvbuf", "sendbuf")
+                _overlap(recv, send, root * recv.nbytes, "Scatter")
             code = send.code
         else:
             if recvbuf is IN_PLACE:
@@ -325,11 +340,11 @@ class Communicator:
     # --- point to point -------------------------------------------------------------
     def Send(self, buf, dest, tag=0):
         self._check_alive()
-        self._p2p.send(_p2p_buffer(buf, "buf"), dest, tag)
+        self._p2p.send(_p2p_buffer(buf, "buf"), dest, _user_tag(tag))
 
     def Isend(self, buf, dest, tag=0):
         self._check_alive()
-        return self._p2p.isend(_p2p_buffer(buf, "buf"), dest, tag)
+        return self._p2p.isend(_p2p_buffer(buf, "buf"), dest, _user_tag(tag))
 
     def Recv(self, buf, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG, status=None):
         self._check_alive()
@@ -343,17 +358,17 @@ class Communicator:
                  recvtag=_p2p.ANY_TAG, status=None):
         self._check_alive()
         req = self._p2p.irecv(_p2p_buffer(recvbuf, "recvbuf", writable=True), source, recvtag, status)
-        self._p2p.send(_p2p_buffer(sendbuf, "sendbuf"), dest, sendtag)
+        self._p2p.send(_p2p_buffer(sendbuf, "sendbuf"), dest, _user_tag(sendtag))
         req.Wait()
 
     # --- object methods (pickle) ---------------------------------------------------
     def send(self, obj, dest, tag=0):
         self._check_alive()
-        self._p2p.send_object(obj, dest, tag)
+        self._p2p.send_object(obj, dest, _user_tag(tag))
 
     def isend(self, obj, dest, tag=0):
         self._check_alive()
-        return self._p2p.isend_object(obj, dest, tag)
+        return self._p2p.isend_object(obj, dest, _user_tag(tag))
 
     def recv(self, buf=None, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG, status=None):
         self._check_alive()
@@ -426,9 +441,10 @@ class Communicator:
 
     def _gather_via_root(self, obj, root):
         if self.rank != root:
-            self.send(obj, root, tag=_p2p.OBJECT_GATHER_TAG)
+            self._p2p.send_object(obj, root, _p2p.OBJECT_GATHER_TAG)
             return None
-        return [obj if r == root else self.recv(source=r, tag=_p2p.OBJECT_GATHER_TAG) for r in range(self.size)]
+        return [obj if r == root else self._p2p.irecv_object(r, _p2p.OBJECT_GATHER_TAG).wait()
+                for r in range(self.size)]
 
     def scatter(self, sendobj, root=0):
         """Rank i gets root's sendobj[i]."""
@@ -441,13 +457,13 @@ class Communicator:
                 # Tell the waiting ranks too, so that no rank hangs on the root's mistake.
                 for r in range(self.size):
                     if r != root:
-                        self.send(_ScatterFailed(problem), r, tag=_p2p.OBJECT_SCATTER_TAG)
+                        self._p2p.send_object(_ScatterFailed(problem), r, _p2p.OBJECT_SCATTER_TAG)
                 raise InvalidUsageError(problem)
             for r in range(self.size):
                 if r != root:
-                    self.send(sendobj[r], r, tag=_p2p.OBJECT_SCATTER_TAG)
+                    self._p2p.send_object(sendobj[r], r, _p2p.OBJECT_SCATTER_TAG)
             return sendobj[root]
-        item = self.recv(source=root, tag=_p2p.OBJECT_SCATTER_TAG)
+        item = self._p2p.irecv_object(root, _p2p.OBJECT_SCATTER_TAG).wait()
         if isinstance(item, _ScatterFailed):
             raise InvalidUsageError(item.problem)
         return item
@@ -501,6 +517,21 @@ def _host_stream(stream):
         raise InvalidUsageError("stream= applies to GPU buffers only; these buffers are in host memory")
 
 
+def _integer(value):
+    """value as an int when it is an integer (NumPy's included), else None."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def _user_tag(tag):
+    """Tags of user messages are integers >= 0, as in MPI (negative ones are gpucoll's own)."""
+    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or tag < 0:
+        raise InvalidUsageError(f"message tag {tag!r} is not allowed: use an integer >= 0")
+    return int(tag)
+
+
 def _dumps(obj):
     return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -510,6 +541,16 @@ def _same_shape(a, b, an, bn, what):
         raise InvalidUsageError(
             f"{what}: {an} ({a.count} x {_tn(a)}) and {bn} ({b.count} x {_tn(b)}) must have the same "
             "number of elements and the same dtype")
+
+
+def _overlap(part, whole, offset, what):
+    """Overlapping send and receive buffers are an error, except in the one layout that
+    means IN_PLACE: `part` starting exactly `offset` bytes into `whole`."""
+    if part is whole or part.addr == whole.addr + offset:
+        return
+    if part.addr < whole.addr + whole.nbytes and whole.addr < part.addr + part.nbytes and part.nbytes:
+        raise InvalidUsageError(f"{what}: sendbuf and recvbuf overlap in memory; pass gpucoll.IN_PLACE as "
+                                "sendbuf to reuse the receive buffer, or use separate buffers")
 
 
 def _divisible(buf, size, what, name):

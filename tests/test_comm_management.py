@@ -39,3 +39,14 @@ def test_split_dup_free(gpurun_job, size):
             assert message.startswith("InvalidUsageError: ") and "freed" in message, (call, message)
         assert got["world_after_free"] == size
         assert got["made_and_freed"] == len(same_parity)
+
+
+def test_split_with_a_bad_color_raises_on_every_rank(gpurun_job):
+    job = gpurun_job(3, "split_bad.py", timeout=60)
+    assert job.returncode == 0, job.describe()
+    raised = job.tagged("RAISED ")
+    assert sorted(raised) == [0, 1, 2], job.describe()
+    for lines in raised.values():
+        assert "rank(s) 1 passed a color or key that is not an integer" in lines[0]
+    # The communicator stays usable; None as a color leaves rank 0 out, keys reverse the order.
+    assert job.tagged("AFTER ") == {0: ["none"], 1: ["1/2"], 2: ["0/2"]}

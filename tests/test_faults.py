@@ -134,6 +134,9 @@ def test_bad_arguments_raise_before_anything_is_sent(gpurun_job):
         "IN_PLACE on a non-root": "only allowed on the root", "Send to a rank out of range": "out of range",
         "Recv from a rank out of range": "out of range", "Isend negative dest": "out of range",
         "negative count in a buffer spec": "count -1 must be a non-negative integer",
+        "overlapping buffers": "overlap in memory", "allgather sendbuf at another rank's block": "overlap",
+        "big-endian buffer": "byte order", "negative tag": "tag -5 is not allowed",
+        "tag not an int": "tag 1.5 is not allowed",
     }
     assert sorted(got) == sorted(words)
     for name, info in got.items():

@@ -139,6 +139,7 @@ elif mode == "badargs":
         ro = np.ones(4)
         ro.flags.writeable = False
         m2 = np.ones((4, 4), np.float32)
+        shared = np.zeros(4 * size, np.int32)
         bad = {
             "non-contiguous sendbuf": lambda: comm.Allreduce(np.ones(8)[::2], np.ones(4)),
             "non-contiguous buf": lambda: comm.Bcast(m2.T, root=1),
@@ -166,6 +167,11 @@ elif mode == "badargs":
             "Recv from a rank out of range": lambda: comm.Recv(np.ones(4), source=size + 3),
             "Isend negative dest": lambda: comm.Isend(np.ones(4), dest=-5),
             "negative count in a buffer spec": lambda: comm.Allreduce(gpucoll.IN_PLACE, [np.ones(4), -1, MPI.DOUBLE]),
+            "overlapping buffers": lambda: comm.Allreduce(shared[:6], shared[2:8]),
+            "allgather sendbuf at another rank's block": lambda: comm.Allgather(shared[:2], shared[:2 * size]),
+            "big-endian buffer": lambda: comm.Allreduce(gpucoll.IN_PLACE, np.ones(4, ">f8")),
+            "negative tag": lambda: comm.send("x", 0, tag=-5),
+            "tag not an int": lambda: comm.Send(np.ones(2), 0, tag=1.5),
         }
         for name, call in bad.items():
             try:
