@@ -187,6 +187,14 @@ class Inbox:
         with self._lock:
             self._members[key] = {w: r for r, w in enumerate(world_ranks)}
 
+    def unregister(self, key, why):
+        """Forget a freed communicator: drop its unread messages and fail its pending receives."""
+        with self._lock:
+            self._members.pop(key, None)
+            box = self._boxes.pop(key, None)
+        for posted in box.posted if box is not None else ():
+            posted.request._finish(error=InvalidUsageError(why))
+
     # --- matching for receives ---------------------------------------------------------
     def post(self, key, posted):
         box = self.box(key)
@@ -367,6 +375,8 @@ class PointToPoint:
     def close(self):
         for engine in self._senders.values():
             engine.close()
+        self._ctx.inbox.unregister(self._key, f"communicator {self._comm.name} was freed while this receive "
+                                              "was pending")
 
 
 class _TimedRequest(Request):

@@ -69,3 +69,11 @@ def test_bad_object_input_on_one_rank_raises_everywhere(gpurun_job, mode, messag
     for lines in raised.values():
         assert lines[0].startswith(message), job.describe()
     assert job.tagged("NEXT ") == {r: ["[0, 1, 2]"] for r in range(3)}, job.describe()
+
+
+def test_free_fails_pending_receives_and_forgets_matching_state(gpurun_job):
+    job = gpurun_job(2, "free_pending.py", timeout=60)
+    assert job.returncode == 0, job.describe()
+    for lines in job.tagged("PENDING ").values():
+        assert "was freed while this receive was pending" in lines[0]
+    assert job.tagged("LEFT ") == {0: ["0"], 1: ["0"]}
