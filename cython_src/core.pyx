@@ -146,6 +146,16 @@ def op_valid(int dtype_code, int op_code):
     return bool(gc_op_valid(dtype_code, op_code))
 
 
+def address_of(obj):
+    """Address of the first byte of a contiguous buffer (a NumPy array, bytearray, ...):
+    cheaper than building NumPy's __array_interface__ dict on every call."""
+    cdef Py_buffer view
+    PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE)
+    cdef uintptr_t addr = <uintptr_t>view.buf
+    PyBuffer_Release(&view)
+    return addr
+
+
 def reduce(dst, src, int dtype_code, int op_code):
     """dst[i] = dst[i] OP src[i] over buffer-protocol objects of equal byte size.
 

@@ -8,6 +8,7 @@ are recognised and routed to the GPU path.
 import numpy as np
 
 from . import dtypes
+from ._native.core import address_of
 from .errors import InvalidUsageError
 from .gpu.buffers import maybe_gpu_buffer
 
@@ -43,7 +44,7 @@ class HostBuffer:
 
     def __init__(self, array, code):
         self.array = array
-        self.addr = array.__array_interface__["data"][0] if array.size else 0
+        self.addr = address_of(array) if array.size else 0
         self.count = array.size
         self.code = code
         self.itemsize = array.itemsize
@@ -118,12 +119,13 @@ def _contiguous(arr, what):
 
 def host_buffer(obj, what="buffer", writable=False):
     """HostBuffer for obj; raises InvalidUsageError with the reason when it cannot be used."""
-    if type(obj) is np.ndarray and obj.flags.c_contiguous:  # the common case, kept short
+    if type(obj) is np.ndarray:  # the common case, kept short: it is on every call's path
+        flags = obj.flags
         code = _CODES.get(obj.dtype)
-        if code is not None:
-            if writable and not obj.flags.writeable:
+        if code is not None and flags.c_contiguous:
+            if writable and not flags.writeable:
                 raise InvalidUsageError(f"{what} is read-only; the result needs a writable buffer")
-            return HostBuffer(obj.reshape(-1), code)
+            return HostBuffer(obj if obj.ndim == 1 else obj.reshape(-1), code)
     gpu = maybe_gpu_buffer(obj, what)  # GpuBuffer for CuPy/torch/CAI/DLPack GPU objects
     if gpu is not None:
         return gpu

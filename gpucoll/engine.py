@@ -15,7 +15,8 @@ from .request import Request
 class OrderedEngine:
     def __init__(self, name):
         self._name = name
-        self._cv = threading.Condition()
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
         self._queue = collections.deque()
         self._busy = False  # an operation is running (inline or on the worker)
         self._worker = None
@@ -23,10 +24,12 @@ class OrderedEngine:
 
     def run(self, task):
         """Run task() now, in order after anything pending; return its result."""
-        with self._cv:
-            inline = not self._queue and not self._busy
-            if inline:
-                self._busy = True
+        lock = self._lock  # the condition's own lock, taken directly: this is every call's path
+        lock.acquire()
+        inline = not self._queue and not self._busy
+        if inline:
+            self._busy = True
+        lock.release()
         if not inline:
             return self.submit(task, "blocking").wait()
         try:
