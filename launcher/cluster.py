@@ -382,12 +382,10 @@ class Head:
         self._kill_agents()
         for stream in self.streams:
             stream.close()
-        if self.stop_reason == "signal":
-            code = 128 + self.stop_signal
-            lines = report.signal_report(self.stop_signal, self.still_running_at_stop)
-        elif self.stop_reason == "timeout":
-            code = report.EXIT_TIMEOUT
-            lines = report.timeout_report(self.opts.timeout, self.still_running_at_stop)
+        stopped_by_us = report.launcher_stop(self.stop_reason, self.stop_signal, self.opts.timeout,
+                                              self.still_running_at_stop)
+        if stopped_by_us is not None:
+            code, lines = stopped_by_us
         elif self.stop_reason == "startup":
             message, code = self.startup_error
             lines = [f"gpurun: {message}", f"gpurun: exiting with {code}"]

@@ -262,12 +262,10 @@ class Job:
         reap_orphans()
         for stream in self.streams:
             stream.close()
-        if self.stop_reason == "signal":
-            code = 128 + self.stop_signal
-            lines = report.signal_report(self.stop_signal, self.still_running_at_stop)
-        elif self.stop_reason == "timeout":
-            code = report.EXIT_TIMEOUT
-            lines = report.timeout_report(self.opts.timeout, self.still_running_at_stop)
+        stopped_by_us = report.launcher_stop(self.stop_reason, self.stop_signal, self.opts.timeout,
+                                              self.still_running_at_stop)
+        if stopped_by_us is not None:
+            code, lines = stopped_by_us
         elif self.first_failure is not None:
             rank = self.first_failure
             code = report.exit_code_of(rank.returncode)

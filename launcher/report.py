@@ -59,6 +59,16 @@ def signal_report(signum, still_running):
             f"(ranks still running then: {ranks_text(still_running)}); exiting with {128 + signum}"]
 
 
+def launcher_stop(reason, signum, timeout, still_running):
+    """(exit code, report lines) when gpurun itself ended the job (a signal it received or
+    --timeout), else None: the ranks' own outcome decides."""
+    if reason == "signal":
+        return 128 + signum, signal_report(signum, still_running)
+    if reason == "timeout":
+        return EXIT_TIMEOUT, timeout_report(timeout, still_running)
+    return None
+
+
 def ranks_text(ranks):
     """'0, 2, 3' (or 'none')."""
     return ", ".join(str(r) for r in sorted(ranks)) or "none"
