@@ -117,7 +117,15 @@ class Inbox:
                     self._read_frame(key.fileobj, key.data)
 
     def _accept(self):
-        conn, _ = self._listener.accept()
+        try:
+            conn, _ = self._listener.accept()
+        except OSError as exc:  # e.g. out of file descriptors: keep delivering to the others
+            log.warn("P2P", "could not accept a point-to-point connection: %s", exc)
+            return
+        # The hello is read on its own thread: a silent client must not hold up delivery.
+        threading.Thread(target=self._greet, args=(conn,), name="gpucoll-inbox-hello", daemon=True).start()
+
+    def _greet(self, conn):
         conn.settimeout(10)
         try:
             magic, rank, proof = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
@@ -130,7 +138,7 @@ class Inbox:
             return
         conn.settimeout(None)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sel.register(conn, selectors.EVENT_READ, rank)
+        self._sel.register(conn, selectors.EVENT_READ, rank)  # epoll: safe while select() waits
 
     def _read_frame(self, conn, world_rank):
         try:

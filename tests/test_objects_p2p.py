@@ -77,3 +77,10 @@ def test_free_fails_pending_receives_and_forgets_matching_state(gpurun_job):
     for lines in job.tagged("PENDING ").values():
         assert "was freed while this receive was pending" in lines[0]
     assert job.tagged("LEFT ") == {0: ["0"], 1: ["0"]}
+
+
+def test_a_silent_client_does_not_hold_up_delivery(gpurun_job):
+    job = gpurun_job(2, "p2p_silent_client.py", timeout=60)
+    assert job.returncode == 0, job.describe()
+    got = job.json_lines()[1]
+    assert got["got"] == "hi" and got["seconds"] < 3, got
