@@ -37,7 +37,7 @@ class OrderedEngine:
         finally:
             with self._cv:
                 self._busy = False
-                if self._queue:
+                if self._queue or self._closed:
                     self._cv.notify_all()
 
     def submit(self, task, name="request"):
@@ -56,9 +56,10 @@ class OrderedEngine:
     def _loop(self):
         while True:
             with self._cv:
-                while not self._closed and (not self._queue or self._busy):
+                # Never beside a running operation, even after close(): that one may be inline.
+                while self._busy or (not self._queue and not self._closed):
                     self._cv.wait()
-                if self._closed and not self._queue:
+                if not self._queue:  # closed, and everything queued has run
                     return
                 task, req = self._queue.popleft()
                 self._busy = True
