@@ -1,5 +1,9 @@
 """Requests: handles of nonblocking operations (mpi4py's Request shape)."""
 import threading
+import time
+
+from . import config
+from .errors import TimeoutError as GpucollTimeout
 
 
 _UNDEFINED = -32766  # gpucoll.UNDEFINED (comm.py imports this module)
@@ -84,11 +88,17 @@ class Request:
         none to wait for, as in MPI."""
         if not requests:
             return _UNDEFINED
+        timeout = config.TIMEOUT.get()
+        deadline = time.monotonic() + timeout
         while True:
             for i, req in enumerate(requests):
                 if req._done.wait(0 if i else 0.0005):
                     req.Wait(status)
                     return i
+            if time.monotonic() > deadline:
+                names = ", ".join(sorted({req.name for req in requests}))
+                raise GpucollTimeout(f"Waitany: none of {len(requests)} requests ({names}) completed within "
+                                     f"{timeout:g} s (GPUCOLL_TIMEOUT)")
 
     @staticmethod
     def waitall(requests, statuses=None):

@@ -43,3 +43,12 @@ def test_nonblocking(gpurun_job, size):
     assert p2p["waitany_empty"] == gpucoll.UNDEFINED
     for r in range(1, size):
         assert res[r]["p2p"] == {"isends_tested_true": True}
+
+
+def test_waitany_ends_after_the_timeout(gpurun_job):
+    job = gpurun_job(2, "waitany_timeout.py", env={"GPUCOLL_TIMEOUT": 1}, timeout=60)
+    assert job.returncode == 0, job.describe()
+    got = job.json_lines()[1]
+    assert got["type"] == "TimeoutError", got
+    assert "none of 2 requests (Irecv) completed within 1 s" in got["message"]
+    assert 0.9 <= got["seconds"] < 5, got
