@@ -241,9 +241,11 @@ cdef class DirectGroup:
                 f"rank(s) {names(missing)} (direct shared-memory group of {self.g.nranks})",
                 dead or missing)
         if st == GC_ERR_TIMEOUT:
+            # The report reads the flags again after the deadline: a late rank may just have come.
+            whom = f"rank(s) {names(missing)}" if missing else "other ranks, which came just after the deadline"
             err = TimeoutError(
-                f"rank {self.g.rank} timed out after {self.g.waited_s:.3g} s waiting for rank(s) "
-                f"{names(missing)} (direct shared-memory group of {self.g.nranks})")
+                f"rank {self.g.rank} timed out after {self.g.waited_s:.3g} s waiting for {whom} "
+                f"(direct shared-memory group of {self.g.nranks})")
             err.ranks = tuple(missing)
             raise err
         if st == GC_ERR_MISMATCH:
