@@ -159,8 +159,8 @@ TIMEOUT = declare("GPUCOLL_TIMEOUT", "float", 300.0,
                   "Seconds any blocking wait in a collective may last before it raises.", minimum=0.001)
 ALGO = declare("GPUCOLL_ALGO", "choice", "auto",
                "Force an algorithm: auto, direct, ring, tree, rhd (recursive halving/doubling), "
-               "one-shot or two-shot.",
-               choices=("auto", "direct", "ring", "tree", "rhd", "one-shot", "two-shot"))
+               "one-shot, two-shot or staged (GPU: through the IPC staging buffers).",
+               choices=("auto", "direct", "ring", "tree", "rhd", "one-shot", "two-shot", "staged"))
 PROTO = declare("GPUCOLL_PROTO", "choice", "auto", "Force a protocol: auto, simple or ll (low latency).",
                 choices=("auto", "simple", "ll"))
 BUFFSIZE = declare("GPUCOLL_BUFFSIZE", "size", 4 << 20,
@@ -182,8 +182,9 @@ CACHE_DIR = declare("GPUCOLL_CACHE_DIR", "str", None,
                     "Folder for compiled kernels; default ~/.cache/gpucoll.")
 
 # --- GPU collectives (within a host) ----------------------------------------------
-GPU_ONESHOT_MAX = declare("GPUCOLL_GPU_ONESHOT_MAX", "size", 256 << 10,
-                          "GPU all-reduce: one-shot kernel up to this many bytes, two-shot above.")
+GPU_ONESHOT_MAX = declare("GPUCOLL_GPU_ONESHOT_MAX", "size", None,
+                          "GPU all-reduce: one-shot kernel up to this many bytes and never above; unset: the "
+                          "cost table decides (gpucoll info shows its crossovers).")
 GPU_STAGE_MAX = declare("GPUCOLL_GPU_STAGE_MAX", "size", 64 << 20,
                         "GPU collectives up to this many bytes go through the IPC staging buffers; larger "
                         "ones register the caller's buffers with CUDA IPC and move data directly.",
@@ -192,6 +193,10 @@ GPU_BLOCKS = declare("GPUCOLL_GPU_BLOCKS", "int", 0,
                      "Most thread blocks per GPU collective kernel; 0 picks by size (up to 64 through staging, "
                      "128 on registered buffers).",
                      minimum=0)
+GPU_SHARED_IPC = declare("GPUCOLL_GPU_SHARED_IPC", "bool", False,
+                         "Ranks that share a GPU still use CUDA IPC and gpucoll's kernels instead of staging "
+                         "through host memory. Kernels of different processes on one GPU take turns (about 2 ms "
+                         "per synchronisation on an H200): for testing the IPC path on a one-GPU machine.")
 GPU_COPY = declare("GPUCOLL_GPU_COPY", "choice", "ce",
                    "How large GPU broadcasts and all-gathers move registered data: ce (copy engines, "
                    "cuMemcpyAsync between mapped buffers) or sm (copy kernels).", choices=("ce", "sm"))

@@ -307,9 +307,15 @@ def test_select_picks_the_cheapest_row(auto, transport):
     for coll in GENERATORS:
         for p in (1, 2, 3, 8, 16, 64):
             for nbytes in (0, 8, 4096, 1 << 20, 1 << 28):
-                algo = select(coll, nbytes, p, transport)
+                # Links the schedule executor does not run over offer their native rows only.
+                native = set() if selector.LINKS[transport].schedules else selector.NATIVE
+                if not selector.candidates(coll, transport, native):
+                    with pytest.raises(InvalidUsageError, match=f"no {coll} algorithm runs over {transport}"):
+                        select(coll, nbytes, p, transport, available=native)
+                    continue
+                algo = select(coll, nbytes, p, transport, available=native)
                 costs = {a: selector.cost(coll, a, nbytes, p, transport)
-                         for a in selector.candidates(coll, transport)}
+                         for a in selector.candidates(coll, transport, native)}
                 assert costs[algo] == min(costs.values())
                 assert algo == next(a for a, c in costs.items() if c == min(costs.values()))
 
@@ -327,6 +333,35 @@ def test_select_follows_the_model_from_latency_to_bandwidth(auto):
     assert select("allreduce", 1024, 4, "tcp", available={"direct"}) != "direct"
     assert select("allreduce", 1024, 8, "nvlink", available={"one-shot", "two-shot"}) == "one-shot"
     assert select("allreduce", 1 << 28, 8, "nvlink", available={"one-shot", "two-shot"}) == "two-shot"
+
+
+def test_gpu_choice_is_the_nvlink_rows_of_the_table(auto):
+    gpu = {"one-shot", "two-shot", "direct", "staged"}
+    # 2 ranks: one-shot to 256 KiB, two-shot through staging, registered buffers from 64 MiB.
+    assert select("allreduce", 8, 2, "nvlink", available=gpu) == "one-shot"
+    assert select("allreduce", 128 << 10, 2, "nvlink", available=gpu) == "one-shot"
+    assert select("allreduce", 1 << 20, 2, "nvlink", available=gpu) == "two-shot"
+    assert select("allreduce", 256 << 20, 2, "nvlink", available=gpu) == "direct"
+    # More ranks: one-shot pushes to p-1 peers, so two-shot and direct take over sooner.
+    steps = {p: dict((a, b) for b, a in selector.crossovers("allreduce", p, "nvlink", gpu)) for p in (2, 4, 8)}
+    assert steps[2]["two-shot"] > steps[4]["two-shot"] > steps[8]["two-shot"]
+    assert steps[2]["direct"] > steps[4]["direct"] > steps[8]["direct"]
+    assert select("bcast", 1 << 30, 8, "nvlink", available=gpu) == "direct"
+    assert select("gather", 1 << 30, 8, "nvlink", available=gpu) == "staged"
+    # The schedules (ring, tree, ...) run over host channels only: never a GPU choice.
+    for nbytes in (8, 1 << 20, 1 << 30):
+        for p in (2, 3, 8):
+            assert select("allreduce", nbytes, p, "nvlink", available={"one-shot"}) == "one-shot"
+    assert select("allreduce", 1 << 20, 2, "nvlink", forced="one-shot", available=gpu) == "one-shot"
+    assert any("allreduce" in line and "8 ranks" in line for line in selector.describe())
+
+
+def test_crossovers_are_where_the_choice_changes(auto):
+    points = selector.crossovers("allreduce", 4, "nvlink", {"one-shot", "two-shot", "direct"})
+    assert [a for _, a in points] == ["one-shot", "two-shot", "direct"] and points[0][0] == 0
+    for (start, algo), (nxt, _) in zip(points, points[1:] + [(1 << 32, None)]):
+        assert select("allreduce", start, 4, "nvlink", available={"one-shot", "two-shot", "direct"}) == algo
+        assert select("allreduce", nxt - 1, 4, "nvlink", available={"one-shot", "two-shot", "direct"}) == algo
 
 
 def test_forced_algorithm_is_honoured_where_it_exists(auto, monkeypatch):
@@ -397,4 +432,4 @@ def test_tune_changes_the_choice(auto):
 
 
 def test_config_declares_the_forced_names():
-    assert {"auto", "direct", "ring", "tree", "rhd", "one-shot", "two-shot"} == set(config.ALGO.choices)
+    assert {"auto", "direct", "ring", "tree", "rhd", "one-shot", "two-shot", "staged"} == set(config.ALGO.choices)

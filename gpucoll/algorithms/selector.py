@@ -33,16 +33,18 @@ from .registry import canonical
 
 @dataclass
 class Link:
-    """Figures of one transport: alpha seconds per message, beta seconds per byte."""
+    """Figures of one transport: alpha seconds per message, beta seconds per byte;
+    `schedules`: whether the schedule executor runs over it (else only native rows apply)."""
     alpha: float
     beta: float
+    schedules: bool = True
 
 
 LINKS = {
     "shm": Link(alpha=1e-6, beta=1 / 8e9),          # shared-memory rings between ranks of a host
     "tcp": Link(alpha=20e-6, beta=1 / 1.2e9),       # sockets between hosts (10 GbE class)
     "ib": Link(alpha=3e-6, beta=1 / 12e9),          # RDMA verbs
-    "nvlink": Link(alpha=3e-6, beta=1 / 100e9),     # GPU peers through CUDA IPC
+    "nvlink": Link(alpha=3e-6, beta=1 / 100e9, schedules=False),  # GPU peers through CUDA IPC
 }
 
 
@@ -65,13 +67,44 @@ class Entry:
 # channels: 22 us and 187 us), so per byte of the call it moves at about 20 GB/s.
 _MEMORY = dict(alpha=0.5e-6, beta=1 / 20e9)
 
+# GPU collectives of the ranks of one host (gpucoll/gpu/dispatch.py): CUDA IPC kernels over
+# NVLink (or PCIe P2P). A step is one flag exchange between all ranks; the volume counts the bytes
+# each rank moves over its links. "staged" algorithms go through the communicator's IPC staging
+# slots (one-shot and two-shot for allreduce), "direct" ones between the callers' buffers, which
+# are registered with CUDA IPC on each call (a host exchange of handles: a larger alpha).
+# Figures fitted to 2 x H200 (NV18), 2 ranks, float32, eager launches, 2026-11-29: one-shot
+# 6.8 us at 8 B; staged two-shot 14.1 us at 512 KiB, 18.0 us at 2 MiB, 36 us at 8 MiB; direct
+# 342 GB/s busbw at 512 MiB. One-shot's beta is not a link figure: it is set so that the 2-rank
+# crossover to two-shot stays at 256 KiB (its small-size times are bound by the host's launch
+# cost), and direct's alpha so that the staged-to-direct crossover stays at 64 MiB. 4 and 8
+# ranks follow from the steps and volume expressions until they are measured there.
+_GPU_ONESHOT = dict(alpha=6.8e-6, beta=1 / 43.7e9)
+_GPU_STAGED = dict(alpha=6.0e-6, beta=1 / 330e9)
+_GPU_DIRECT = dict(alpha=9.6e-6, beta=1 / 342e9)
+_NV = ("nvlink",)
+
+GPU_TABLE = (
+    Entry("allreduce", "one-shot", "1", "p-1", _NV, True, **_GPU_ONESHOT),
+    Entry("allreduce", "two-shot", "2", "2*(p-1)/p", _NV, True, **_GPU_STAGED),
+    Entry("allreduce", "direct", "2", "2*(p-1)/p", _NV, True, **_GPU_DIRECT),
+    Entry("reduce_scatter_block", "staged", "1", "(p-1)/p", _NV, True, **_GPU_STAGED),
+    Entry("reduce_scatter_block", "direct", "2", "(p-1)/p", _NV, True, **_GPU_DIRECT),
+    Entry("allgather", "staged", "1", "(p-1)/p", _NV, True, **_GPU_STAGED),
+    Entry("allgather", "direct", "2", "(p-1)/p", _NV, True, **_GPU_DIRECT),
+    Entry("bcast", "staged", "1", "1", _NV, True, **_GPU_STAGED),
+    Entry("bcast", "direct", "2", "1", _NV, True, **_GPU_DIRECT),
+    Entry("alltoall", "staged", "1", "(p-1)/p", _NV, True, **_GPU_STAGED),
+    Entry("alltoall", "direct", "2", "(p-1)/p", _NV, True, **_GPU_DIRECT),
+    Entry("reduce", "staged", "1", "1", _NV, True, **_GPU_STAGED),
+    Entry("gather", "staged", "1", "(p-1)/p", _NV, True, **_GPU_STAGED),
+    Entry("scatter", "staged", "1", "(p-1)/p", _NV, True, **_GPU_STAGED),
+)
+
 TABLE = (
     Entry("allreduce", "ring", "2*(p-1)", "2*(p-1)/p"),
     Entry("allreduce", "rhd", "2*lg", "2*(q-1)/q + 2*fold"),
     Entry("allreduce", "tree", "2*lg", "2*lg"),
     Entry("allreduce", "direct", "1", "1", ("shm",), True, **_MEMORY),
-    Entry("allreduce", "one-shot", "1", "p-1", ("nvlink",), True),
-    Entry("allreduce", "two-shot", "2", "2*(p-1)/p", ("nvlink",), True),
     Entry("reduce_scatter_block", "ring", "p-1", "(p-1)/p"),
     Entry("reduce_scatter_block", "rhd", "lg + fold", "(q-1)/q + fold*(1 + 1/p)"),
     Entry("reduce_scatter_block", "direct", "1", "1", ("shm",), True, **_MEMORY),
@@ -94,7 +127,7 @@ TABLE = (
     Entry("alltoall", "direct", "1", "1", ("shm",), True, **_MEMORY),
     Entry("barrier", "dissemination", "lg", "0"),
     Entry("barrier", "direct", "1", "0", ("shm",), True, **_MEMORY),
-)
+) + GPU_TABLE
 
 NATIVE = frozenset(e.algorithm for e in TABLE if e.native)
 
@@ -158,22 +191,27 @@ def cost(collective, algorithm, nbytes, size, transport):
     """Modelled seconds of `algorithm` for one call; raises InvalidUsageError if it does not exist."""
     nbytes, size = _check(nbytes, size)
     link = _link(transport)
-    for entry in _entries(collective):
-        if entry.algorithm == algorithm:
-            if entry.transports and transport not in entry.transports:
-                raise InvalidUsageError(f"{collective} {algorithm} runs over {', '.join(entry.transports)} "
-                                        f"only, not {transport}")
+    named = [e for e in _entries(collective) if e.algorithm == algorithm]
+    for entry in named:
+        if not entry.transports or transport in entry.transports:
             return _entry_cost(entry, nbytes, size, link)
+    if named:
+        over = sorted({t for e in named for t in e.transports})
+        raise InvalidUsageError(f"{collective} {algorithm} runs over {', '.join(over)} only, not {transport}")
     raise InvalidUsageError(f"{collective} has no algorithm {algorithm!r}; choose from "
                             f"{', '.join(e.algorithm for e in _entries(collective))}")
 
 
 def candidates(collective, transport, available=()):
     """Algorithms the model may pick for `collective` over `transport`, in table order."""
-    _link(transport)
-    return [e.algorithm for e in _entries(collective)
-            if (not e.transports or transport in e.transports)
-            and (not e.native or e.algorithm in available)]
+    names = [e.algorithm for e in _entries(collective) if _offered(e, transport, _link(transport), available)]
+    return list(dict.fromkeys(names))
+
+
+def _offered(entry, transport, link, available):
+    if entry.transports and transport not in entry.transports:
+        return False
+    return entry.algorithm in available if entry.native else link.schedules
 
 
 @lru_cache(maxsize=4096)
@@ -181,9 +219,7 @@ def _best(collective, nbytes, size, transport, available):
     link = _link(transport)
     best, best_cost = None, math.inf
     for entry in _entries(collective):
-        if entry.transports and transport not in entry.transports:
-            continue
-        if entry.native and entry.algorithm not in available:
+        if not _offered(entry, transport, link, available):
             continue
         c = _entry_cost(entry, nbytes, size, link)
         if c < best_cost:       # strict: ties go to the earlier row
@@ -214,7 +250,11 @@ def select(collective, nbytes, size, transport, forced=None, available=()):
             _warned.add(key)
             log.warn("TUNING", "GPUCOLL_ALGO=%s does not apply to %s over %s (there: %s); "
                      "using the cost model", forced, collective, transport, ", ".join(allowed))
-    return _best(collective, nbytes, size, transport, available)
+    best = _best(collective, nbytes, size, transport, available)
+    if best is None:
+        raise InvalidUsageError(f"no {collective} algorithm runs over {transport}"
+                                + (f" among {', '.join(sorted(available))}" if available else ""))
+    return best
 
 
 def tune(transport, alpha=None, beta=None):
@@ -236,7 +276,8 @@ def describe():
     """The model as lines of text, for `gpucoll info`: the link figures, then the table."""
     lines = ["transport      alpha(us)   bandwidth(GB/s)"]
     for name, link in LINKS.items():
-        lines.append(f"{name:<14} {link.alpha * 1e6:9.2f}   {1 / link.beta / 1e9:15.2f}")
+        only = "" if link.schedules else "   (native rows only)"
+        lines.append(f"{name:<14} {link.alpha * 1e6:9.2f}   {1 / link.beta / 1e9:15.2f}{only}")
     lines.append("")
     lines.append(f"{'collective':<22}{'algorithm':<15}{'steps(p)':<22}{'volume(p) x nbytes':<26}where")
     for e in TABLE:
@@ -246,4 +287,43 @@ def describe():
         if e.alpha is not None:
             where += f" alpha={e.alpha * 1e6:g}us bw={1 / e.beta / 1e9:g}GB/s"
         lines.append(f"{e.collective:<22}{e.algorithm:<15}{e.steps:<22}{e.volume:<26}{where}")
+    lines.append("")
+    lines.extend(gpu_crossovers())
     return lines
+
+
+def crossovers(collective, size, transport, available, top=1 << 32):
+    """[(from_bytes, algorithm)]: where the model's choice changes, from 0 to `top` bytes
+    (found by bisection between powers of two, so exact to the byte)."""
+    def best(nbytes):
+        return _best(canonical(collective), nbytes, size, transport, frozenset(available))
+    points, nbytes = [(0, best(0))], 1
+    while nbytes <= top:
+        lo, hi = nbytes // 2, nbytes
+        if best(hi) != points[-1][1]:
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if best(mid) == points[-1][1] else (lo, mid)
+            points.append((hi, best(hi)))
+        nbytes *= 2
+    return points
+
+
+def gpu_crossovers(sizes=(2, 4, 8)):
+    """Lines of the GPU choices by message size for a few rank counts (every algorithm available)."""
+    lines = ["GPU choice by size (nvlink rows; staged up to GPUCOLL_GPU_STAGE_MAX, one-shot up to a slot)"]
+    for coll in dict.fromkeys(e.collective for e in GPU_TABLE):
+        algos = [e.algorithm for e in GPU_TABLE if e.collective == coll]
+        for p in sizes:
+            steps = crossovers(coll, p, "nvlink", algos)
+            text = ", ".join(f"{_human(b)}+ {a}" for b, a in steps)
+            lines.append(f"  {coll:<22}{p} ranks: {text}")
+    return lines
+
+
+def _human(nbytes):
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if nbytes >= 1 << shift:
+            value = nbytes / (1 << shift)
+            return f"{value:.0f}{unit}" if value >= 100 or value == int(value) else f"{value:.1f}{unit}"
+    return f"{nbytes}"

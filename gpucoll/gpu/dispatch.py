@@ -24,6 +24,7 @@ import numpy as np
 
 from .. import config, dtypes, log
 from .. import ops as _ops
+from ..algorithms import selector
 from ..errors import GpucollError, InvalidUsageError
 from ..errors import TimeoutError as GpucollTimeout
 from . import streams
@@ -36,6 +37,10 @@ _BOOL_OPS = {_ops.SUM.code: _ops.BOR.code, _ops.MAX.code: _ops.BOR.code, _ops.BO
              _ops.BAND.code: _ops.BAND.code, _ops.BXOR.code: _ops.BXOR.code}
 _COMPLEX = {dtypes.COMPLEX64: dtypes.FLOAT32, dtypes.COMPLEX128: dtypes.FLOAT64}
 _ROOTED = ("bcast", "reduce", "gather", "scatter")
+_BLOCKED = ("allgather", "reduce_scatter", "alltoall", "gather", "scatter")  # nbytes = size x block
+_STAGED_COPY = {"allgather": "ag_staged", "bcast": "bc_staged", "alltoall": "a2a_staged", "gather": "ga_staged",
+                "scatter": "sc_staged"}
+_DIRECT_COPY = {"allgather": "ag_direct", "alltoall": "a2a_direct"}
 _REG_ROW = 8 + 2 * 72  # ok, has-send, has-recv, pad; then (IPC handle, offset) of send and recv
 
 
@@ -57,6 +62,7 @@ class GpuDispatcher:
         self._kernels = None
         self._kinds = [None] * 256  # the kind of operation seq, at seq & 255 (timeout reports)
         self._fast = {}             # key of a repeated all-reduce -> cuda.Prepared
+        self._choices = {}          # (kind, nbytes, direct possible) -> algorithm
         self._fast_ok = not host.checks and not self.verbose and comm.size > 1
         global cuda
         if cuda is None:
@@ -344,6 +350,45 @@ class GpuDispatcher:
             cuda.memcpy_async(dst, src, nbytes, stream)
         L.launch(barrier, 1, 32, stream, 0, 0, 0)
 
+    def _choose(self, team, kind, nbytes, direct_ok=True):
+        """The cost table's algorithm (gpucoll/algorithms/selector.py, transport "nvlink") among
+        those that can run this call: staged ones up to GPUCOLL_GPU_STAGE_MAX, the one-shot
+        all-reduce while the message fits a staging slot (GPUCOLL_GPU_ONESHOT_MAX, when set,
+        decides it alone), direct ones on buffers that can be registered."""
+        key = (kind, nbytes, direct_ok)
+        algo = self._choices.get(key)
+        if algo is not None:
+            return algo
+        available = set()
+        if nbytes <= team.stage_max:
+            available.add("two-shot" if kind == "allreduce" else "staged")
+        if direct_ok and kind not in ("reduce", "gather", "scatter"):
+            available.add("direct")
+        if kind == "allreduce":
+            oneshot_max = config.GPU_ONESHOT_MAX.get()
+            fits = nbytes <= team.slot
+            if oneshot_max is not None:
+                if nbytes <= oneshot_max and fits:
+                    available = {"one-shot"}
+                else:
+                    fits = False
+            if fits:
+                available.add("one-shot")
+        if not available:  # above the staging capacity, registration failed: staged in pieces
+            available.add("two-shot" if kind == "allreduce" else "staged")
+        algo = selector.select(kind, nbytes, self.comm.size, "nvlink", forced=self.forced, available=available)
+        if len(self._choices) > 4096:
+            self._choices.clear()
+        self._choices[key] = algo
+        return algo
+
+    def _label(self, kind, algo):
+        if algo != "direct":
+            return algo
+        if kind == "allreduce":
+            return "two-shot direct"
+        return "direct copy-engine" if self.copy_engine and kind in ("allgather", "bcast") else "direct"
+
     def _launch(self, team, call, stream, seq):
         kind, n = call.kind, self.comm.size
         send, recv = self.host._buffers(call)
@@ -356,99 +401,69 @@ class GpuDispatcher:
                 raise InvalidUsageError(f"{call.op.name} on complex GPU buffers is not supported; use SUM or AVG")
             code, count = _COMPLEX[code], count * 2
         isz = dtypes.ITEMSIZE[code]
+        block = count * isz  # the per-rank block (the whole vector for allreduce, bcast, reduce)
+        nbytes = block * n if kind in _BLOCKED else block
+        distinct = send != recv or kind in ("allreduce", "allgather", "bcast")
+        algo = self._choose(team, kind, nbytes, distinct)
+        if algo == "direct" and not self._register(team, 0 if kind == "bcast" else send, recv):
+            algo = self._choose(team, kind, nbytes, direct_ok=False)  # not shareable (e.g. a pool allocator)
+        self._log(call, seq, nbytes, self._label(kind, algo))
         L = team.launcher
         slot = team.slot
         if kind == "allreduce":
-            nbytes = count * isz
             fns = self.kernels().reduce(code)
-            forced = self.forced
-            if (nbytes <= team.oneshot_max and forced != "two-shot") or (forced == "one-shot" and nbytes <= slot):
-                self._log(call, seq, nbytes, "one-shot")
+            if algo == "one-shot":
                 prep = L.prepare(fns["ar_oneshot"], max(1, min(32, _cdiv(nbytes, 8 << 10))),
                                  256 if nbytes <= (64 << 10) else 512, send, recv, count, 0, op, 0, n)
                 prep.go(stream, seq)
                 self._remember(call, prep)
-                return
-            if nbytes > team.stage_max and self._register(team, send, recv):
-                self._log(call, seq, nbytes, "two-shot direct")
+            elif algo == "direct":
                 L.launch(fns["ar_direct"], self._grid(nbytes // n, 64 << 10, True), 512, stream, send, recv, count, 0,
                          op, 0, n)
-                return
-            self._log(call, seq, nbytes, "two-shot")
-            per = n * (slot // isz)
-            fn = fns["ar_twoshot"]
-            if count <= per:
-                prep = L.prepare(fn, self._grid(count * isz // n, 32 << 10), 512, send, recv, count, 0, op, 0, n)
-                prep.go(stream, seq)
-                self._remember(call, prep)
-                return
-            for off in range(0, count, per):
-                c = min(per, count - off)
-                L.launch(fn, self._grid(c * isz // n, 32 << 10), 512, stream, send + off * isz, recv + off * isz,
-                         c, 0, op, 0, n)
+            else:
+                per = n * (slot // isz)
+                fn = fns["ar_twoshot"]
+                if count <= per:
+                    prep = L.prepare(fn, self._grid(count * isz // n, 32 << 10), 512, send, recv, count, 0, op, 0, n)
+                    prep.go(stream, seq)
+                    self._remember(call, prep)
+                    return
+                for off in range(0, count, per):
+                    c = min(per, count - off)
+                    L.launch(fn, self._grid(c * isz // n, 32 << 10), 512, stream, send + off * isz, recv + off * isz,
+                             c, 0, op, 0, n)
             return
-        if kind == "reduce_scatter":
+        if kind in ("reduce_scatter", "reduce"):
             fns = self.kernels().reduce(code)
-            nbytes = count * isz
-            if nbytes * n > team.stage_max and send != recv and self._register(team, send, recv):
-                self._log(call, seq, nbytes * n, "direct")
-                L.launch(fns["rs_direct"], self._grid(nbytes, 64 << 10, True), 512, stream, send, recv, count, count, op,
+            if algo == "direct":
+                L.launch(fns["rs_direct"], self._grid(block, 64 << 10, True), 512, stream, send, recv, count, count, op,
                          0, n)
-                return
-            self._log(call, seq, nbytes * n, "staged")
-            self._pieces(fns["rs_staged"], stream, send, recv, count, isz, slot // isz, count, op, 0)
-            return
-        if kind == "reduce":
-            fns = self.kernels().reduce(code)
-            self._log(call, seq, count * isz, "staged")
-            self._pieces(fns["red_staged"], stream, send, recv, count, isz, slot // isz, 0, op, call.root)
+            elif kind == "reduce":
+                self._pieces(fns["red_staged"], stream, send, recv, count, isz, slot // isz, 0, op, call.root)
+            else:
+                self._pieces(fns["rs_staged"], stream, send, recv, count, isz, slot // isz, count, op, 0)
             return
         fns = self.kernels().copy()
-        block = call.count * dtypes.ITEMSIZE[call.code]
-        if kind == "allgather":
-            if block * n > team.stage_max and self._register(team, send, recv):
-                if self.copy_engine:
-                    self._log(call, seq, block * n, "direct copy-engine")
-                    r = self.comm.rank
-                    pairs = [(self._peers[1][p] + r * block, send, block) for p in range(n) if p != r]
-                    if send != recv + r * block:
-                        pairs.append((recv + r * block, send, block))
-                    self._copy_engine(team, stream, pairs)
-                    return
-                self._log(call, seq, block * n, "direct")
-                L.launch(fns["ag_direct"], self._grid(block, 64 << 10, True), 512, stream, send, recv, block, block)
-                return
-            self._log(call, seq, block * n, "staged")
-            self._pieces(fns["ag_staged"], stream, send, recv, block, 1, slot, block, 0, 0)
-        elif kind == "bcast":
-            if block > team.stage_max and self._register(team, 0, recv):
-                if self.copy_engine:
-                    self._log(call, seq, block, "direct copy-engine")
-                    r = self.comm.rank
-                    pairs = [(self._peers[1][p], recv, block) for p in range(n) if p != r] if r == call.root else []
-                    self._copy_engine(team, stream, pairs)
-                    return
-                self._log(call, seq, block, "direct")
+        r = self.comm.rank
+        if algo == "direct":
+            if kind == "allgather" and self.copy_engine:
+                pairs = [(self._peers[1][p] + r * block, send, block) for p in range(n) if p != r]
+                if send != recv + r * block:
+                    pairs.append((recv + r * block, send, block))
+                self._copy_engine(team, stream, pairs)
+            elif kind == "bcast" and self.copy_engine:
+                pairs = [(self._peers[1][p], recv, block) for p in range(n) if p != r] if r == call.root else []
+                self._copy_engine(team, stream, pairs)
+            elif kind == "bcast":
                 L.launch(fns["bc_direct"], self._grid(block // max(1, n - 1), 64 << 10, True), 512, stream, 0, recv,
                          block, 0, 0, call.root)
-                return
-            self._log(call, seq, block, "staged")
-            self._pieces(fns["bc_staged"], stream, 0, recv, block, 1, slot, 0, 0, call.root)
-        elif kind == "alltoall":
-            if block * n > team.stage_max and send != recv and self._register(team, send, recv):
-                self._log(call, seq, block * n, "direct")
-                L.launch(fns["a2a_direct"], self._grid(block, 64 << 10, True), 512, stream, send, recv, block, block)
-                return
-            self._log(call, seq, block * n, "staged")
-            self._pieces(fns["a2a_staged"], stream, send, recv, block, 1, slot, block, 0, 0)
-        elif kind == "gather":
-            self._log(call, seq, block * n, "staged")
-            self._pieces(fns["ga_staged"], stream, send, recv, block, 1, slot, block, 0, call.root)
-        elif kind == "scatter":
-            self._log(call, seq, block * n, "staged")
-            self._pieces(fns["sc_staged"], stream, send, recv, block, 1, slot, block, 0, call.root)
-        else:
-            raise InvalidUsageError(f"{kind} is not a GPU collective")
+            else:  # allgather, alltoall: every rank writes its blocks into the peers' outputs
+                L.launch(fns[_DIRECT_COPY[kind]], self._grid(block, 64 << 10, True), 512, stream, send, recv, block,
+                         block)
+            return
+        stride = 0 if kind == "bcast" else block
+        self._pieces(fns[_STAGED_COPY[kind]], stream, 0 if kind == "bcast" else send, recv, block, 1, slot, stride, 0,
+                     call.root if kind in _ROOTED else 0)
 
     def _pieces(self, fn, stream, send, recv, count, isz, per, stride, op, root):
         """Launch fn over [0, count) in pieces of at most `per` units (one staging slot each)."""

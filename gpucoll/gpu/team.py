@@ -50,14 +50,13 @@ class Team:
         self.devices = [d for d, _ in devices]
         if config.P2P_DISABLE.get():
             mine_ok, why = False, "GPUCOLL_P2P_DISABLE=1"
-        elif len({bus for _, bus in devices}) != self.size:
-            mine_ok, why = False, "several ranks share a GPU"
+        elif len({bus for _, bus in devices}) != self.size and not config.GPU_SHARED_IPC.get():
+            mine_ok, why = False, "several ranks share a GPU (GPUCOLL_GPU_SHARED_IPC=1 uses IPC anyway)"
         else:
             bad = [d for d, _ in devices if d != device and not cuda.can_access_peer(device, d)]
             mine_ok, why = not bad, f"no P2P access from GPU {device} to GPU(s) {bad}"
-        oneshot = config.GPU_ONESHOT_MAX.get()
+        oneshot = config.GPU_ONESHOT_MAX.get() or 0
         stage_max = config.GPU_STAGE_MAX.get()
-        self.oneshot_max = oneshot
         self.stage_max = stage_max
         self.slot = _round_up(max(oneshot, -(-stage_max // self.size), 4096), ALIGN)
         total = STAGE_OFFSET + 4 * self.size * self.slot
