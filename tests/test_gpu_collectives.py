@@ -26,12 +26,20 @@ needs_gpu = pytest.mark.skipif(NGPUS < 1, reason="needs a CUDA GPU and CuPy")
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
+def job_env(nranks, **extra):
+    """The environment of an nranks-rank GPU job: one GPU per rank where there are enough,
+    else ranks share GPUs and still run the IPC kernels (GPUCOLL_GPU_SHARED_IPC=1; slower,
+    the same results)."""
+    env = {**SAFE_ENV, **extra}
+    if nranks > NGPUS:
+        env["GPUCOLL_GPU_SHARED_IPC"] = "1"
+    return env
+
+
 @needs_gpu
 @pytest.mark.parametrize("nranks", [1, 2])
 def test_gpu_collectives(gpurun_job, nranks):
-    if nranks > NGPUS:
-        pytest.skip(f"needs {nranks} GPUs")
-    job = gpurun_job(nranks, "gpu_cases.py", env=SAFE_ENV, timeout=900).check()
+    job = gpurun_job(nranks, "gpu_cases.py", env=job_env(nranks), timeout=900).check()
     results = job.json_lines()
     assert sorted(results) == list(range(nranks)), job.describe()
     for rank, res in results.items():
@@ -42,9 +50,7 @@ def test_gpu_collectives(gpurun_job, nranks):
 
 @needs_gpu
 def test_gpu_debug_log_names_algorithm_and_transport(gpurun_job):
-    if NGPUS < 2:
-        pytest.skip("needs 2 GPUs")
-    env = {**SAFE_ENV, "GPUCOLL_DEBUG": "INFO", "GPUCOLL_DEBUG_SUBSYS": "COLL"}
+    env = job_env(2, GPUCOLL_DEBUG="INFO", GPUCOLL_DEBUG_SUBSYS="COLL")
     job = gpurun_job(2, "gpu_log.py", env=env, timeout=120).check()
     assert all(v["sum"] == 4 for v in job.json_lines().values()), job.describe()
     text = job.stderr + job.stdout
@@ -54,9 +60,7 @@ def test_gpu_debug_log_names_algorithm_and_transport(gpurun_job):
 
 @needs_gpu
 def test_gpu_timeout_names_operation_and_peer(gpurun_job):
-    if NGPUS < 2:
-        pytest.skip("needs 2 GPUs")
-    env = {**SAFE_ENV, "GPUCOLL_TIMEOUT": "4"}
+    env = job_env(2, GPUCOLL_TIMEOUT="4")
     job = gpurun_job(2, "gpu_timeout.py", env=env, timeout=120).check()
     res = job.json_lines()
     assert all(r["fast_sum"] == 3.0 and r["dup_sum"] == 8.0 for r in res.values()), job.describe()
