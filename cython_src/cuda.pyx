@@ -35,6 +35,8 @@ cdef extern from "gc_cuda.h" nogil:
     ctypedef unsigned long long CUdeviceptr
     ctypedef struct CUipcMemHandle:
         char reserved[64]
+    ctypedef struct CUipcEventHandle:
+        char reserved[64]
     int GC_MAXRANKS
     int GC_CUDA_ERROR_NOT_READY
     int GC_ERR_DEVICE_TIMEOUT
@@ -64,6 +66,15 @@ cdef extern from "gc_cuda.h" nogil:
         int nvalues
         int pad
 
+    int GC_MAXFUSE
+    ctypedef struct gc_multi:
+        unsigned long long send[64]
+        unsigned long long recv[64]
+        unsigned long long count[64]
+        unsigned long long offset[64]
+        int op[64]
+        int n
+
     ctypedef struct gc_cuda_api:
         CUresult (*DriverGetVersion)(int *) noexcept nogil
         CUresult (*DeviceGet)(CUdevice *, int) noexcept nogil
@@ -84,11 +95,14 @@ cdef extern from "gc_cuda.h" nogil:
         CUresult (*MemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream) noexcept nogil
         CUresult (*MemcpyDtoH)(void *, CUdeviceptr, size_t) noexcept nogil
         CUresult (*MemcpyHtoD)(CUdeviceptr, const void *, size_t) noexcept nogil
+        CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream) noexcept nogil
         CUresult (*MemGetAddressRange)(CUdeviceptr *, size_t *, CUdeviceptr) noexcept nogil
         CUresult (*PointerGetAttribute)(void *, int, CUdeviceptr) noexcept nogil
         CUresult (*IpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr) noexcept nogil
         CUresult (*IpcOpenMemHandle)(CUdeviceptr *, CUipcMemHandle, unsigned int) noexcept nogil
         CUresult (*IpcCloseMemHandle)(CUdeviceptr) noexcept nogil
+        CUresult (*IpcGetEventHandle)(CUipcEventHandle *, CUevent) noexcept nogil
+        CUresult (*IpcOpenEventHandle)(CUevent *, CUipcEventHandle) noexcept nogil
         CUresult (*ModuleLoadData)(CUmodule *, const void *) noexcept nogil
         CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *) noexcept nogil
         CUresult (*EventCreate)(CUevent *, unsigned int) noexcept nogil
@@ -109,6 +123,7 @@ cdef extern from "gc_cuda.h" nogil:
     ctypedef struct gc_launch:
         gc_team team
         gc_args args
+        gc_multi multi
         CUcontext ctx
         volatile unsigned long long *err_host
     void gc_launch_init(gc_launch *l)
@@ -117,6 +132,7 @@ cdef extern from "gc_cuda.h" nogil:
 
 
 MAXRANKS = GC_MAXRANKS
+MAXFUSE = GC_MAXFUSE
 
 
 class CudaError(GpucollError):
@@ -289,6 +305,14 @@ def memcpy_dtoh(uintptr_t host, CUdeviceptr src, size_t nbytes):
     _check(rc, "cuMemcpyDtoH")
 
 
+def memcpy_htod_async(CUdeviceptr dst, uintptr_t host, size_t nbytes, uintptr_t stream):
+    """Host to device on `stream`; from pageable memory the call returns once `host` may be reused."""
+    cdef CUresult rc
+    with nogil:
+        rc = gc_cu.MemcpyHtoDAsync(dst, <const void *>host, nbytes, <CUstream>stream)
+    _check(rc, "cuMemcpyHtoDAsync")
+
+
 def memcpy_htod(CUdeviceptr dst, uintptr_t host, size_t nbytes):
     cdef CUresult rc
     with nogil:
@@ -351,9 +375,31 @@ def module_function(uintptr_t module, str name):
     return <uintptr_t>f
 
 
-def event_create(bint timing=False):
+def event_create(bint timing=False, bint interprocess=False):
+    """A new event of the current context; interprocess ones (never timing) can be shared with
+    ipc_get_event_handle."""
     cdef CUevent e = NULL
-    _check(gc_cu.EventCreate(&e, 0 if timing else 2), "cuEventCreate")
+    cdef unsigned int flags = 0 if timing and not interprocess else 2
+    if interprocess:
+        flags |= 4
+    _check(gc_cu.EventCreate(&e, flags), "cuEventCreate")
+    return <uintptr_t>e
+
+
+def ipc_get_event_handle(uintptr_t e):
+    cdef CUipcEventHandle h
+    _check(gc_cu.IpcGetEventHandle(&h, <CUevent>e), "cuIpcGetEventHandle")
+    return h.reserved[:64]
+
+
+def ipc_open_event_handle(bytes handle):
+    """Another process's interprocess event, opened in the current context."""
+    cdef CUipcEventHandle h
+    cdef CUevent e = NULL
+    if len(handle) != 64:
+        raise CudaError("an IPC event handle is 64 bytes")
+    memcpy(h.reserved, <const char *>handle, 64)
+    _check(gc_cu.IpcOpenEventHandle(&e, h), "cuIpcOpenEventHandle")
     return <uintptr_t>e
 
 
@@ -463,6 +509,27 @@ cdef class Launcher:
         self.l.args.stride = stride
         self.l.args.op = op
         self.l.args.root = root
+        self.l.args.nvalues = nvalues
+        with nogil:
+            rc = gc_launch_go(&self.l, <CUfunction>fn, grid, block, <CUstream>stream)
+        if rc != 0:
+            _launch_failed(&self.l, rc)
+
+    def launch_fused(self, uintptr_t fn, unsigned grid, unsigned block, uintptr_t stream, entries,
+                     int nvalues=1):
+        """A fused kernel over up to MAXFUSE entries (send, recv, count, staging offset, op)."""
+        cdef CUresult rc
+        cdef int i = 0
+        if len(entries) > GC_MAXFUSE:
+            raise CudaError(f"at most {GC_MAXFUSE} operations per fused launch")
+        for send, recv, count, offset, op in entries:
+            self.l.multi.send[i] = send
+            self.l.multi.recv[i] = recv
+            self.l.multi.count[i] = count
+            self.l.multi.offset[i] = offset
+            self.l.multi.op[i] = op
+            i += 1
+        self.l.multi.n = i
         self.l.args.nvalues = nvalues
         with nogil:
             rc = gc_launch_go(&self.l, <CUfunction>fn, grid, block, <CUstream>stream)

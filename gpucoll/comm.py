@@ -58,6 +58,7 @@ class Communicator:
         self._p2p = _p2p.PointToPoint(self)
         self._children = 0  # Split/Dup counter: names children identically on every rank
         self._gpu_fast = None  # GpuDispatcher.fast_allreduce once a GPU all-reduce was packed
+        self._group = None     # inside comm.group(): the _Group collecting deferred operations
 
     # --- identity ---------------------------------------------------------------
     def Get_rank(self):
@@ -133,11 +134,37 @@ class Communicator:
         if error is not None:
             raise error
 
+    # --- groups ---------------------------------------------------------------------
+    def group(self):
+        """Issue the operations of a `with` block together, as NCCL's group calls do::
+
+            with comm.group():
+                for grad in grads:                     # 100 small all-reduces, one launch
+                    comm.Allreduce(gpucoll.IN_PLACE, grad)
+                comm.Isend(a, 1); comm.Irecv(b, 1)     # no deadlock between the pair
+
+        GPU collectives inside are deferred to the end of the outermost block and then issued in
+        order, the small all-reduces of one dtype fused into one kernel launch (across streams:
+        the streams are joined around it). Send/Recv (GPU or host buffers) start at once without
+        blocking and complete at the end of the block. Host-buffer collectives run at once.
+        Requests of operations issued inside can be waited on after the block."""
+        return _Group(self)
+
+    def _deferred(self, call, stream, request=None):
+        """In a group: keep a GPU collective for the end of it; True when kept."""
+        group = self._group
+        if group is None:
+            return False
+        call.stream = stream
+        group.calls.append((call, request))
+        return True
+
     # --- the buffer collectives ---------------------------------------------------
     def _blocking(self, call, stream=None):
         if call.gpu:  # enqueued on the stream in this thread (gpucoll/gpu), like NCCL
-            call.stream = stream
-            call.run()
+            if not self._deferred(call, stream):
+                call.stream = stream
+                call.run()
             return
         _host_stream(stream)
         self._engine.run(call.run)
@@ -146,6 +173,10 @@ class Communicator:
         if call.gpu:
             from .gpu.request import GpuRequest
 
+            if self._group is not None:
+                req = GpuRequest(call.kind, None, self._dispatch.gpu())
+                self._deferred(call, stream, req)
+                return req
             call.stream = stream
             call.run()
             return GpuRequest(call.kind, call.stream, self._dispatch.gpu())
@@ -165,7 +196,7 @@ class Communicator:
     def Allreduce(self, sendbuf, recvbuf, op=_ops.SUM, stream=None):
         """recvbuf = op over every rank's sendbuf (IN_PLACE: recvbuf is also the input)."""
         fast = self._gpu_fast  # a repeated GPU all-reduce: one packed launch (gpucoll/gpu/dispatch.py)
-        if fast is not None and fast(sendbuf, recvbuf, op, stream):
+        if fast is not None and self._group is None and fast(sendbuf, recvbuf, op, stream):
             return
         self._blocking(self._allreduce_call(sendbuf, recvbuf, op), stream)
 
@@ -338,28 +369,57 @@ class Communicator:
     barrier = Barrier
 
     # --- point to point -------------------------------------------------------------
-    def Send(self, buf, dest, tag=0):
+    # Host buffers go through gpucoll/p2p.py; GPU buffers through gpucoll/gpu/p2p.py, in the
+    # order of `stream=` (default: the caller's current stream), matched by the same inbox.
+    def _send(self, buf, dest, tag, stream, nonblocking, what="buf"):
         self._check_alive()
-        self._p2p.send(_p2p_buffer(buf, "buf"), dest, _user_tag(tag))
+        b, tag = host_buffer(buf, what), _user_tag(tag)
+        if dest == _p2p.PROC_NULL:
+            return CompletedRequest("Isend") if nonblocking else None
+        grouped = not nonblocking and self._group is not None  # starts now, completes with the group
+        if b.is_gpu:
+            req = self._p2p.gpu().send(b, dest, tag, stream, nonblocking or grouped)
+        else:
+            _host_stream(stream)
+            req = self._p2p.isend(b, dest, tag) if nonblocking or grouped else self._p2p.send(b, dest, tag)
+        if grouped:
+            self._group.waits.append(req)
+            return None
+        return req
 
-    def Isend(self, buf, dest, tag=0):
+    def _irecv(self, buf, source, tag, status, stream, what="buf"):
         self._check_alive()
-        return self._p2p.isend(_p2p_buffer(buf, "buf"), dest, _user_tag(tag))
+        b = host_buffer(buf, what, writable=True)
+        if b.is_gpu:
+            return self._p2p.gpu().recv(b, source, tag, status, stream, nonblocking=True)
+        _host_stream(stream)
+        return self._p2p.irecv(b, source, tag, status)
 
-    def Recv(self, buf, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG, status=None):
-        self._check_alive()
-        self._p2p.irecv(_p2p_buffer(buf, "buf", writable=True), source, tag, status).Wait()
+    def _enqueued(self, req, status=None):
+        """Wait as a blocking receive does: GPU data enqueued on its stream, host data in place
+        (in a group: when the group ends)."""
+        if self._group is not None:
+            self._group.waits.append(req)
+            return
+        _wait_enqueued(req, status)
 
-    def Irecv(self, buf, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG):
-        self._check_alive()
-        return self._p2p.irecv(_p2p_buffer(buf, "buf", writable=True), source, tag)
+    def Send(self, buf, dest, tag=0, stream=None):
+        self._send(buf, dest, tag, stream, False)
+
+    def Isend(self, buf, dest, tag=0, stream=None):
+        return self._send(buf, dest, tag, stream, True)
+
+    def Recv(self, buf, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG, status=None, stream=None):
+        self._enqueued(self._irecv(buf, source, tag, status, stream))
+
+    def Irecv(self, buf, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG, stream=None):
+        return self._irecv(buf, source, tag, None, stream)
 
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=_p2p.ANY_SOURCE,
-                 recvtag=_p2p.ANY_TAG, status=None):
-        self._check_alive()
-        req = self._p2p.irecv(_p2p_buffer(recvbuf, "recvbuf", writable=True), source, recvtag, status)
-        self._p2p.send(_p2p_buffer(sendbuf, "sendbuf"), dest, _user_tag(sendtag))
-        req.Wait()
+                 recvtag=_p2p.ANY_TAG, status=None, stream=None):
+        req = self._irecv(recvbuf, source, recvtag, status, stream, "recvbuf")
+        self._send(sendbuf, dest, sendtag, stream, False, "sendbuf")
+        self._enqueued(req)
 
     # --- object methods (pickle) ---------------------------------------------------
     def send(self, obj, dest, tag=0):
@@ -497,19 +557,53 @@ class Communicator:
         return [table[r][self.rank] for r in range(self.size)]
 
 
+class _Group:
+    """The context manager of Communicator.group(); nested blocks join the outermost one."""
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.calls = []   # (Call, GpuRequest or None) of deferred GPU collectives, in order
+        self.waits = []   # requests of Send/Recv started in the group, completed at its end
+        self.outer = None
+
+    def __enter__(self):
+        comm = self.comm
+        comm._check_alive()
+        self.outer = comm._group
+        if self.outer is None:
+            comm._group = self
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        comm = self.comm
+        if self.outer is not None:
+            return False
+        comm._group = None
+        if kind is not None:  # the block raised: what it deferred is dropped with it
+            return False
+        if self.calls:
+            comm._dispatch.gpu().execute_group([call for call, _ in self.calls])
+            for call, req in self.calls:
+                if req is not None:
+                    req.record(call.stream)
+        for req in self.waits:
+            _wait_enqueued(req)
+        return False
+
+
+def _wait_enqueued(req, status=None):
+    target = getattr(req, "target", None)  # a GPU receive: enqueued on its stream is enough
+    if target is None:
+        req.Wait(status)
+    else:
+        req.Wait(status, stream=target.stream)
+
+
 class _ScatterFailed:
     """What a rank sends instead of data when its input to an object collective is wrong."""
 
     def __init__(self, problem):
         self.problem = problem
-
-
-def _p2p_buffer(obj, what, writable=False):
-    buf = host_buffer(obj, what, writable=writable)
-    if buf.is_gpu:
-        raise NotImplementedError(f"{what}: point-to-point calls (Send, Recv, ...) take host buffers; GPU "
-                                  "buffers are supported by the collectives")
-    return buf
 
 
 def _host_stream(stream):

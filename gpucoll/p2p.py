@@ -31,8 +31,11 @@ ANY_TAG = -1
 PROC_NULL = -2  # a peer that does not exist: sends to it and receives from it do nothing, at once
 OBJECT_GATHER_TAG = -1001  # tags below zero are reserved for gpucoll's object methods
 OBJECT_SCATTER_TAG = -1002
+GPU_REPLY_TAG = -1003  # a GPU receiver's answer to an offer (gpucoll/gpu/p2p.py)
+GPU_BYTES_TAG = -1004  # the bytes of an offer that the receiver could not map
 
-_FRAME = struct.Struct("!QiiQ")  # communicator key, source rank, tag, payload bytes
+BYTES, OFFER = 0, 1  # frame kinds: the payload is the message / describes GPU memory to pull
+_FRAME = struct.Struct("!QiiQI")  # communicator key, source rank, tag, payload bytes, kind
 _HELLO = struct.Struct("!8si32s")  # magic, sender world rank, proof of the job secret
 _MAGIC = b"GCP2P001"
 
@@ -66,11 +69,14 @@ class Status:
 class _Posted:
     """A receive waiting for its message."""
 
-    __slots__ = ("source", "tag", "view", "request", "status", "want_bytes")
+    __slots__ = ("source", "tag", "view", "request", "status", "want_bytes", "owner", "gpu", "report_tag")
 
-    def __init__(self, source, tag, view, request, status, want_bytes):
+    def __init__(self, source, tag, view, request, status, want_bytes, owner=None, gpu=None):
         self.source, self.tag, self.view = source, tag, view
         self.request, self.status, self.want_bytes = request, status, want_bytes
+        self.owner = owner          # the PointToPoint that posted it (answers offers)
+        self.gpu = gpu              # GPU receives: where the bytes go (gpucoll/gpu/p2p.py)
+        self.report_tag = None      # the tag the status reports, when it is not the frame's
 
     def matches(self, source, tag):
         return self.source in (ANY_SOURCE, source) and (self.tag == tag or (self.tag == ANY_TAG and tag >= 0))
@@ -80,7 +86,7 @@ class _Box:
     """Per-communicator matching state (created on first use from either side)."""
 
     def __init__(self):
-        self.unexpected = []  # (source, tag, bytes) in arrival order
+        self.unexpected = []  # (source, tag, bytes, kind) in arrival order
         self.posted = []
         self.lost = set()  # source ranks whose connection dropped
 
@@ -142,7 +148,7 @@ class Inbox:
 
     def _read_frame(self, conn, world_rank):
         try:
-            key, source, tag, nbytes = _FRAME.unpack(_recv_exact(conn, _FRAME.size))
+            key, source, tag, nbytes, kind = _FRAME.unpack(_recv_exact(conn, _FRAME.size))
         except (OSError, ConnectionError):
             self._sel.unregister(conn)
             conn.close()
@@ -154,17 +160,18 @@ class Inbox:
             if posted is not None:
                 box.posted.remove(posted)
         try:
-            if posted is None:
+            if posted is None or kind == OFFER:
                 payload = bytearray(nbytes)
                 _recv_into(conn, memoryview(payload))
                 with self._lock:
                     # A receive may have been posted while the payload arrived.
-                    posted = next((p for p in box.posted if p.matches(source, tag)), None)
                     if posted is None:
-                        box.unexpected.append((source, tag, payload))
-                        return
-                    box.posted.remove(posted)
-                _deliver(posted, source, tag, memoryview(payload))
+                        posted = next((p for p in box.posted if p.matches(source, tag)), None)
+                        if posted is None:
+                            box.unexpected.append((source, tag, payload, kind))
+                            return
+                        box.posted.remove(posted)
+                _deliver(posted, source, tag, memoryview(payload), kind)
             else:
                 _deliver_from_socket(posted, source, tag, nbytes, conn)
         except (OSError, ConnectionError):
@@ -207,7 +214,7 @@ class Inbox:
     def post(self, key, posted):
         box = self.box(key)
         with self._lock:
-            for i, (source, tag, payload) in enumerate(box.unexpected):
+            for i, (source, tag, payload, kind) in enumerate(box.unexpected):
                 if posted.matches(source, tag):
                     del box.unexpected[i]
                     break
@@ -217,7 +224,7 @@ class Inbox:
                                         ranks=[posted.source])
                 box.posted.append(posted)
                 return
-        _deliver(posted, source, tag, memoryview(payload))
+        _deliver(posted, source, tag, memoryview(payload), kind)
 
     def withdraw(self, key, posted):
         box = self.box(key)
@@ -250,7 +257,10 @@ def _check_fits(posted, source, tag, nbytes):
     return None
 
 
-def _deliver(posted, source, tag, payload):
+def _deliver(posted, source, tag, payload, kind=BYTES):
+    if kind == OFFER:  # the message is in the sender's GPU memory: the receive's owner answers
+        posted.owner.answer_offer(posted, source, tag, bytes(payload))
+        return
     error = _check_fits(posted, source, tag, len(payload))
     if error is None and posted.view is not None:
         posted.view[:len(payload)] = payload
@@ -269,7 +279,11 @@ def _deliver_from_socket(posted, source, tag, nbytes, conn):
 
 def _complete(posted, source, tag, nbytes, error, payload):
     if posted.status is not None:
-        posted.status.source, posted.status.tag, posted.status.nbytes = source, tag, nbytes
+        reported = tag if posted.report_tag is None else posted.report_tag
+        posted.status.source, posted.status.tag, posted.status.nbytes = source, reported, nbytes
+    if posted.gpu is not None:  # the bytes are in host memory: the GPU side copies them up
+        posted.gpu.landed(posted, nbytes, error)
+        return
     value = None
     if error is None and posted.view is None:  # an object receive
         try:
@@ -291,6 +305,7 @@ class PointToPoint:
         self._conns = {}
         self._lock = threading.Lock()
         self._timeout = config.TIMEOUT.get()
+        self._gpu = None  # gpucoll.gpu.p2p.GpuPointToPoint, made by the first GPU buffer either way
 
     def _check_peer(self, peer, what):
         if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self._comm.size:
@@ -313,8 +328,36 @@ class PointToPoint:
                 engine = self._senders[dest] = OrderedEngine(f"{self._comm._id}-send{dest}")
             return engine
 
-    def _send_task(self, payload, dest, tag):
-        header = _FRAME.pack(self._key, self._comm.rank, tag, len(payload))
+    def gpu(self):
+        """GPU buffers' point to point on this communicator (gpucoll/gpu/p2p.py)."""
+        with self._lock:
+            if self._gpu is None:
+                from .gpu.p2p import GpuPointToPoint
+
+                self._gpu = GpuPointToPoint(self)
+            return self._gpu
+
+    def same_host(self, rank):
+        """True when `rank` is another process on this host (CUDA IPC can reach its memory)."""
+        world = self._comm.world_ranks[rank]
+        return rank != self._comm.rank and self._ctx.hosts[world] == self._ctx.hosts[self._ctx.rank]
+
+    def send_now(self, payload, dest, tag, kind=BYTES):
+        """Write one frame in the calling thread, beside the ordered sends (answers to offers:
+        they must not queue behind a send that waits for this very answer)."""
+        self._send_task(payload, dest, tag, kind)()
+
+    def answer_offer(self, posted, source, tag, offer):
+        """A sender offers GPU memory for a posted receive (called by the inbox's reader)."""
+        if posted.gpu is not None:
+            posted.gpu.owner.pull(posted, source, tag, offer)
+            return
+        # A host receive: ask for the bytes, which then fill it like any message.
+        self.gpu()
+        self._gpu.ask_for_bytes(posted, source, tag)
+
+    def _send_task(self, payload, dest, tag, kind=BYTES):
+        header = _FRAME.pack(self._key, self._comm.rank, tag, len(payload), kind)
 
         def task():
             conn, lock = self._connection(dest)
@@ -358,20 +401,29 @@ class PointToPoint:
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         return self._sender(dest).submit(self._send_task(memoryview(data), dest, int(tag)), "isend")
 
-    def _post(self, view, source, tag, status, want_bytes, name):
+    def _post(self, view, source, tag, status, want_bytes, name, gpu=None, request_type=None):
         if source not in (ANY_SOURCE, PROC_NULL):
             source = self._check_peer(source, "source")
-        req = _TimedRequest(name, self, source, tag)
+        req = (request_type or _TimedRequest)(name, self, source, tag)
         # Keep a status even when the caller passed none: Wait(status)/Test(status) copy it.
         req.status = status if status is not None else Status()
         if source == PROC_NULL:  # MPI: done at once, no data, source PROC_NULL and tag ANY_TAG
             req.status.source, req.status.tag, req.status.nbytes = PROC_NULL, ANY_TAG, 0
             req._finish()
             return req
-        posted = _Posted(source, int(tag), view, req, req.status, want_bytes)
+        posted = _Posted(source, int(tag), view, req, req.status, want_bytes, self, gpu)
         req.posted = posted
         self._ctx.inbox.post(self._key, posted)
         return req
+
+    def repost(self, posted, source, offer_tag):
+        """Post `posted` again for the bytes of an offer it matched, which `source` then sends
+        with GPU_BYTES_TAG; its status reports the offer's tag."""
+        again = _Posted(source, GPU_BYTES_TAG, posted.view, posted.request, posted.status, posted.want_bytes,
+                        self, posted.gpu)
+        again.report_tag = offer_tag
+        posted.request.posted = again
+        self._ctx.inbox.post(self._key, again)
 
     def irecv(self, buf, source, tag, status=None):
         view = memoryview(buf.array).cast("B") if buf.count else memoryview(bytearray(0))
@@ -383,6 +435,8 @@ class PointToPoint:
     def close(self):
         for engine in self._senders.values():
             engine.close()
+        if self._gpu is not None:
+            self._gpu.close()
         self._ctx.inbox.unregister(self._key, f"communicator {self._comm.name} was freed while this receive "
                                               "was pending")
 

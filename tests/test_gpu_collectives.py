@@ -4,6 +4,8 @@ Skipped where there is no CUDA GPU or no CuPy (CI); `make test-gpu` runs them on
 machine. tests/scripts/gpu_cases.py checks every result bit for bit against NumPy and
 across ranks, then stream semantics, event-backed requests and CUDA-graph capture.
 """
+import re
+
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -69,3 +71,35 @@ def test_gpu_timeout_names_operation_and_peer(gpurun_job):
     assert r0["raised"] and r0["ranks"] == [1], job.describe()
     assert f"allreduce #{r0['seq']}" in r0["raised"] and "for rank 1" in r0["raised"], r0["raised"]
     assert r0["next"] == "TimeoutError"
+
+
+@needs_gpu
+def test_gpu_point_to_point(gpurun_job):
+    env = job_env(2, GPUCOLL_DEBUG="INFO", GPUCOLL_DEBUG_SUBSYS="P2P", GPUCOLL_TIMEOUT="60")
+    job = gpurun_job(2, "gpu_p2p.py", env=env, timeout=300).check()
+    results = job.json_lines()
+    assert sorted(results) == [0, 1], job.describe()
+    for rank, res in results.items():
+        assert res["nfail"] == 0, f"rank {rank}: {res['failures']}"
+    assert results[1]["checked"] > 15
+    text = job.stderr + job.stdout
+    for path in ("offered via P2P/IPC", "pulled via P2P/IPC", "via host memory"):
+        assert path in text, text[-3000:]
+
+
+@needs_gpu
+@pytest.mark.parametrize("nranks", [1, 2])
+def test_gpu_group_fuses_small_allreduces(gpurun_job, nranks):
+    env = job_env(nranks, GPUCOLL_DEBUG="INFO", GPUCOLL_DEBUG_SUBSYS="COLL")
+    job = gpurun_job(nranks, "gpu_group.py", env=env, timeout=600).check()
+    results = job.json_lines()
+    assert sorted(results) == list(range(nranks)), job.describe()
+    for rank, res in results.items():
+        assert res["nfail"] == 0, f"rank {rank}: {res['failures']}"
+        assert res["checked"] > 300
+    if nranks > 1:
+        text = job.stderr + job.stdout
+        batches = [int(n) for n in re.findall(r"\((\d+) fused\) \d+ B float32 one-shot fused via P2P/IPC", text)]
+        # per rank: the 130 float32 all-reduces in 64 + 64 + 2, the mixed group's 2, the two streams' 2,
+        # the graph's 10 (warm-up, then capture)
+        assert sorted(batches) == sorted([64, 64, 2, 2, 2, 10, 10] * nranks), batches

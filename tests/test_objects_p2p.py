@@ -84,3 +84,14 @@ def test_a_silent_client_does_not_hold_up_delivery(gpurun_job):
     assert job.returncode == 0, job.describe()
     got = job.json_lines()[1]
     assert got["got"] == "hi" and got["seconds"] < 3, got
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_group_completes_send_recv_at_its_end(gpurun_job, size):
+    job = gpurun_job(size, "group_host.py").check()
+    res = job.json_lines()
+    assert sorted(res) == list(range(size)), job.describe()
+    for r, got in res.items():
+        assert got["ring"] is True
+        assert got["sendrecv"] == [(r - 1) % size] * 4
+        assert got["allreduce_inside"] == size * (size + 1) // 2

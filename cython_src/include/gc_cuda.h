@@ -7,7 +7,7 @@
  * The launch path (gc_launch) keeps a kernel's parameters packed: a team block that is fixed
  * for a communicator (staging and flag pointers of every rank) and an argument block that the
  * caller rewrites in place before each launch, so one collective costs one cuLaunchKernel.
- * The layout of gc_team and gc_args is mirrored in gpucoll/kernels/coll.cu: change both.
+ * The layout of gc_team, gc_args and gc_multi is mirrored in gpucoll/kernels/coll.cu: change both.
  */
 #ifndef GC_CUDA_H
 #define GC_CUDA_H
@@ -27,9 +27,11 @@ typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 typedef unsigned long long CUdeviceptr;
 typedef struct { char reserved[64]; } CUipcMemHandle;
+typedef struct { char reserved[64]; } CUipcEventHandle;
 
 #define GC_CU_IPC_LAZY_ENABLE_PEER_ACCESS 1
 #define GC_CU_EVENT_DISABLE_TIMING 2
+#define GC_CU_EVENT_INTERPROCESS 4
 #define GC_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
 #define GC_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
 #define GC_CU_DEVICE_ATTRIBUTE_CC_MAJOR 75
@@ -69,6 +71,18 @@ typedef struct {
     int pad;
 } gc_args;
 
+/* Fused launches (ar_oneshot_multi): one entry per all-reduce of a group. */
+#define GC_MAXFUSE 64
+typedef struct {
+    unsigned long long send[GC_MAXFUSE];
+    unsigned long long recv[GC_MAXFUSE];
+    unsigned long long count[GC_MAXFUSE];
+    unsigned long long offset[GC_MAXFUSE];  /* bytes into the staging slot */
+    int op[GC_MAXFUSE];
+    int n;
+    int pad;
+} gc_multi;
+
 typedef struct {
     CUresult (*Init)(unsigned int);
     CUresult (*DriverGetVersion)(int *);
@@ -90,11 +104,14 @@ typedef struct {
     CUresult (*MemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
     CUresult (*MemcpyDtoH)(void *, CUdeviceptr, size_t);
     CUresult (*MemcpyHtoD)(CUdeviceptr, const void *, size_t);
+    CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
     CUresult (*MemGetAddressRange)(CUdeviceptr *, size_t *, CUdeviceptr);
     CUresult (*PointerGetAttribute)(void *, int, CUdeviceptr);
     CUresult (*IpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
     CUresult (*IpcOpenMemHandle)(CUdeviceptr *, CUipcMemHandle, unsigned int);
     CUresult (*IpcCloseMemHandle)(CUdeviceptr);
+    CUresult (*IpcGetEventHandle)(CUipcEventHandle *, CUevent);
+    CUresult (*IpcOpenEventHandle)(CUevent *, CUipcEventHandle);
     CUresult (*ModuleLoadData)(CUmodule *, const void *);
     CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
     CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -164,11 +181,14 @@ static int gc_cuda_load(void)
     GC_SYM(MemcpyAsync, "cuMemcpyAsync", NULL);
     GC_SYM(MemcpyDtoH, "cuMemcpyDtoH_v2", "cuMemcpyDtoH");
     GC_SYM(MemcpyHtoD, "cuMemcpyHtoD_v2", "cuMemcpyHtoD");
+    GC_SYM(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync");
     GC_SYM(MemGetAddressRange, "cuMemGetAddressRange_v2", "cuMemGetAddressRange");
     GC_SYM(PointerGetAttribute, "cuPointerGetAttribute", NULL);
     GC_SYM(IpcGetMemHandle, "cuIpcGetMemHandle", NULL);
     GC_SYM(IpcOpenMemHandle, "cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle");
     GC_SYM(IpcCloseMemHandle, "cuIpcCloseMemHandle", NULL);
+    GC_SYM(IpcGetEventHandle, "cuIpcGetEventHandle", NULL);
+    GC_SYM(IpcOpenEventHandle, "cuIpcOpenEventHandle", NULL);
     GC_SYM(ModuleLoadData, "cuModuleLoadData", NULL);
     GC_SYM(ModuleGetFunction, "cuModuleGetFunction", NULL);
     GC_SYM(LaunchKernel, "cuLaunchKernel", NULL);
@@ -213,7 +233,8 @@ static void gc_cuda_describe(CUresult rc, char *out, size_t len)
 typedef struct {
     gc_team team;
     gc_args args;
-    void *params[2];
+    gc_multi multi;     /* third parameter of the fused kernel; the others read two */
+    void *params[3];
     CUcontext ctx;
     volatile unsigned long long *err_host;
 } gc_launch;
@@ -223,6 +244,7 @@ static void gc_launch_init(gc_launch *l)
     memset(l, 0, sizeof *l);
     l->params[0] = &l->team;
     l->params[1] = &l->args;
+    l->params[2] = &l->multi;
 }
 
 static inline CUresult gc_launch_make_current(gc_launch *l)

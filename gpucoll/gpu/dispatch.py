@@ -48,6 +48,10 @@ def _cdiv(a, b):
     return -(-a // b)
 
 
+def _round_up(n, a):
+    return _cdiv(n, a) * a
+
+
 class GpuDispatcher:
     def __init__(self, comm, host):
         self.comm, self.host = comm, host
@@ -63,6 +67,7 @@ class GpuDispatcher:
         self._kinds = [None] * 256  # the kind of operation seq, at seq & 255 (timeout reports)
         self._fast = {}             # key of a repeated all-reduce -> cuda.Prepared
         self._choices = {}          # (kind, nbytes, direct possible) -> algorithm
+        self._join_event = None     # orders the streams of a fused group
         self._fast_ok = not host.checks and not self.verbose and comm.size > 1
         global cuda
         if cuda is None:
@@ -151,6 +156,13 @@ class GpuDispatcher:
 
     # --- execution ------------------------------------------------------------------------------
     def execute(self, call, seq):
+        team = self._prepare(call, seq)
+        if team is not None:
+            self._run(team, call, seq)
+
+    def _prepare(self, call, seq):
+        """Check and resolve a call; run it at once where no IPC kernel is needed. The team when
+        the call still has to be launched, else None."""
         buf = self._check(call)
         self._kinds[seq & 255] = call.kind
         if self._ctx is None:
@@ -160,20 +172,102 @@ class GpuDispatcher:
         if self.host.checks and self.comm.size > 1:
             self.host._cross_check(call, seq)  # GPUCOLL_DEBUG_CHECKS: same signature on every rank
         if call.count == 0:
-            return
+            return None
         if self.comm.size == 1:
             cuda.set_current(self._ctx)
             self._single(call, stream, seq)
-            return
+            return None
         team = self.team()
         if not team.ok:
             self._via_host(call, stream, seq)
-            return
+            return None
+        return team
+
+    def _run(self, team, call, seq, launch=None):
         team.launcher.set_seq(seq)
         try:
-            self._launch(team, call, stream, seq)
+            (launch or self._launch)(team, call, call.stream, seq)
         except cuda.DeviceTimeout as exc:
             raise self._timeout_error(exc.word) from None
+
+    # --- groups (comm.group()) --------------------------------------------------------------------
+    def execute_group(self, calls):
+        """Run the calls a group deferred, in their order, each with its sequence number; the
+        all-reduces that would go out one-shot are fused, per dtype, into ar_oneshot_multi
+        launches (at most MAXFUSE entries and one staging slot each), issued after the others.
+        Every rank makes the same batches: they depend only on the calls and the team."""
+        batches = {}  # (dtype code, nvalues) -> [[(call, seq, entry)], bytes]
+        fused = []
+        for call in calls:
+            seq = self.host.seq
+            self.host.seq = seq + 1
+            team = self._prepare(call, seq)
+            if team is None:
+                continue
+            entry = self._fusable(team, call)
+            if entry is None:
+                self._run(team, call, seq)
+                continue
+            code, room = entry[0], _round_up(entry[1], 256)
+            batch = batches.get(code)
+            if batch is None or len(batch[0]) == cuda.MAXFUSE or batch[1] + room > team.slot:
+                batch = batches[code] = [[], 0]
+                fused.append((code, batch))
+            batch[0].append((call, seq, entry))
+            batch[1] += room
+        for code, (items, _) in fused:
+            call, seq, _ = items[0]
+            if len(items) == 1:
+                self._run(self._team, call, seq)
+            else:
+                self._run(self._team, call, seq, lambda t, c, s, q, items=items, code=code:
+                          self._launch_fused(t, code, items))
+
+    def _fusable(self, team, call):
+        """(dtype code as reduced, bytes, send, recv, count, op) of an all-reduce that would go out
+        one-shot, else None."""
+        if call.kind != "allreduce":
+            return None
+        code, count, op = call.code, call.count, call.op.code
+        if code == dtypes.BOOL:
+            code, op = dtypes.UINT8, _BOOL_OPS[op]
+        elif code in _COMPLEX:
+            if op not in (_ops.SUM.code, _ops.AVG.code):
+                return None  # the general path says why it refuses
+            code, count = _COMPLEX[code], count * 2
+        nbytes = count * dtypes.ITEMSIZE[code]
+        if self._choose(team, "allreduce", nbytes) != "one-shot":
+            return None
+        send, recv = self.host._buffers(call)
+        return code, nbytes, send, recv, count, op
+
+    def _launch_fused(self, team, code, items):
+        """One ar_oneshot_multi launch for the batch, on the first call's stream; the other
+        calls' streams are joined before it and wait for it after, as NCCL's groups do."""
+        first = items[0][0].stream
+        others = list(dict.fromkeys(c.stream for c, _, _ in items if c.stream != first))
+        for s in others:
+            self._join(s, first)
+        entries, offset, total = [], 0, 0
+        for call, seq, (_, nbytes, send, recv, count, op) in items:
+            entries.append((send, recv, count, offset, op))
+            offset += _round_up(nbytes, 256)
+            total += nbytes
+        if self.verbose:
+            log.info("COLL", "allreduce #%d-#%d (%d fused) %d B %s one-shot fused via P2P/IPC", items[0][1],
+                     items[-1][1], len(items), total, dtypes.name(code))
+        fn = self.kernels().reduce(code)["ar_oneshot_multi"]
+        team.launcher.launch_fused(fn, max(1, min(32, _cdiv(total, 8 << 10))), 512, first, entries, self.comm.size)
+        for s in others:
+            self._join(first, s)
+
+    def _join(self, before, after):
+        """Stream `after` waits for the work issued so far on stream `before`."""
+        event = self._join_event
+        if event is None:
+            event = self._join_event = cuda.event_create()
+        cuda.event_record(event, before)
+        cuda.stream_wait_event(after, event)
 
     # --- the eager fast path ----------------------------------------------------------------------
     def fast_allreduce(self, sendbuf, recvbuf, op, stream):

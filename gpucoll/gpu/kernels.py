@@ -21,7 +21,7 @@ C_TYPES = {
     dtypes.INT64: "long long", dtypes.UINT64: "unsigned long long", dtypes.FLOAT16: "h16",
     dtypes.BFLOAT16: "b16", dtypes.FLOAT32: "float", dtypes.FLOAT64: "double",
 }
-REDUCE_KERNELS = ("ar_oneshot", "ar_twoshot", "ar_direct", "rs_staged", "rs_direct", "red_staged")
+REDUCE_KERNELS = ("ar_oneshot", "ar_oneshot_multi", "ar_twoshot", "ar_direct", "rs_staged", "rs_direct", "red_staged")
 COPY_KERNELS = ("barrier", "ag_staged", "ag_direct", "bc_staged", "bc_direct", "a2a_staged", "a2a_direct",
                 "ga_staged", "sc_staged")
 

@@ -5,6 +5,7 @@ kernel that gave up waiting for a peer surfaces there as gpucoll.TimeoutError.
 """
 import time
 
+from ..errors import InvalidUsageError
 from ..request import Request
 from . import streams
 
@@ -18,7 +19,7 @@ class _EventFlag:
         self.event, self.done = event, False
 
     def is_set(self):
-        if not self.done:
+        if not self.done and self.event is not None:
             from .._native import cuda
 
             self.done = cuda.event_query(self.event)
@@ -27,6 +28,9 @@ class _EventFlag:
     def wait(self, timeout=None):
         from .._native import cuda
 
+        if self.event is None:
+            raise InvalidUsageError("this request belongs to an operation issued inside comm.group(), which goes "
+                                    "out when the group ends: wait for it after the with block")
         if timeout is None:
             cuda.event_synchronize(self.event)
             self.done = True
@@ -49,10 +53,17 @@ class GpuRequest(Request):
     __slots__ = ("_event", "_gpu")
 
     def __init__(self, name, stream, gpu=None):
-        from .._native import cuda
-
         super().__init__(name)
         self._gpu = gpu  # the GpuDispatcher, for its error word
+        self._event = None
+        self._done = _EventFlag(None)
+        if stream is not None:  # else (an operation of a group) record() once it is issued
+            self.record(stream)
+
+    def record(self, stream):
+        """Tie the request to the work issued so far on `stream`."""
+        from .._native import cuda
+
         self._event = cuda.event_create()
         cuda.event_record(self._event, stream)
         self._done = _EventFlag(self._event)
@@ -61,6 +72,8 @@ class GpuRequest(Request):
         if stream is not None:
             from .._native import cuda
 
+            if self._event is None:
+                self._done.wait()  # raises: issued inside a group that has not ended
             cuda.stream_wait_event(streams.handle(stream), self._event)
             return True
         self._done.wait()
@@ -83,6 +96,7 @@ class GpuRequest(Request):
         try:
             from .._native import cuda
 
-            cuda.event_destroy(self._event)
+            if self._event is not None:
+                cuda.event_destroy(self._event)
         except Exception:
             pass

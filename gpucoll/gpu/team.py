@@ -5,8 +5,9 @@ and staging slots that peers push into (layout in gpucoll/kernels/coll.cu). The 
 exchange the block's IPC handle with the communicator's own object allgather and open each
 other's blocks once. A word of pinned host memory, mapped for the device, is where a kernel
 that gives up waiting for a peer (GPUCOLL_TIMEOUT) records which; the host reads it without
-synchronising (gpucoll/gpu/dispatch.py raises it as gpucoll.TimeoutError). Caller buffers above GPUCOLL_GPU_STAGE_MAX are registered per call
-(their IPC handle exchanged the same way; every peer allocation is opened once and cached).
+synchronising (gpucoll/gpu/dispatch.py raises it as gpucoll.TimeoutError). Caller buffers of the "direct" algorithms are registered per
+call (their IPC handles exchanged by the dispatcher; every peer allocation is opened once, in
+the process's cache of gpucoll/gpu/ipc.py).
 """
 from .. import config, log
 from ..errors import GpucollError
@@ -37,8 +38,6 @@ class Team:
         self.arch = cuda.device_attribute(device, 75) * 10 + cuda.device_attribute(device, 76)
         self.base = 0
         self.peers_mapped = []
-        self._imported = {}
-        self._exported = {}
         self.launcher = None
         self.err_host = 0
         self.ok, self.reason = True, ""
@@ -107,31 +106,20 @@ class Team:
                 kinds.add("NVLink" if link.startswith("NV") else (link or "P2P"))
         return ",".join(sorted(kinds)) or "-"
 
-    # --- registered caller buffers ------------------------------------------------------
-    def export(self, ptr):
+    # --- registered caller buffers (the process's IPC cache, gpucoll/gpu/ipc.py) ---------------
+    @staticmethod
+    def export(ptr):
         """(handle, offset) of the allocation holding ptr, or None when it cannot be shared."""
-        from .._native import cuda
+        from . import ipc
 
-        try:
-            key = cuda.buffer_id(ptr)  # unique per allocation, never reused: a safe cache key
-            hit = self._exported.get(key)
-            if hit is None:
-                base, _ = cuda.address_range(ptr)
-                if len(self._exported) > 4096:
-                    self._exported.clear()
-                hit = self._exported[key] = (base, cuda.ipc_get_mem_handle(base))
-            return hit[1], ptr - hit[0]
-        except GpucollError:
-            return None
+        return ipc.export(ptr)
 
-    def import_(self, exported):
-        from .._native import cuda
+    @staticmethod
+    def import_(exported):
+        from . import ipc
 
         handle, offset = exported
-        base = self._imported.get(handle)
-        if base is None:
-            base = self._imported[handle] = cuda.ipc_open_mem_handle(handle)
-        return base + offset
+        return ipc.open_memory(handle) + offset
 
     def error_word(self):
         """Non-zero once a kernel gave up waiting for a peer: (seq << 8) | (1 + the peer's rank)."""
@@ -140,12 +128,11 @@ class Team:
     def close(self):
         from .._native import cuda
 
-        for ptr in list(self._imported.values()) + self.peers_mapped:
+        for ptr in self.peers_mapped:
             try:
                 cuda.ipc_close_mem_handle(ptr)
             except GpucollError:
                 pass
-        self._imported.clear()
         self.peers_mapped = []
         if self.launcher is not None:
             self.launcher.set_team(self.ctx, [], [], 0, 0, self.rank, 0, 0)  # forget the error word first

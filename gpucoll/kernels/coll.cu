@@ -51,6 +51,18 @@ struct Args {
     int pad;
 };
 
+// Mirrors gc_multi: the all-reduces of one group, fused into one launch.
+#define MAXFUSE 64
+struct Multi {
+    u64 send[MAXFUSE];
+    u64 recv[MAXFUSE];
+    u64 count[MAXFUSE];
+    u64 offset[MAXFUSE];  // bytes into the staging slot
+    int op[MAXFUSE];
+    int n;
+    int pad;
+};
+
 #define KERNEL extern "C" __global__ void __launch_bounds__(512)
 
 // ---- synchronisation ------------------------------------------------------------------------
@@ -415,6 +427,35 @@ KERNEL ar_oneshot(Team t, Args a)
         dst[q] = (char *)a.recv;
     }
     reduce_into<T>(a.op, a.nvalues, n, src, dst, 1, s.lo, s.hi);
+    op_end(t, op);
+}
+
+// The all-reduces of a group in one shot: every entry is pushed to every peer at its offset in
+// the slot, one signal for all of them, then every rank reduces each entry in rank order (the
+// same arithmetic as ar_oneshot, so fused and single results are bitwise equal).
+KERNEL ar_oneshot_multi(Team t, Args a, const __grid_constant__ Multi m)
+{
+    const u64 op = op_begin(t);
+    const int r = t.rank, n = t.nranks;
+    for (int j = 0; j < m.n; j++) {
+        Rg s = slice(m.count[j], VE);
+#pragma unroll
+        for (int p = 0; p < MAXR; p++)
+            if (p < n && p != r)
+                copy_bytes(stage(t, t.stage[p], op, 0, r) + m.offset[j], (const char *)m.send[j], s.lo * E, s.hi * E);
+    }
+    sync_all(t, op * 4 + 1);
+    for (int j = 0; j < m.n; j++) {
+        Rg s = slice(m.count[j], VE);
+        const char *src[MAXR];
+        char *dst[MAXR];
+#pragma unroll
+        for (int q = 0; q < MAXR; q++) {
+            src[q] = q == r ? (const char *)m.send[j] : stage(t, t.stage[r], op, 0, q) + m.offset[j];
+            dst[q] = (char *)m.recv[j];
+        }
+        reduce_into<T>(m.op[j], a.nvalues, n, src, dst, 1, s.lo, s.hi);
+    }
     op_end(t, op);
 }
 
