@@ -54,6 +54,6 @@ elif mode == "cut":
         comm.Barrier()
         conn, lock = comm._p2p._connection(1)
         with lock:  # a header for 64 KiB, 100 bytes of it, then the connection ends
-            conn.sendall(p2p._FRAME.pack(comm._p2p._key, comm.rank, 5, 1 << 16) + bytes(100))
+            conn.sendall(p2p._FRAME.pack(comm._p2p._key, comm.rank, 5, 1 << 16, p2p.BYTES) + bytes(100))
             conn.close()
     comm.Barrier()
