@@ -390,7 +390,9 @@ __device__ __forceinline__ void reduce_into(int op, int nvalues, int n, const ch
             }
         }
     }
-    for (u64 j = vhi * V + threadIdx.x; j < hi; j += st) {
+    // The scalar tail starts at lo, not below it: an empty slice of a length that is not a
+    // multiple of V (lo == hi == len) has vhi * V < lo, and must not touch the element there.
+    for (u64 j = (vhi * V > lo ? vhi * V : lo) + threadIdx.x; j < hi; j += st) {
         A acc = up<T>(((const T *)src[0])[j]);
 #pragma unroll
         for (int q = 1; q < MAXR; q++)
