@@ -16,8 +16,9 @@ collective with different kinds, counts, dtypes, ops or roots (every call publis
 signature in the segment and every rank compares it with those of the ranks it reads from);
 after one, the group is unusable.
 """
-from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABLE
-from libc.stdint cimport int32_t, int64_t, uint64_t
+from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABLE, PyBUF_C_CONTIGUOUS,
+                             PyBUF_SIMPLE)
+from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
 
 from gpucoll import dtypes, ops
 from gpucoll.errors import GpucollError, InvalidUsageError, LostPeerError, MismatchError, TimeoutError
@@ -71,6 +72,10 @@ cdef extern from "gc_direct.h" nogil:
     int gc_direct_alltoall(gc_direct *g, const void *send, void *recv, size_t nbytes,
                            double timeout_s)
     int gc_direct_barrier(gc_direct *g, double timeout_s)
+
+
+cdef extern from "gc_reduce.h" nogil:
+    int gc_op_valid(int dt, int op)
 
 
 # Collective kinds of a signature, by number (GC_KIND_* in gc_direct.h).
@@ -341,3 +346,102 @@ cdef class DirectGroup:
         with nogil:
             st = gc_direct_barrier(&self.g, timeout_s)
         if st: self._raise(st)
+
+
+cdef class HostAllreduce:
+    """The fast path of Communicator.Allreduce on NumPy arrays over a direct group.
+
+    Called with the user's (sendbuf, recvbuf, op) before anything else; it does the checks of
+    the general path in C (exact ndarray types, same dtype and size, C-contiguous, writable,
+    no partial overlap, an op the dtype supports, a non-empty call whose algorithm is
+    "direct"), takes the communicator's engine the way OrderedEngine.run does (only when
+    nothing is queued), and makes the native call. It returns False, having done nothing,
+    whenever a check fails, so that the general path runs the call and raises its usual
+    errors. A failed native call raises through dispatch.failed(), as the general path does.
+    """
+
+    cdef DirectGroup group
+    cdef object dispatch, engine, lock, cv, in_place, ndarray, op_type, codes, direct_sizes, make_call
+    cdef double timeout
+
+    def __init__(self, DirectGroup group, dispatch, engine, in_place, ndarray, op_type, codes, make_call):
+        self.group, self.dispatch, self.engine = group, dispatch, engine
+        self.lock, self.cv = engine._lock, engine._cv
+        self.in_place, self.ndarray, self.op_type, self.codes = in_place, ndarray, op_type, codes
+        self.make_call = make_call  # (count, code, op) -> the Call of the general path, for errors
+        self.timeout = dispatch.timeout
+        self.direct_sizes = {}      # nbytes -> True when the dispatcher's choice is "direct"
+
+    def __call__(self, sendbuf, recvbuf, op):
+        cdef Py_buffer rv, sv
+        cdef bint have_send = False
+        cdef size_t count, nbytes
+        cdef uintptr_t raddr, saddr
+        cdef int st, code, op_code
+        if type(recvbuf) is not self.ndarray or type(op) is not self.op_type:
+            return False
+        dt = recvbuf.dtype
+        c = self.codes.get(dt)
+        if c is None:
+            return False
+        code, op_code = c, op.code
+        if not gc_op_valid(code, op_code):
+            return False
+        try:
+            PyObject_GetBuffer(recvbuf, &rv, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
+        except (BufferError, ValueError):  # read-only, not contiguous: the general path says so
+            return False
+        try:
+            nbytes = <size_t>rv.len
+            raddr = <uintptr_t>rv.buf
+            saddr = raddr
+            if sendbuf is not self.in_place:
+                if type(sendbuf) is not self.ndarray or sendbuf.dtype is not dt:
+                    return False
+                try:
+                    PyObject_GetBuffer(sendbuf, &sv, PyBUF_C_CONTIGUOUS)
+                except (BufferError, ValueError):  # read-only, not contiguous: the general path says so
+                    return False
+                have_send = True
+                saddr = <uintptr_t>sv.buf
+                if <size_t>sv.len != nbytes or (saddr != raddr and saddr < raddr + nbytes and raddr < saddr + nbytes):
+                    return False
+            if nbytes == 0 or self.dispatch._broken:
+                return False
+            count = nbytes // <size_t>rv.itemsize
+            direct = self.direct_sizes.get(nbytes)
+            if direct is None:
+                direct = self.direct_sizes[nbytes] = self.dispatch._choose(self.make_call(count, code, op),
+                                                                           nbytes) == "direct"
+            if not direct:
+                return False
+            engine = self.engine
+            self.lock.acquire()
+            idle = not engine._queue and not engine._busy
+            if idle:
+                engine._busy = True
+            self.lock.release()
+            if not idle:
+                return False
+            dispatch = self.dispatch
+            seq = dispatch.seq
+            dispatch.seq = seq + 1
+            try:
+                with nogil:
+                    st = gc_direct_allreduce(&self.group.g, <const void *>saddr, <void *>raddr, count, code,
+                                             op_code, self.timeout)
+            finally:
+                with self.cv:
+                    engine._busy = False
+                    if engine._queue or engine._closed:
+                        self.cv.notify_all()
+            if st:
+                try:
+                    self.group._raise(st)
+                except GpucollError as exc:
+                    dispatch.failed(self.make_call(count, code, op), seq, "direct", exc)
+            return True
+        finally:
+            PyBuffer_Release(&rv)
+            if have_send:
+                PyBuffer_Release(&sv)

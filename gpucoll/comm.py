@@ -59,6 +59,7 @@ class Communicator:
         self._children = 0  # Split/Dup counter: names children identically on every rank
         self._gpu_fast = None  # GpuDispatcher.fast_allreduce once a GPU all-reduce was packed
         self._group = None     # inside comm.group(): the _Group collecting deferred operations
+        self._host_fast = None  # HostAllreduce once a host all-reduce ran on the direct group
 
     # --- identity ---------------------------------------------------------------
     def Get_rank(self):
@@ -120,7 +121,7 @@ class Communicator:
         """Release the communicator's transports; using it afterwards raises."""
         if self._freed:
             return
-        self._gpu_fast = None
+        self._gpu_fast = self._host_fast = None
         error = None
         if self._dispatch._gpu is not None:
             try:  # no peer may still be using our IPC memory when it is unmapped
@@ -195,6 +196,9 @@ class Communicator:
 
     def Allreduce(self, sendbuf, recvbuf, op=_ops.SUM, stream=None):
         """recvbuf = op over every rank's sendbuf (IN_PLACE: recvbuf is also the input)."""
+        fast = self._host_fast  # NumPy arrays on one host: the native fast path (cython_src/direct.pyx)
+        if fast is not None and stream is None and fast(sendbuf, recvbuf, op):
+            return
         fast = self._gpu_fast  # a repeated GPU all-reduce: one packed launch (gpucoll/gpu/dispatch.py)
         if fast is not None and self._group is None and fast(sendbuf, recvbuf, op, stream):
             return

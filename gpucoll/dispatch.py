@@ -149,18 +149,24 @@ class Dispatcher:
             else:
                 self._run_schedule(call, algo)
         except GpucollError as exc:
-            err = exc
-            if algo not in (None, "hierarchical"):
-                err = self._call_failed(exc)
-            if isinstance(err, GpucollTimeout) and not getattr(err, "ranks", ()):
-                err = self._name_late_ranks(err, seq, call)
-            elif isinstance(err, LostPeerError):
-                self._name_dead_ranks(err)
-            err.args = (f"{call.kind} #{seq} on communicator {comm.name} (rank {comm.rank} of {comm.size}): "
-                        f"{err.args[0] if err.args else err}",) + err.args[1:]
-            if err is exc:
-                raise
-            raise err from exc
+            self.failed(call, seq, algo, exc)
+
+    def failed(self, call, seq, algo, exc):
+        """Raise what call #seq's failure `exc` means: the mismatch another rank found, the
+        late or dead ranks named, the call and the communicator in the message."""
+        comm = self.comm
+        err = exc
+        if algo not in (None, "hierarchical"):
+            err = self._call_failed(exc)
+        if isinstance(err, GpucollTimeout) and not getattr(err, "ranks", ()):
+            err = self._name_late_ranks(err, seq, call)
+        elif isinstance(err, LostPeerError):
+            self._name_dead_ranks(err)
+        err.args = (f"{call.kind} #{seq} on communicator {comm.name} (rank {comm.rank} of {comm.size}): "
+                    f"{err.args[0] if err.args else err}",) + err.args[1:]
+        if err is exc:
+            raise err
+        raise err from exc
 
     # --- mismatched calls (without GPUCOLL_DEBUG_CHECKS) ------------------------------------------
     # The direct engine compares call signatures in its segment, the executor the message headers
@@ -308,6 +314,8 @@ class Dispatcher:
         send, recv = self._buffers(call)
         if kind == "allreduce":
             group.allreduce(send, recv, n, call.code, op, t)
+            if self.comm._host_fast is None and not self.checks and not log.enabled("info", "COLL"):
+                self._install_fast(group)
         elif kind == "bcast":
             group.bcast(recv, n, isz, root, t)
         elif kind == "reduce":
@@ -324,6 +332,18 @@ class Dispatcher:
             group.scatter(send, recv, n, isz, root, t)
         else:
             group.barrier(t)
+
+    def _install_fast(self, group):
+        """Let later host all-reduces of NumPy arrays take the native fast path (HostAllreduce)."""
+        from ._native.direct import HostAllreduce
+        from .buffers import _CODES
+        from .comm import IN_PLACE
+
+        def make_call(count, code, op):
+            return Call(self, "allreduce", None, None, count, code, op)
+
+        self.comm._host_fast = HostAllreduce(group, self, self.comm._engine, IN_PLACE, np.ndarray, _ops.Op,
+                                             _CODES, make_call)
 
     def _run_schedule(self, call, algo):
         from ._native import core

@@ -139,3 +139,19 @@ def test_debug_info_names_algorithm_and_transport(gpurun_job):
         assert found[1:] == [("direct", "SHM/direct"), ("ring", "SHM"), (found[3][0], "TCP")], text
         assert found[3][0] in ("ring", "rhd", "tree"), text
         assert re.search(r"\[COLL\] bcast #1 8 B int64 root 1 (\S+) via (\S+)$", text, re.M), text
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_host_allreduce_fast_path_matches_the_general_one(gpurun_job, size):
+    job = gpurun_job(size, "host_fast.py").check()
+    res = job.json_lines()
+    assert sorted(res) == list(range(size)), job.describe()
+    total = size * (size - 1) / 2
+    for rank, got in res.items():
+        assert got["installed"] is True
+        assert got["failures"] == [], got["failures"]
+        assert got["avg"] == (size + 1) / 2
+        assert got["bool"] == [True, False, True]
+        assert set(got["errors"].values()) == {"InvalidUsageError"}, got["errors"]
+        assert got["ordered"] == [total, total]
+        assert got["seq_step"] == 10
