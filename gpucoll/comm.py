@@ -162,6 +162,7 @@ class Communicator:
 
     # --- the buffer collectives ---------------------------------------------------
     def _blocking(self, call, stream=None):
+        self._dispatch.number(call)
         if call.gpu:  # enqueued on the stream in this thread (gpucoll/gpu), like NCCL
             if not self._deferred(call, stream):
                 call.stream = stream
@@ -171,6 +172,7 @@ class Communicator:
         self._engine.run(call.run)
 
     def _nonblocking(self, call, stream=None):
+        self._dispatch.number(call)
         if call.gpu:
             from .gpu.request import GpuRequest
 

@@ -29,12 +29,13 @@ class Call:
     """One validated collective call. `count` is the per-rank block for allgather,
     reduce_scatter, alltoall, gather and scatter, else the buffer's element count."""
 
-    __slots__ = ("dispatch", "kind", "send", "recv", "count", "code", "op", "root", "stream")
+    __slots__ = ("dispatch", "kind", "send", "recv", "count", "code", "op", "root", "stream", "seq")
 
     def __init__(self, dispatch, kind, send, recv, count, code, op=None, root=0):
         self.dispatch, self.kind, self.send, self.recv = dispatch, kind, send, recv
         self.count, self.code, self.op, self.root = count, code, op, root
         self.stream = None  # GPU calls: the stream= argument, then the resolved handle
+        self.seq = None     # numbered when the caller issues it (Dispatcher.number), else when it runs
 
     @property
     def gpu(self):
@@ -121,9 +122,19 @@ class Dispatcher:
             self._hier.close()
 
     # --- execution -------------------------------------------------------------------------
-    def execute(self, call):
-        seq = self.seq
+    def number(self, call):
+        """Give the call the communicator's next sequence number, in the caller's thread: the
+        order in which every rank issues its calls, whether they then run inline, on the
+        engine's worker (nonblocking host calls) or at the end of a group."""
+        call.seq = self.seq
         self.seq += 1
+        return call
+
+    def execute(self, call):
+        seq = call.seq
+        if seq is None:  # an internal call (a host-staged GPU call's host half)
+            seq = self.seq
+            self.seq += 1
         if call.gpu:
             return self.gpu().execute(call, seq)
         comm = self.comm

@@ -290,6 +290,9 @@ def _mismatched(group, case):
     """One mismatched call (case), then a barrier; what each rank got, and where."""
     me = group.rank
     group.oneshot_max = 64  # 80 B is two-shot, 40 B one-shot
+    # Every rank attached first: two ranks that find their mismatch between themselves end
+    # before a slow-starting third has attached, which then waits for a creator that is gone.
+    group.barrier(30.0)
     x = np.full(20, me + 1, np.float32)
     calls = {
         "count": lambda: group.allreduce(addr(x), addr(x), 20 if me == 1 else 10, DT["float32"], SUM, 5.0),

@@ -192,15 +192,15 @@ class GpuDispatcher:
 
     # --- groups (comm.group()) --------------------------------------------------------------------
     def execute_group(self, calls):
-        """Run the calls a group deferred, in their order, each with its sequence number; the
+        """Run the calls a group deferred, in their order, each with the sequence number it got
+        when issued; the
         all-reduces that would go out one-shot are fused, per dtype, into ar_oneshot_multi
         launches (at most MAXFUSE entries and one staging slot each), issued after the others.
         Every rank makes the same batches: they depend only on the calls and the team."""
         batches = {}  # (dtype code, nvalues) -> [[(call, seq, entry)], bytes]
         fused = []
         for call in calls:
-            seq = self.host.seq
-            self.host.seq = seq + 1
+            seq = call.seq
             team = self._prepare(call, seq)
             if team is None:
                 continue
