@@ -607,7 +607,9 @@ KERNEL barrier(Team t, Args a)
     op_end(t, op);
 }
 
-KERNEL ag_staged(Team t, Args a)
+// All-gather and all-to-all differ only in what each peer gets: the same block (send_stride
+// 0) or block p of the input for rank p (send_stride = stride).
+__device__ __forceinline__ void exchange_staged(const Team &t, const Args &a, u64 send_stride)
 {
     const u64 op = op_begin(t);
     const int r = t.rank, n = t.nranks;
@@ -617,8 +619,8 @@ KERNEL ag_staged(Team t, Args a)
 #pragma unroll
     for (int p = 0; p < MAXR; p++)
         if (p < n && p != r)
-            copy_bytes(stage(t, t.stage[p], op, 0, r), send, s.lo, s.hi);
-    copy_bytes(recv + r * a.stride, send, s.lo, s.hi);
+            copy_bytes(stage(t, t.stage[p], op, 0, r), send + p * send_stride, s.lo, s.hi);
+    copy_bytes(recv + r * a.stride, send + r * send_stride, s.lo, s.hi);
     sync_all(t, op * 4 + 1);
 #pragma unroll
     for (int q = 0; q < MAXR; q++)
@@ -627,8 +629,8 @@ KERNEL ag_staged(Team t, Args a)
     op_end(t, op);
 }
 
-// All-gather on registered receive buffers: push our block into every rank's output.
-KERNEL ag_direct(Team t, Args a)
+// On registered receive buffers: push our block(s) into every rank's output.
+__device__ __forceinline__ void exchange_direct(const Team &t, const Args &a, u64 send_stride)
 {
     const u64 op = op_begin(t);
     const int r = t.rank, n = t.nranks;
@@ -638,11 +640,15 @@ KERNEL ag_direct(Team t, Args a)
 #pragma unroll
     for (int p = 0; p < MAXR; p++)
         if (p < n && p != r)
-            copy_bytes((char *)a.precv[p] + r * a.stride, send, s.lo, s.hi);
-    copy_bytes((char *)a.recv + r * a.stride, send, s.lo, s.hi);
+            copy_bytes((char *)a.precv[p] + r * a.stride, send + p * send_stride, s.lo, s.hi);
+    copy_bytes((char *)a.recv + r * a.stride, send + r * send_stride, s.lo, s.hi);
     sync_all(t, op * 4 + 2);
     op_end(t, op);
 }
+
+KERNEL ag_staged(Team t, Args a) { exchange_staged(t, a, 0); }
+
+KERNEL ag_direct(Team t, Args a) { exchange_direct(t, a, 0); }
 
 KERNEL bc_staged(Team t, Args a)
 {
@@ -678,42 +684,10 @@ KERNEL bc_direct(Team t, Args a)
     op_end(t, op);
 }
 
-KERNEL a2a_staged(Team t, Args a)
-{
-    const u64 op = op_begin(t);
-    const int r = t.rank, n = t.nranks;
-    Rg s = slice(a.count, 16);
-    const char *send = (const char *)a.send;
-    char *recv = (char *)a.recv;
-#pragma unroll
-    for (int p = 0; p < MAXR; p++)
-        if (p < n && p != r)
-            copy_bytes(stage(t, t.stage[p], op, 0, r), send + p * a.stride, s.lo, s.hi);
-    copy_bytes(recv + r * a.stride, send + r * a.stride, s.lo, s.hi);
-    sync_all(t, op * 4 + 1);
-#pragma unroll
-    for (int q = 0; q < MAXR; q++)
-        if (q < n && q != r)
-            copy_bytes(recv + q * a.stride, stage(t, t.stage[r], op, 0, q), s.lo, s.hi);
-    op_end(t, op);
-}
+KERNEL a2a_staged(Team t, Args a) { exchange_staged(t, a, a.stride); }
 
-// All-to-all on registered receive buffers (distinct send and receive buffers).
-KERNEL a2a_direct(Team t, Args a)
-{
-    const u64 op = op_begin(t);
-    const int r = t.rank, n = t.nranks;
-    Rg s = slice(a.count, 16);
-    const char *send = (const char *)a.send;
-    sync_all(t, op * 4 + 1);
-#pragma unroll
-    for (int p = 0; p < MAXR; p++)
-        if (p < n && p != r)
-            copy_bytes((char *)a.precv[p] + r * a.stride, send + p * a.stride, s.lo, s.hi);
-    copy_bytes((char *)a.recv + r * a.stride, send + r * a.stride, s.lo, s.hi);
-    sync_all(t, op * 4 + 2);
-    op_end(t, op);
-}
+// Distinct send and receive buffers only (the dispatcher's choice).
+KERNEL a2a_direct(Team t, Args a) { exchange_direct(t, a, a.stride); }
 
 KERNEL ga_staged(Team t, Args a)
 {
