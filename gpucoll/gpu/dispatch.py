@@ -25,7 +25,7 @@ import numpy as np
 from .. import config, dtypes, log
 from .. import ops as _ops
 from ..algorithms import selector
-from ..errors import GpucollError, InvalidUsageError
+from ..errors import InvalidUsageError
 from ..errors import TimeoutError as GpucollTimeout
 from . import streams
 
@@ -50,6 +50,20 @@ def _cdiv(a, b):
 
 def _round_up(n, a):
     return _cdiv(n, a) * a
+
+
+def _native_form(call):
+    """(dtype code, count, op code) as the kernels see a call: bool as uint8 with the logical op's
+    bitwise twin, complex as twice as many reals (SUM and AVG only)."""
+    code, count = call.code, call.count
+    op = call.op.code if call.op is not None else 0
+    if code == dtypes.BOOL:
+        return dtypes.UINT8, count, _BOOL_OPS[op]
+    if code in _COMPLEX:
+        if call.kind in ("allreduce", "reduce", "reduce_scatter") and op not in (_ops.SUM.code, _ops.AVG.code):
+            raise InvalidUsageError(f"{call.op.name} on complex GPU buffers is not supported; use SUM or AVG")
+        return _COMPLEX[code], count * 2, op
+    return code, count, op
 
 
 class GpuDispatcher:
@@ -158,7 +172,7 @@ class GpuDispatcher:
     def execute(self, call, seq):
         team = self._prepare(call, seq)
         if team is not None:
-            self._run(team, call, seq)
+            self._run(team, seq, self._launch, team, call, call.stream, seq)
 
     def _prepare(self, call, seq):
         """Check and resolve a call; run it at once where no IPC kernel is needed. The team when
@@ -183,21 +197,22 @@ class GpuDispatcher:
             return None
         return team
 
-    def _run(self, team, call, seq, launch=None):
+    def _run(self, team, seq, launch, *args):
+        """launch(*args), with a kernel's timeout reported as call #seq's."""
         team.launcher.set_seq(seq)
         try:
-            (launch or self._launch)(team, call, call.stream, seq)
+            launch(*args)
         except cuda.DeviceTimeout as exc:
             raise self._timeout_error(exc.word) from None
 
     # --- groups (comm.group()) --------------------------------------------------------------------
     def execute_group(self, calls):
         """Run the calls a group deferred, in their order, each with the sequence number it got
-        when issued; the
-        all-reduces that would go out one-shot are fused, per dtype, into ar_oneshot_multi
-        launches (at most MAXFUSE entries and one staging slot each), issued after the others.
-        Every rank makes the same batches: they depend only on the calls and the team."""
-        batches = {}  # (dtype code, nvalues) -> [[(call, seq, entry)], bytes]
+        when issued; the all-reduces that would go out one-shot are fused, per dtype, into
+        ar_oneshot_multi launches (at most MAXFUSE entries and one staging slot each), issued
+        after the others. Every rank makes the same batches: they depend only on the calls and
+        the team."""
+        batches = {}  # dtype code -> [[(call, seq, entry)], bytes of staging taken]
         fused = []
         for call in calls:
             seq = call.seq
@@ -206,7 +221,7 @@ class GpuDispatcher:
                 continue
             entry = self._fusable(team, call)
             if entry is None:
-                self._run(team, call, seq)
+                self._run(team, seq, self._launch, team, call, call.stream, seq)
                 continue
             code, room = entry[0], _round_up(entry[1], 256)
             batch = batches.get(code)
@@ -215,26 +230,23 @@ class GpuDispatcher:
                 fused.append((code, batch))
             batch[0].append((call, seq, entry))
             batch[1] += room
+        team = self._team
         for code, (items, _) in fused:
             call, seq, _ = items[0]
             if len(items) == 1:
-                self._run(self._team, call, seq)
+                self._run(team, seq, self._launch, team, call, call.stream, seq)
             else:
-                self._run(self._team, call, seq, lambda t, c, s, q, items=items, code=code:
-                          self._launch_fused(t, code, items))
+                self._run(team, seq, self._launch_fused, team, code, items)
 
     def _fusable(self, team, call):
         """(dtype code as reduced, bytes, send, recv, count, op) of an all-reduce that would go out
         one-shot, else None."""
         if call.kind != "allreduce":
             return None
-        code, count, op = call.code, call.count, call.op.code
-        if code == dtypes.BOOL:
-            code, op = dtypes.UINT8, _BOOL_OPS[op]
-        elif code in _COMPLEX:
-            if op not in (_ops.SUM.code, _ops.AVG.code):
-                return None  # the general path says why it refuses
-            code, count = _COMPLEX[code], count * 2
+        try:
+            code, count, op = _native_form(call)
+        except InvalidUsageError:
+            return None  # the general path says why it refuses
         nbytes = count * dtypes.ITEMSIZE[code]
         if self._choose(team, "allreduce", nbytes) != "one-shot":
             return None
@@ -486,14 +498,7 @@ class GpuDispatcher:
     def _launch(self, team, call, stream, seq):
         kind, n = call.kind, self.comm.size
         send, recv = self.host._buffers(call)
-        code, count = call.code, call.count
-        op = call.op.code if call.op is not None else 0
-        if code == dtypes.BOOL:
-            code, op = dtypes.UINT8, _BOOL_OPS[op]
-        elif code in _COMPLEX:
-            if kind in ("allreduce", "reduce", "reduce_scatter") and op not in (_ops.SUM.code, _ops.AVG.code):
-                raise InvalidUsageError(f"{call.op.name} on complex GPU buffers is not supported; use SUM or AVG")
-            code, count = _COMPLEX[code], count * 2
+        code, count, op = _native_form(call)
         isz = dtypes.ITEMSIZE[code]
         block = count * isz  # the per-rank block (the whole vector for allreduce, bcast, reduce)
         nbytes = block * n if kind in _BLOCKED else block
