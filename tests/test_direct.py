@@ -38,9 +38,13 @@ NP_OP = {SUM: np.add, PROD: np.multiply, MAX: np.maximum, MIN: np.minimum, AVG: 
 
 # ---- running ranks ---------------------------------------------------------------------------
 
-def _entry(fn, job, rank, nranks, slot, queue, args):
+def _entry(fn, job, rank, nranks, slot, queue, args, attached):
     try:
         group = shm_direct.create_or_attach(job, "w", rank, nranks, timeout=30, slot_bytes=slot)
+        # Every rank has attached before any starts: ranks that fail early (a mismatch found
+        # between two of them) must not end before a slow-starting one has attached, which
+        # would then wait for a creator that is gone and leave the segment's name behind.
+        attached.wait(30)
         result = fn(group, *args)
         queue.put((rank, "ok", result))
     except Exception as exc:  # report to the parent, which asserts
@@ -51,7 +55,8 @@ def run_ranks(nranks, fn, *args, slot=SMALL_SLOT, expect=None, timeout=60):
     """Run fn(group, *args) on nranks processes; {rank: ("ok"|"error", payload)}."""
     job = uuid.uuid4().hex[:12]
     queue = CTX.Queue()
-    procs = [CTX.Process(target=_entry, args=(fn, job, r, nranks, slot, queue, args))
+    attached = CTX.Barrier(nranks)
+    procs = [CTX.Process(target=_entry, args=(fn, job, r, nranks, slot, queue, args, attached))
              for r in range(nranks)]
     for p in procs:
         p.start()
@@ -290,9 +295,6 @@ def _mismatched(group, case):
     """One mismatched call (case), then a barrier; what each rank got, and where."""
     me = group.rank
     group.oneshot_max = 64  # 80 B is two-shot, 40 B one-shot
-    # Every rank attached first: two ranks that find their mismatch between themselves end
-    # before a slow-starting third has attached, which then waits for a creator that is gone.
-    group.barrier(30.0)
     x = np.full(20, me + 1, np.float32)
     calls = {
         "count": lambda: group.allreduce(addr(x), addr(x), 20 if me == 1 else 10, DT["float32"], SUM, 5.0),
