@@ -466,6 +466,10 @@ static int gc__wait_slow(gc_direct *g, int peer, uint64_t target, int64_t deadli
             gc__futex_wait(g, peer, target, left > 1000 ? left : 1000);
         }
         if (now >= next_check) {
+            /* The post may have come while this rank slept or yielded: a wait that is
+             * satisfied never fails (a mismatch found meanwhile belongs to a later call). */
+            if ((v = __atomic_load_n(f, __ATOMIC_ACQUIRE)) >= target)
+                goto arrived;
             next_check = now + GC_DIRECT_CHECK_NS;
             int failed = __atomic_load_n(&g->hdr->lost, __ATOMIC_ACQUIRE) > 0;
             for (int r = 0; r < g->nranks && !failed; r++)
