@@ -38,6 +38,7 @@ BYTES, OFFER = 0, 1  # frame kinds: the payload is the message / describes GPU m
 _FRAME = struct.Struct("!QiiQI")  # communicator key, source rank, tag, payload bytes, kind
 _HELLO = struct.Struct("!8si32s")  # magic, sender world rank, proof of the job secret
 _MAGIC = b"GCP2P001"
+_ONE_WRITE_MAX = 64 << 10  # payloads up to this size are copied behind their header and written at once
 
 
 def comm_key(comm_id):
@@ -363,8 +364,10 @@ class PointToPoint:
             conn, lock = self._connection(dest)
             try:
                 with lock:
-                    conn.sendall(header)
-                    if len(payload):
+                    if len(payload) <= _ONE_WRITE_MAX:  # one segment: one wake-up on the other side
+                        conn.sendall(header + payload)
+                    else:
+                        conn.sendall(header)
                         conn.sendall(payload)
             except OSError as exc:
                 raise LostPeerError(f"Send to rank {dest} failed: {exc} (the process ended or crashed)",
