@@ -6,7 +6,7 @@ NP ?= 4
 STAMP := $(VENV)/.installed
 SOURCES := pyproject.toml setup.py $(wildcard cython_src/*.pyx cython_src/*.pxd cython_src/include/*.h)
 
-.PHONY: install demo test test-deps test-multihost test-fast test-gpu bench bench-launch bench-multihost clean
+.PHONY: install demo test test-deps test-multihost test-fast test-gpu bench bench-launch bench-multihost bench-p2p clean
 
 install: $(STAMP)
 
@@ -38,6 +38,9 @@ bench: $(STAMP)
 
 bench-multihost: $(STAMP) test-deps
 	$(PY) benchmarks/bench_multihost.py
+
+bench-p2p: $(STAMP)
+	$(PY) benchmarks/bench_p2p.py
 
 bench-launch: $(STAMP)
 	$(PY) -m pip install -q 'torch==2.13.0'
