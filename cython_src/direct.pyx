@@ -361,7 +361,7 @@ cdef class HostAllreduce:
     """
 
     cdef DirectGroup group
-    cdef object dispatch, engine, lock, cv, in_place, ndarray, op_type, codes, direct_sizes, make_call
+    cdef object dispatch, engine, lock, cv, in_place, ndarray, op_type, codes, choices, make_call
     cdef double timeout
 
     def __init__(self, DirectGroup group, dispatch, engine, in_place, ndarray, op_type, codes, make_call):
@@ -370,7 +370,7 @@ cdef class HostAllreduce:
         self.in_place, self.ndarray, self.op_type, self.codes = in_place, ndarray, op_type, codes
         self.make_call = make_call  # (count, code, op) -> the Call of the general path, for errors
         self.timeout = dispatch.timeout
-        self.direct_sizes = {}      # nbytes -> True when the dispatcher's choice is "direct"
+        self.choices = dispatch._choices  # the dispatcher's own cache: (kind, nbytes) -> algorithm
 
     def __call__(self, sendbuf, recvbuf, op):
         cdef Py_buffer rv, sv
@@ -409,11 +409,10 @@ cdef class HostAllreduce:
             if nbytes == 0 or self.dispatch._broken:
                 return False
             count = nbytes // <size_t>rv.itemsize
-            direct = self.direct_sizes.get(nbytes)
-            if direct is None:
-                direct = self.direct_sizes[nbytes] = self.dispatch._choose(self.make_call(count, code, op),
-                                                                           nbytes) == "direct"
-            if not direct:
+            algo = self.choices.get(("allreduce", nbytes))
+            if algo is None:
+                algo = self.dispatch._choose(self.make_call(count, code, op), nbytes)
+            if algo != "direct":
                 return False
             engine = self.engine
             self.lock.acquire()
