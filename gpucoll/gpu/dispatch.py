@@ -27,7 +27,7 @@ from .. import ops as _ops
 from ..algorithms import selector
 from ..errors import InvalidUsageError
 from ..errors import TimeoutError as GpucollTimeout
-from . import streams
+from . import ipc, streams
 
 cuda = None  # gpucoll._native.cuda, imported on first use (GpuDispatcher.__init__)
 _FAST_MAX = 1024  # packed launches kept per communicator
@@ -413,7 +413,7 @@ class GpuDispatcher:
         for i, ptr in enumerate((send, recv)):
             if not ptr:
                 continue
-            exported = team.export(ptr)
+            exported = ipc.export(ptr)
             if exported is None:
                 ok = False
                 continue
@@ -437,7 +437,7 @@ class GpuDispatcher:
                 elif table[q, 1 + i]:
                     base = 8 + i * 72
                     offset = int(table[q, base + 64:base + 72].view(np.uint64)[0])
-                    peers[i].append(team.import_((table[q, base:base + 64].tobytes(), offset)))
+                    peers[i].append(ipc.open_memory(table[q, base:base + 64].tobytes()) + offset)
                 else:
                     peers[i].append(0)
         team.launcher.set_peer_buffers(*peers)

@@ -106,21 +106,6 @@ class Team:
                 kinds.add("NVLink" if link.startswith("NV") else (link or "P2P"))
         return ",".join(sorted(kinds)) or "-"
 
-    # --- registered caller buffers (the process's IPC cache, gpucoll/gpu/ipc.py) ---------------
-    @staticmethod
-    def export(ptr):
-        """(handle, offset) of the allocation holding ptr, or None when it cannot be shared."""
-        from . import ipc
-
-        return ipc.export(ptr)
-
-    @staticmethod
-    def import_(exported):
-        from . import ipc
-
-        handle, offset = exported
-        return ipc.open_memory(handle) + offset
-
     def error_word(self):
         """Non-zero once a kernel gave up waiting for a peer: (seq << 8) | (1 + the peer's rank)."""
         return self.launcher.error_word() if self.launcher is not None else 0
