@@ -151,21 +151,14 @@ class Communicator:
         Requests of operations issued inside can be waited on after the block."""
         return _Group(self)
 
-    def _deferred(self, call, stream, request=None):
-        """In a group: keep a GPU collective for the end of it; True when kept."""
-        group = self._group
-        if group is None:
-            return False
-        call.stream = stream
-        group.calls.append((call, request))
-        return True
-
     # --- the buffer collectives ---------------------------------------------------
     def _blocking(self, call, stream=None):
         self._dispatch.number(call)
         if call.gpu:  # enqueued on the stream in this thread (gpucoll/gpu), like NCCL
-            if not self._deferred(call, stream):
-                call.stream = stream
+            call.stream = stream
+            if self._group is not None:  # kept for the end of the group
+                self._group.calls.append((call, None))
+            else:
                 call.run()
             return
         _host_stream(stream)
@@ -176,11 +169,11 @@ class Communicator:
         if call.gpu:
             from .gpu.request import GpuRequest
 
-            if self._group is not None:
-                req = GpuRequest(call.kind, None, self._dispatch.gpu())
-                self._deferred(call, stream, req)
-                return req
             call.stream = stream
+            if self._group is not None:  # its event is recorded when the group ends
+                req = GpuRequest(call.kind, None, self._dispatch.gpu())
+                self._group.calls.append((call, req))
+                return req
             call.run()
             return GpuRequest(call.kind, call.stream, self._dispatch.gpu())
         _host_stream(stream)

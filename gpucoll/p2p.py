@@ -354,8 +354,7 @@ class PointToPoint:
             posted.gpu.owner.pull(posted, source, tag, offer)
             return
         # A host receive: ask for the bytes, which then fill it like any message.
-        self.gpu()
-        self._gpu.ask_for_bytes(posted, source, tag)
+        self.gpu().ask_for_bytes(posted, source, tag)
 
     def _send_task(self, payload, dest, tag, kind=BYTES):
         header = _FRAME.pack(self._key, self._comm.rank, tag, len(payload), kind)
