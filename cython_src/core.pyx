@@ -92,7 +92,8 @@ cdef int _check(int rc, int peer=-1, int64_t step=-1, what=None, int64_t got=0,
             name = lambda c: ops.ALL[c].name if 0 <= c < GC_NUM_OPS else f"op {c}"
             desc = f"rank {peer} reduces with {name(got)}, this rank with {name(want)}"
         elif mismatch == GC_MISMATCH_ROOT:
-            desc = f"rank {peer} has root {got}, this rank root {want}"
+            name = lambda r: f"root {r}" if r >= 0 else "no root (a collective without one)"
+            desc = f"rank {peer} has {name(got)}, this rank {name(want)}"
         err = errors.MismatchError(
             f"{desc}{where} with rank {peer}; every rank must call collectives in the same order "
             "with matching counts, dtypes, ops and roots")

@@ -367,8 +367,19 @@ class Dispatcher:
         scratch = self.scratch(sched.scratch_count * isz) if sched.scratch_count else 0
         # AVG travels as AVG (the executor reduces it as SUM), so that a peer's SUM differs
         op = call.op.code if call.op is not None else _ops.SUM.code
-        chans = self.channels().pointers(_peers_of(sched))
         root = call.root if call.kind in _ROOTED else -1
+        if root >= 0 and sched.nsteps:
+            # A rooted schedule's data does not reach every rank (a bcast's root receives
+            # nothing), so ranks that disagree on the root would return with their own data or
+            # wait for a root that never sends. First a dissemination barrier whose empty
+            # messages carry the call's header: a rank that completes it has a chain of
+            # matching headers from every rank, and every rank runs it whatever root it took.
+            # Its own run, before the data schedule's channels are made: on first use a
+            # rank waits for the peers of its schedule to connect, which differ with the root.
+            bar = build_schedule("barrier", "dissemination", comm.rank, comm.size)
+            core.run_schedule(bar.steps, self.channels().pointers(_peers_of(bar)), send, recv, 0, isz, call.code,
+                              op, self.timeout, root=root)
+        chans = self.channels().pointers(_peers_of(sched))
         core.run_schedule(sched.steps, chans, send, recv, scratch, isz, call.code, op, self.timeout, root=root)
         if call.op is _ops.AVG and call.recv is not None and (call.kind != "reduce" or comm.rank == call.root):
             core.scale_avg(call.recv.array[:call.count], call.code, comm.size)
@@ -376,15 +387,20 @@ class Dispatcher:
     # --- GPUCOLL_DEBUG_CHECKS ------------------------------------------------------------------
     def _cross_check(self, call, seq):
         """Allgather every rank's (kind, count, dtype, op, root) and raise on every rank,
-        naming the ranks that differ, when they do not all agree."""
+        naming the ranks that differ, when they do not all agree (over the direct segment
+        when the ranks share one, else over the schedule channels)."""
         from ._native import core
 
         comm = self.comm
         mine = np.array(call.signature(), dtype=np.int64)
         table = np.empty(comm.size * mine.size, dtype=np.int64)
-        sched = build_schedule("allgather", "ring", comm.rank, comm.size, mine.size)
-        core.run_schedule(sched.steps, self.channels().pointers(_peers_of(sched)), mine.__array_interface__["data"][0],
-                          table.__array_interface__["data"][0], 0, 8, dtypes.INT64, 0, self.timeout)
+        src, dst = mine.__array_interface__["data"][0], table.__array_interface__["data"][0]
+        if "direct" in self.available:
+            self.direct().allgather(src, dst, mine.size, 8, self.timeout)
+        else:
+            sched = build_schedule("allgather", "ring", comm.rank, comm.size, mine.size)
+            core.run_schedule(sched.steps, self.channels().pointers(_peers_of(sched)), src, dst, 0, 8, dtypes.INT64,
+                              0, self.timeout)
         rows = table.reshape(comm.size, mine.size)
         if (rows == rows[0]).all():
             return

@@ -322,18 +322,20 @@ def test_mismatched_calls_raise_on_every_rank(case):
         assert got[0] == "MismatchError", (rank, got)
         name, where, message, ranks = got
         assert "every rank must call collectives in the same order" in message, message
-        if case != "root":  # every rank reads from rank 1 in the call itself
-            assert where == "call" and ranks == ((0,) if rank == 1 else (1,)), (rank, got)
+        # every rank compares rank 1's call in the call itself: its data (count, dtype, op,
+        # rounds) or, for a rooted call, its announcement (roots: ranks 0 and 1 both take
+        # themselves for the root and read from no one)
+        odd = ((0, 2) if case == "root" else (0,)) if rank == 1 else (1,)  # rank 1 differs from both
+        assert where == "call" and len(ranks) == 1 and ranks[0] in odd, (rank, got)
     if case == "count":
         assert "rank 1 called allreduce with 20 x float32 SUM, this rank with allreduce with 10 x float32 SUM" \
             in out[0][2]
     if case == "op":
         assert "10 x float32 MAX" in out[0][2] and "10 x float32 SUM" in out[1][2]
     if case == "root":
-        # ranks 0 and 1 are both roots (they read from no one in the bcast), rank 2 reads
-        # from its root 0 as asked: all of them find the mismatch at the barrier after it
-        assert all(where == "next" for _, where, _, _ in out.values()), out
-        assert "(the previous collective on this communicator)" in out[2][2], out[2][2]
+        assert "rank 1 called bcast with 80 B root 1, this rank with bcast with 80 B root 0" in out[0][2]
+        assert f"rank {out[1][3][0]} called bcast with 80 B root 0, this rank with bcast with 80 B root 1" in out[1][2]
+        assert "previous collective" not in out[2][2], out[2][2]
 
 
 def _mixed_loop(group):

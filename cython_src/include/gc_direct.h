@@ -31,8 +31,12 @@
  * right after the gc__gen_begin of its first generation, before its first post; the post
  * releases it. The first wait of call k that proves a peer posted in call k (a target above
  * the epoch this rank had when call k began) compares the peer's sig[k % 2] with its own,
- * before any data of that peer is read. A rank that does not wait for a peer in call k (a
- * bcast's root) compares at the gc__gen_begin of call k+1, whose wait is for epochs of call k.
+ * before any data of that peer is read. Rooted calls (bcast, reduce, gather, scatter) make
+ * every rank wait for every peer's first post of the call right after its own (gc__agree), so
+ * that ranks that disagree on the root all fail in that call, before any data is read, even
+ * when each takes itself for the root and nobody receives. A rank that does not wait for a
+ * peer in some other call compares at the gc__gen_begin of call k+1, whose wait is for epochs
+ * of call k.
  * Two entries suffice: a peer stores call k+2's signature only after the gc__gen_begin of its
  * first generation, which needs this rank's first epoch of the last generation of call k+1,
  * posted after this rank is done with call k (and with its deferred check of call k in the
@@ -601,6 +605,18 @@ static inline int gc__enter(gc_direct *g)
     return g->broken || !g->base ? GC_ERR_USAGE : GC_OK;
 }
 
+/* Rooted calls: after this rank's first post of the call, wait until every peer has made its
+ * own first post of the call too, comparing each one's signature (gc__wait does). It is an
+ * arrival check, not a completion wait: every rank posts first thing in a call, so in a loop
+ * the peers are usually there already. It makes every rank of a rooted call see every other
+ * rank's root in that call: ranks that disagree (each its own root, or roots {0, 0, 1})
+ * all fail in it, before any data is read, instead of returning their own data and leaving
+ * the mismatch to the next call. */
+static inline int gc__agree(gc_direct *g, int64_t deadline)
+{
+    return gc__wait_all(g, g->call_base + 1, deadline);
+}
+
 static inline void gc__copy(void *dst, const void *src, size_t n)
 {
     if (dst != src && n)
@@ -690,6 +706,8 @@ static int gc__allreduce_impl(gc_direct *g, const void *send, void *recv, size_t
         GC__TRY(gc__gen_begin(g, sig, dl));
         memcpy(gc__slot(g, me), in, bytes);
         uint64_t e = gc__post(g);
+        if (root >= 0)
+            GC__TRY(gc__agree(g, dl));
         if (mine) {
             GC__TRY(gc__reduce_ranks(g, out, NULL, 0, count, dt, rop, e, dl));
             if (op == GC_AVG)
@@ -718,6 +736,8 @@ static int gc__allreduce_impl(gc_direct *g, const void *send, void *recv, size_t
                 memcpy(mys + lo * isz, in + (off + lo) * isz, len * isz);
         }
         uint64_t ea = gc__post(g);
+        if (root >= 0 && off == 0)
+            GC__TRY(gc__agree(g, dl));
         gc__part(c, N, isz, me, &lo, &len);
         if (len) {
             GC__TRY(gc__reduce_ranks(g, mys + lo * isz, in + (off + lo) * isz, lo * isz, len, dt,
@@ -810,6 +830,8 @@ static int gc_direct_bcast(gc_direct *g, void *buf, size_t bytes, int root, doub
         if (g->rank == root)
             memcpy(gc__slot(g, root), p + off, c);
         uint64_t e = gc__post(g);
+        if (off == 0)
+            GC__TRY(gc__agree(g, dl));
         if (g->rank != root) {
             GC__TRY(gc__wait(g, root, e, dl));
             memcpy(p + off, gc__slot(g, root), c);
@@ -872,6 +894,8 @@ static int gc_direct_gather(gc_direct *g, const void *send, void *recv, size_t b
         if (me != root)
             memcpy(gc__slot(g, me), in + off, c);
         uint64_t e = gc__post(g);
+        if (off == 0)
+            GC__TRY(gc__agree(g, dl));
         if (me != root)
             continue;
         for (int k = 1; k < N; k++) {
@@ -911,6 +935,8 @@ static int gc_direct_scatter(gc_direct *g, const void *send, void *recv, size_t 
                     memcpy(gc__slot(g, root) + (size_t)j * piece, in + (size_t)j * bytes + off,
                            c);
         uint64_t e = gc__post(g);
+        if (off == 0)
+            GC__TRY(gc__agree(g, dl));
         if (me != root) {
             GC__TRY(gc__wait(g, root, e, dl));
             memcpy(out + off, gc__slot(g, root) + (size_t)me * piece, c);

@@ -11,8 +11,8 @@
  * The header is { uint64 payload bytes; uint32 magic; uint8 dtype; uint8 op; uint16 root }
  * (root: the call's root rank mod 2^16, 0xffff for none). It makes an empty message real (16
  * bytes that the receiver must wait for, so a zero-count step still synchronises the pair) and
- * lets the receiver check that the sender runs the same call: a different length, dtype, op
- * or root is GC_ERR_MISMATCH naming the peer (e->mismatch says
+ * lets the receiver check that the sender runs the same call: a different root, dtype, op or
+ * length (compared in that order) is GC_ERR_MISMATCH naming the peer (e->mismatch says
  * which, e->got / e->want the two values) instead of silent corruption, and a wrong magic
  * means the two ranks disagree about where messages start (they ran different schedules).
  * The op travels as the caller gave it (AVG, which reduces as SUM, is not SUM). Headers are at
@@ -243,11 +243,13 @@ static inline ssize_t gc__rx_progress(gc__rx *r, const gc_exec_args *a, gc_exec_
             e->mismatch = GC_MISMATCH_MAGIC;
             return GC_ERR_MISMATCH;
         }
-        if (h.nbytes != r->expect) {
-            e->what = "the peer sent a different number of bytes than this rank expects";
-            e->mismatch = GC_MISMATCH_BYTES;
-            e->got = (int64_t)h.nbytes;
-            e->want = (int64_t)r->expect;
+        /* The root first: ranks that disagree on it run different schedules, whose
+         * lengths differ too, and the root is what the user must fix. */
+        if (h.root != (uint16_t)a->root) {
+            e->what = "the peer has a different root than this rank";
+            e->mismatch = GC_MISMATCH_ROOT;
+            e->got = h.root == 0xffff ? -1 : h.root;
+            e->want = a->root;
             return GC_ERR_MISMATCH;
         }
         if (h.dtype != (uint8_t)a->dtype) {
@@ -264,11 +266,11 @@ static inline ssize_t gc__rx_progress(gc__rx *r, const gc_exec_args *a, gc_exec_
             e->want = (uint8_t)a->op;
             return GC_ERR_MISMATCH;
         }
-        if (h.root != (uint16_t)a->root) {
-            e->what = "the peer has a different root than this rank";
-            e->mismatch = GC_MISMATCH_ROOT;
-            e->got = h.root == 0xffff ? -1 : h.root;
-            e->want = a->root;
+        if (h.nbytes != r->expect) {
+            e->what = "the peer sent a different number of bytes than this rank expects";
+            e->mismatch = GC_MISMATCH_BYTES;
+            e->got = (int64_t)h.nbytes;
+            e->want = (int64_t)r->expect;
             return GC_ERR_MISMATCH;
         }
         r->c->consume(r->c, GC_MSG_HDR_BYTES);
