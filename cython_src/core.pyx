@@ -38,6 +38,7 @@ cdef extern from "gc_shmchan.h" nogil:
         gc_chan chan
         uint64_t cap
         int side
+        int32_t peer_pid
     gc_shmchan *gc_shmchan_create(const char *name, uint64_t cap, int *err)
     gc_shmchan *gc_shmchan_attach(const char *name, int creator_pid, int *err)
     int gc_shmchan_unlink(const char *name)
@@ -259,6 +260,12 @@ cdef class ShmChannel:
     def capacity(self):
         """Bytes per ring (the creator's choice, rounded to pages)."""
         return self._live().cap
+
+    def watch_peer(self, int pid):
+        """Until the peer attaches, take it for gone once process `pid` (of this host and pid
+        namespace; the bootstrap's) has ended: a peer that dies before attaching then fails
+        the collectives waiting for it at once, not at their deadline."""
+        self._live().peer_pid = pid
 
     @property
     def side(self):

@@ -19,6 +19,7 @@ after one, the group is unusable.
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABLE, PyBUF_C_CONTIGUOUS,
                              PyBUF_SIMPLE)
 from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
+from libc.stdlib cimport free, malloc
 
 from gpucoll import dtypes, ops
 from gpucoll.errors import GpucollError, InvalidUsageError, LostPeerError, MismatchError, TimeoutError
@@ -35,6 +36,7 @@ cdef extern from "gc_direct.h" nogil:
         int nranks
         size_t slot_bytes
         int broken
+        const int32_t *watch
         size_t oneshot_max
         size_t round_max
         int spins
@@ -144,6 +146,7 @@ cdef class DirectGroup:
     cdef bint have_view
     cdef readonly int nattached
     cdef public object segment
+    cdef int32_t *watched
 
     def __cinit__(self):
         self.have_view = False
@@ -179,11 +182,30 @@ cdef class DirectGroup:
             PyBuffer_Release(&self.view)
             self.have_view = False
 
+    def watch(self, pids):
+        """pids[r]: rank r's process id as the bootstrap gave it, for ranks of this host and
+        pid namespace (0 elsewhere). Until rank r attaches, the waits take it for gone once
+        that process has ended: a rank that dies before its first collective is then named at
+        once instead of waited for until the deadline."""
+        cdef int n = self.g.nranks
+        if len(pids) != n:
+            raise InvalidUsageError(f"watch() needs {n} pids, got {len(pids)}")
+        cdef int32_t *w = <int32_t *>malloc(n * sizeof(int32_t))
+        if w == NULL:
+            raise MemoryError()
+        for i in range(n):
+            w[i] = pids[i] or 0
+        self.g.watch = w
+        free(self.watched)
+        self.watched = w
+
     def close(self):
         """Detach; closes the segment object too when it has a close method. Idempotent."""
         if self.have_view:
             gc_direct_detach(&self.g)
             self._release()
+        free(self.watched)
+        self.watched = NULL
         seg, self.segment = self.segment, None
         if seg is not None and hasattr(seg, "close"):
             seg.close()
@@ -192,6 +214,7 @@ cdef class DirectGroup:
         if self.have_view:
             gc_direct_detach(&self.g)
             PyBuffer_Release(&self.view)
+        free(self.watched)
 
     def __enter__(self):
         return self

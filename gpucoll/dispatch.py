@@ -82,21 +82,35 @@ class Dispatcher:
         self._broken = None         # why the schedule channels cannot be used any more
 
     # --- resources, made on first use (every rank makes them in the same call) -----------
+    # Their waits belong to that call: GPUCOLL_TIMEOUT (a rank may reach its first collective
+    # late), and they stop as soon as a rank of the communicator is known to have ended.
     def direct(self):
         if self._direct is None:
             from .transports.shm_direct import create_or_attach
 
-            ctx = self.comm._ctx
-            self._direct = create_or_attach(ctx.job_id, self.comm._id, self.comm.rank, self.comm.size,
-                                            timeout=config.INIT_TIMEOUT.get())
+            comm, ctx = self.comm, self.comm._ctx
+            group = create_or_attach(ctx.job_id, comm._id, comm.rank, comm.size, timeout=self.timeout,
+                                     check=self.check_alive)
+            group.watch([ctx.watch_pid(w) for w in comm.world_ranks])  # ranks that never attach
+            self._direct = group
         return self._direct
 
     def channels(self):
         if self._channels is None:
             from .transports.channels import ChannelSet
 
-            self._channels = ChannelSet(self.comm, "coll", use_shm=self.shm)
+            self._channels = ChannelSet(self.comm, "coll", use_shm=self.shm, timeout=self.timeout,
+                                        check=self.check_alive)
         return self._channels
+
+    def check_alive(self):
+        """Raise LostPeerError naming the ranks of this communicator whose process is known
+        to have ended (of this host: see Context.has_ended): every collective needs every
+        rank, so a wait for set-up need not go on."""
+        ctx = self.comm._ctx
+        dead = [r for r, w in enumerate(self.comm.world_ranks) if ctx.has_ended(w)]
+        if dead:
+            raise LostPeerError(f"the process of rank(s) {_ranges(dead)} has ended", ranks=dead)
 
     def scratch(self, nbytes):
         if self._scratch.size < nbytes:
@@ -225,11 +239,8 @@ class Dispatcher:
         """A schedule notices a lost peer through the neighbour it talks to, which may only
         have left the call because it saw the failure first. Name the ranks of this host whose
         process is really gone."""
-        from .transports.shm import pid_alive
-
         comm, ctx = self.comm, self.comm._ctx
-        dead = [r for r, w in enumerate(comm.world_ranks)
-                if ctx.hosts[w] == comm.host and not pid_alive(ctx.pids[w])]
+        dead = [r for r, w in enumerate(comm.world_ranks) if ctx.has_ended(w)]
         if dead and set(dead) != set(getattr(exc, "ranks", ())):
             exc.ranks = tuple(dead)
             exc.args = (f"{exc.args[0] if exc.args else exc}; the process of rank(s) "

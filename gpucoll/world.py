@@ -28,13 +28,29 @@ class Context:
         self.p2p_connections = {}
         self._p2p_lock = threading.Lock()
         self._tcp = None
-        mine = {"pid": os.getpid(), "p2p": self.inbox.address}
+        mine = {"pid": os.getpid(), "pidns": _pid_namespace(), "p2p": self.inbox.address}
         if self.size > 1:
             mine["tcp"] = self.tcp().address
         table = [json.loads(b) for b in boot.allgather(json.dumps(mine).encode())]
         self.pids = [t["pid"] for t in table]
+        # A pid says whether a process lives only on its host and in its pid namespace.
+        self._watchable = [t.get("pidns") == mine["pidns"] != 0 and h == self.hosts[self.rank]
+                           for t, h in zip(table, self.hosts)]
         self.p2p_addresses = [t["p2p"] for t in table]
         self.tcp_addresses = [t.get("tcp") for t in table]
+
+    def watch_pid(self, world_rank):
+        """The pid of `world_rank` when this process can tell whether it lives (same host, same
+        pid namespace), else 0."""
+        return self.pids[world_rank] if self._watchable[world_rank] else 0
+
+    def has_ended(self, world_rank):
+        """True once the process of `world_rank` is known to be gone (only a process that
+        watch_pid can see; of the others nothing is known here)."""
+        from .transports.shm import pid_alive
+
+        pid = self.watch_pid(world_rank)
+        return bool(pid) and not pid_alive(pid)
 
     def tcp(self):
         """This process's TCP endpoint (listening from start-up, so peers can reach it)."""
@@ -52,6 +68,14 @@ class Context:
                                         self.inbox.proof(self.rank), config.INIT_TIMEOUT.get())
                 self.p2p_connections[world_rank] = conn
             return conn
+
+
+def _pid_namespace():
+    """The inode of this process's pid namespace (0 when unknown)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
 
 
 def _advertised_host():

@@ -35,6 +35,37 @@ def test_rank_dies_inside_allreduce(gpurun_job, path):
         assert all(info["ranks"] == [1] for info in lost.values()), lost
 
 
+@pytest.mark.parametrize("dead", [0, 2])
+@pytest.mark.parametrize("path", ["direct", "ring", "tcp"])
+def test_rank_gone_before_first_collective_is_named_at_once(gpurun_job, path, dead):
+    # A rank raises before the first collective, which sets up shared memory or sockets and
+    # waits for every rank's side of it. Rank 0 creates the segments and connects first
+    # (dead=0: the creator never comes); rank 2 is the one the others wait for to attach and
+    # whose listener they connect to (dead=2). The survivors must not wait for GPUCOLL_TIMEOUT
+    # (15 s), let alone GPUCOLL_INIT_TIMEOUT (120 s): their Allreduce names the rank at once.
+    job = gpurun_job(3, "first_call.py", "dies", dead, env={"GPUCOLL_TIMEOUT": 15, **PATHS[path]},
+                     launcher_args=("--grace", 20), timeout=45)
+    assert job.returncode == 1, job.describe()
+    assert f"gpurun: rank {dead} (host" in job.stderr and "gives up before its first collective" in job.stderr
+    lost = job.json_lines("LOST ")
+    assert sorted(lost) == sorted({0, 1, 2} - {dead}), job.describe()
+    for rank, info in lost.items():
+        assert info["type"] == "LostPeerError", (path, rank, info)
+        assert info["message"].startswith(f"allreduce #0 on communicator world (rank {rank} of 3): "), info
+        assert dead in info["ranks"] and rank not in info["ranks"], (path, rank, info)
+        assert info["elapsed"] < 5, (path, rank, info)
+
+
+@pytest.mark.parametrize("path", ["direct", "ring", "tcp"])
+def test_rank_late_to_first_collective_within_timeout_succeeds(gpurun_job, path):
+    # Rank 0 (the creator of the shared memory, the one that connects the sockets) comes to
+    # the first collective 5 s late: later than GPUCOLL_INIT_TIMEOUT (3 s), which bounds
+    # joining the job only, and well within GPUCOLL_TIMEOUT (20 s), which bounds a collective.
+    env = {"GPUCOLL_INIT_TIMEOUT": 3, "GPUCOLL_TIMEOUT": 20, **PATHS[path]}
+    job = gpurun_job(3, "first_call.py", "late", 5, env=env, timeout=45).check()
+    assert job.json_lines() == {r: [6.0] * 8 for r in range(3)}, job.describe()
+
+
 def test_rank_dies_job_ends_with_report(gpurun_job):
     # What a user's job does: gpurun stops the others and reports the rank that failed.
     job = gpurun_job(3, "faults.py", "die-default", timeout=40)

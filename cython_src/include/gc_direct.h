@@ -159,6 +159,8 @@ typedef struct {
     int parity;               /* slot parity of the current generation */
     uint64_t *seen;           /* highest value seen of each flag: repeated waits cost no load */
     int broken;               /* a wait failed: epochs are out of step, the group is unusable */
+    const int32_t *watch;     /* per rank: its pid from the bootstrap (0: unknown), owned by the
+                                 caller, watched while the rank has not attached (gc__rank_dead) */
     /* call signatures (see "Call signatures" above) */
     uint64_t calls;           /* calls that posted, the current one included */
     uint64_t call_base;       /* this rank's epoch when the current call began */
@@ -403,7 +405,10 @@ static inline uint64_t gc__pidns(void)
 static inline int gc__rank_dead(const gc_direct *g, int r)
 {
     int32_t pid = __atomic_load_n(&g->procs[r].pid, __ATOMIC_ACQUIRE);
-    return pid > 0 && g->procs[r].pidns == g->pidns && gc__pid_dead(pid);
+    if (pid > 0)
+        return g->procs[r].pidns == g->pidns && gc__pid_dead(pid);
+    /* Not attached yet: a rank that ended before its first collective never will. */
+    return g->watch && g->watch[r] > 0 && gc__pid_dead(g->watch[r]);
 }
 
 /* Fill the failure report: who had not posted `target`, and who of them is gone. */

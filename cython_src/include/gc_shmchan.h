@@ -18,6 +18,9 @@
  *
  * Liveness: each side writes its own pid and state into the header. alive() is false once the
  * peer's state says closed, or its pid no longer exists (kill(pid, 0) == ESRCH) or is a zombie.
+ * Before the peer has attached, alive() watches `peer_pid` when the owner set it (the pid the
+ * bootstrap gave, for a peer in this pid namespace), so a peer that ended before attaching is
+ * noticed instead of waited for until the deadline.
  *
  *   gc_shmchan *gc_shmchan_create(name, cap, &err)   side 0: O_EXCL create, size, map, init
  *   gc_shmchan *gc_shmchan_attach(name, creator_pid, &err)
@@ -81,6 +84,7 @@ typedef struct gc_shmchan {
     unsigned char *tx_data, *rx_data;
     uint64_t tx_head, tx_tail_seen;   /* our counter and the last tail we read */
     uint64_t rx_tail, rx_head_seen;
+    int32_t peer_pid;        /* the peer's pid until it attaches (0: unknown), see alive() */
 } gc_shmchan;
 
 static inline uint64_t gc__load_acq(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
@@ -161,7 +165,8 @@ static int gc_shmchan_alive(gc_chan *c)
     int peer = 1 - ch->side;
     if (__atomic_load_n(&ch->hdr->state[peer], __ATOMIC_ACQUIRE) == GC_SHM_STATE_CLOSED)
         return 0;
-    return gc_pid_alive((pid_t)__atomic_load_n(&ch->hdr->pid[peer], __ATOMIC_ACQUIRE));
+    int32_t pid = __atomic_load_n(&ch->hdr->pid[peer], __ATOMIC_ACQUIRE);
+    return gc_pid_alive((pid_t)(pid > 0 ? pid : ch->peer_pid));
 }
 
 static inline uint64_t gc_shm_round_cap(uint64_t cap)

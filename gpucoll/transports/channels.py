@@ -10,7 +10,11 @@ from .. import config, log
 
 
 class ChannelSet:
-    def __init__(self, comm, purpose, use_shm):
+    """timeout: seconds to wait for a peer's side of a new channel (default GPUCOLL_TIMEOUT:
+    channels are made in a collective, which a peer may reach late); check: called while
+    waiting, raises to stop the wait (a rank known to have ended)."""
+
+    def __init__(self, comm, purpose, use_shm, timeout=None, check=None):
         self._comm = comm
         self._ctx = comm._ctx
         self._id = f"{comm._id}/{purpose}"
@@ -19,15 +23,16 @@ class ChannelSet:
         self._objs = {}
         self._shm = None
         self._nsocks = config.NSOCKS.get()
+        self._timeout = config.TIMEOUT.get() if timeout is None else timeout
+        self._check = check
 
     def _shm_factory(self):
         if self._shm is None:
             from .shm import ShmChannels
 
-            comm = self._comm
-            self._shm = ShmChannels(self._ctx.job_id, self._id, comm.rank,
-                                    [self._ctx.pids[w] for w in comm.world_ranks],
-                                    timeout=config.INIT_TIMEOUT.get())
+            comm, ctx = self._comm, self._ctx
+            self._shm = ShmChannels(ctx.job_id, self._id, comm.rank, [ctx.pids[w] for w in comm.world_ranks],
+                                    watch=[ctx.watch_pid(w) for w in comm.world_ranks], timeout=self._timeout)
         return self._shm
 
     def _connect(self, peer):
@@ -39,7 +44,8 @@ class ChannelSet:
             from .verbs import inter_host_transport
 
             inter_host_transport()  # says once why TCP carries the traffic between hosts
-            chan = ctx.tcp().channel(world, ctx.tcp_addresses[world], comm_id=self._id, nsocks=self._nsocks)
+            chan = ctx.tcp().channel(world, ctx.tcp_addresses[world], comm_id=self._id, nsocks=self._nsocks,
+                                     timeout=self._timeout, check=self._check)
             how = f"TCP x{self._nsocks}"
         log.info("INIT", "%s: channel to rank %d (world %d, %s) via %s", self._id, peer, world,
                  ctx.hosts[world], how)

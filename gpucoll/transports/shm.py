@@ -88,23 +88,27 @@ class ShmChannels:
     """The shared-memory channels of one rank of a communicator toward its on-host peers.
 
     pids[r] is the process id of rank r (or None/0 when unknown): the attaching side uses it
-    to tell a live creator from a stale segment of the same name, and to stop waiting when
-    the creator died. capacity defaults to GPUCOLL_BUFFSIZE, timeout (seconds to wait for a
-    peer's segment) to GPUCOLL_TIMEOUT.
+    to tell a live creator from a stale segment of the same name. watch[r] (default: pids)
+    is the pid to watch for liveness, 0 where it means nothing here (another host or pid
+    namespace): the attaching side stops waiting when the creator has ended, and a created
+    channel counts its peer gone when that process ends before attaching. capacity defaults
+    to GPUCOLL_BUFFSIZE, timeout (seconds to wait for a peer's segment) to GPUCOLL_TIMEOUT.
     """
 
-    def __init__(self, job_id, comm_id, rank, pids=None, capacity=None, timeout=None):
+    def __init__(self, job_id, comm_id, rank, pids=None, capacity=None, timeout=None, watch=None):
         self.job_id = job_id
         self.comm_id = comm_id
         self.rank = rank
         self.pids = list(pids) if pids is not None else []
+        self.watch = list(watch) if watch is not None else self.pids
         self.capacity = int(capacity if capacity is not None else config.BUFFSIZE.get())
         self.timeout = float(timeout if timeout is not None else config.TIMEOUT.get())
         self._chans = {}
         self._created = {}          # peer -> name of the segments we created
 
-    def _pid(self, r):
-        return self.pids[r] if 0 <= r < len(self.pids) and self.pids[r] else 0
+    def _pid(self, r, table=None):
+        table = self.pids if table is None else table
+        return table[r] if 0 <= r < len(table) and table[r] else 0
 
     def name(self, peer):
         return segment_name(self.job_id, self.comm_id, self.rank, peer)
@@ -119,6 +123,7 @@ class ShmChannels:
         name = self.name(peer)
         if self.rank < peer:
             chan = core.ShmChannel.create(name, self.capacity, peer)
+            chan.watch_peer(self._pid(peer, self.watch))
             self._created[peer] = name
             log.info("SHM", "created %s (%d B per ring) for rank %d", name, chan.capacity, peer)
         else:
@@ -129,16 +134,16 @@ class ShmChannels:
         return chan
 
     def _attach(self, name, peer):
-        creator = self._pid(peer)
+        creator, watched = self._pid(peer), self._pid(peer, self.watch)
         deadline = time.monotonic() + self.timeout
         delay = 0.0005
         while True:
             chan = core.ShmChannel.attach(name, creator, peer)
             if chan is not None:
                 return chan
-            if not pid_alive(creator):
+            if watched and not pid_alive(watched):
                 raise errors.LostPeerError(
-                    f"rank {peer} (pid {creator}) died before creating shared memory {name}",
+                    f"rank {peer} (pid {watched}) died before creating shared memory {name}",
                     ranks=(peer,))
             if time.monotonic() >= deadline:
                 raise errors.TimeoutError(

@@ -14,7 +14,9 @@ Life cycle, chosen so that nothing is left in /dev/shm, even after a crash:
   renames it to the public name. Rename is atomic, so an attacher never sees a half-made
   segment, and a leftover of a crashed job with the same name is replaced, not reused.
 * The other ranks retry opening the public name until it exists and holds a segment whose
-  creator is alive (a leftover's creator is dead), or until `timeout`.
+  creator is alive (a leftover's creator is dead), or until `timeout`; `check()`, called
+  while they wait, stops the wait when it raises (the caller's way to notice that local
+  rank 0 has ended and will never create it).
 * Every rank counts itself in the header when it has mapped the segment; the last one to do so
   unlinks the name. From then on the memory lives only as long as some rank maps it, and the
   kernel frees it when the last rank exits, however it exits.
@@ -91,23 +93,27 @@ def _try_attach(path, local_size):
     return None
 
 
-def create_or_attach(job_id, comm_id, local_rank, local_size, timeout=None, slot_bytes=None):
+def create_or_attach(job_id, comm_id, local_rank, local_size, timeout=None, slot_bytes=None, check=None):
     """Map the communicator's direct segment and return this rank's DirectGroup.
 
     Local rank 0 creates it (slots of `slot_bytes`, default GPUCOLL_BUFFSIZE), the others wait
-    up to `timeout` seconds (default GPUCOLL_INIT_TIMEOUT) for it to appear. Raises
-    TimeoutError when it does not.
+    up to `timeout` seconds (default GPUCOLL_TIMEOUT: the segment is made in a communicator's
+    first collective, which rank 0 may reach late) for it to appear, calling `check()` about
+    every 0.1 s, which may raise to stop waiting. Raises TimeoutError when it does not appear.
     """
     if not 0 <= local_rank < local_size:
         raise InvalidUsageError(f"local rank {local_rank} is not in [0, {local_size})")
     path = os.path.join(SHM_DIR, segment_name(job_id, comm_id))
-    timeout = config.INIT_TIMEOUT.get() if timeout is None else timeout
+    timeout = config.TIMEOUT.get() if timeout is None else timeout
     if local_rank == 0:
         mm = _create(path, local_size, config.BUFFSIZE.get() if slot_bytes is None else slot_bytes)
     else:
         deadline = time.monotonic() + timeout
-        delay = 0.0005
+        delay, checked = 0.0005, time.monotonic()
         while (mm := _try_attach(path, local_size)) is None:
+            if check is not None and time.monotonic() - checked >= 0.1:
+                check()
+                checked = time.monotonic()
             if time.monotonic() > deadline:
                 err = TimeoutError(f"local rank {local_rank} waited {timeout:g} s for local rank 0 "
                                    f"to create the shared-memory segment {path}")

@@ -109,13 +109,15 @@ class TcpEndpoint:
 
     # -- channels ----------------------------------------------------------------------
     def channel(self, peer_rank, peer_address, comm_id=0, nsocks=None, timeout=None,
-                ring_bytes=None, chunk_bytes=CHUNK_BYTES):
+                ring_bytes=None, chunk_bytes=CHUNK_BYTES, check=None):
         """The channel to world rank `peer_rank` (listening at `peer_address`) for
         communicator `comm_id`, built on first use and cached.
 
         nsocks defaults to GPUCOLL_NSOCKS and must agree on both sides; ring_bytes to
-        GPUCOLL_BUFFSIZE; timeout (seconds to connect or be connected) to
-        GPUCOLL_INIT_TIMEOUT. Raises gpucoll.TimeoutError naming the peer and its address.
+        GPUCOLL_BUFFSIZE; timeout (seconds to connect or be connected) to GPUCOLL_TIMEOUT
+        (channels are made in a collective, which the peer may reach late). `check()` is
+        called about every 0.25 s while waiting and may raise to stop (a peer known to have
+        ended). Raises gpucoll.TimeoutError naming the peer and its address.
         """
         peer_rank = int(peer_rank)
         if peer_rank == self.rank:
@@ -132,11 +134,11 @@ class TcpEndpoint:
             raise InvalidUsageError(f"nsocks={nsocks}: a TCP channel takes 1 to {_sock.MAX_SOCKS} sockets")
         ring_bytes = config.BUFFSIZE.get() if ring_bytes is None else int(ring_bytes)
         ring_bytes = -(-ring_bytes // _sock.ALIGN) * _sock.ALIGN
-        timeout = config.INIT_TIMEOUT.get() if timeout is None else float(timeout)
+        timeout = config.TIMEOUT.get() if timeout is None else float(timeout)
         if self.rank < peer_rank:
-            fds = self._connect(peer_rank, peer_address, comm_id, nsocks, timeout)
+            fds = self._connect(peer_rank, peer_address, comm_id, nsocks, timeout, check)
         else:
-            fds = self._await(peer_rank, peer_address, comm_id, nsocks, timeout)
+            fds = self._await(peer_rank, peer_address, comm_id, nsocks, timeout, check)
         try:
             ch = _sock.TcpChannel(fds, peer=peer_rank, ring_bytes=ring_bytes, chunk_bytes=chunk_bytes,
                                   address=peer_address)
@@ -149,14 +151,14 @@ class TcpEndpoint:
                  self.rank, peer_rank, peer_address, comm_id, nsocks, ring_bytes, chunk_bytes)
         return ch
 
-    def _connect(self, peer, address, comm_id, nsocks, timeout):
+    def _connect(self, peer, address, comm_id, nsocks, timeout, check=None):
         host, port = _split(address)
         deadline = time.monotonic() + timeout
         ident = comm_id.encode()
         socks = []
         try:
             for index in range(nsocks):
-                s = _connect_retrying(host, port, deadline, peer, address, self.rank, timeout)
+                s = _connect_retrying(host, port, deadline, peer, address, self.rank, timeout, check)
                 socks.append(s)
                 hello = _HELLO.pack(_MAGIC, _VERSION, index, nsocks, self.rank, peer, len(ident)) + ident
                 try:
@@ -168,11 +170,13 @@ class TcpEndpoint:
             for s in socks:
                 s.close()    # no-op once detached
 
-    def _await(self, peer, address, comm_id, nsocks, timeout):
+    def _await(self, peer, address, comm_id, nsocks, timeout, check=None):
         key = (comm_id, peer)
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
+                if check is not None:
+                    check()
                 slots = self._filed.get(key, {})
                 mismatch = [n for _, n in slots.values() if n != nsocks]
                 if mismatch:
@@ -188,7 +192,7 @@ class TcpEndpoint:
                         f"rank {self.rank}: rank {peer} at {address} connected {len(slots)} of {nsocks} "
                         f"sockets for communicator {comm_id!r} within {timeout:g} s "
                         f"(this rank listens on {self.address})")
-                self._cond.wait(min(left, 0.5))
+                self._cond.wait(min(left, 0.25))
         return [slots[i][0].detach() for i in range(nsocks)]
 
     def close(self):
@@ -235,12 +239,14 @@ def _lost(rank, peer, address, why):
     return LostPeerError(f"rank {rank}: TCP connection to rank {peer} at {address}: {why}", ranks=(peer,))
 
 
-def _connect_retrying(host, port, deadline, peer, address, rank, timeout):
+def _connect_retrying(host, port, deadline, peer, address, rank, timeout, check=None):
     """Connect, retrying with backoff while the peer is not listening yet (refused,
-    unreachable for a moment) until the deadline."""
+    unreachable for a moment) until the deadline or until check() raises."""
     delay = 0.01
     last = None
     while True:
+        if check is not None and last is not None:
+            check()
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         _sock.tune_socket(s.fileno(), SOCKBUF)   # before connect: the window scale depends on it
         left = deadline - time.monotonic()
