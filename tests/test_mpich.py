@@ -7,6 +7,7 @@ extensions are built for the same Python version.
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -23,25 +24,56 @@ HELLO = ("import numpy as np, gpucoll; from mpi4py import MPI; c = gpucoll.COMM_
 # pieces can interleave with another rank's.
 
 
-def _run(venv, extra_env=None, args=()):
+# How each MPI runs here: its venv, mpiexec's extra arguments and environment.
+MPIS = {
+    "mpich": (os.path.join(ROOT, ".venv-mpich"), (), {"PYTHONPATH": ROOT}),
+    "open-mpi": (os.path.dirname(os.path.dirname(sys.executable)), ("--oversubscribe",),
+                 {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}),
+}
+
+
+def _mpiexec(mpi, nranks, program, extra_env=None, timeout=120):
+    """Run `mpiexec -n nranks python PROGRAM...` with that MPI; the CompletedProcess."""
+    venv, args, mpi_env = MPIS[mpi]
     mpiexec = os.path.join(venv, "bin", "mpiexec")
     python = os.path.join(venv, "bin", "python")
     if not os.path.exists(mpiexec):
         pytest.skip(f"{mpiexec} is missing (scripts/setup-test-system.sh makes it)")
     env = {k: v for k, v in os.environ.items() if k not in _SCRUB and not k.startswith(("SLURM_", "PMI", "OMPI_"))}
-    env.update(extra_env or {})
-    proc = subprocess.run([mpiexec, *args, "-n", "4", python, "-c", HELLO], capture_output=True, text=True,
-                          timeout=120, env=env, stdin=subprocess.DEVNULL)
+    env.update(mpi_env, **(extra_env or {}))
+    try:
+        return subprocess.run([mpiexec, *args, "-n", str(nranks), python, *program], capture_output=True, text=True,
+                              timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"mpiexec ({mpi}) did not end within {timeout} s\nstdout: {exc.stdout!r:.3000}\n"
+                    f"stderr: {exc.stderr!r:.3000}")
+
+
+def _run(mpi):
+    proc = _mpiexec(mpi, 4, ["-c", HELLO])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return sorted(tuple(line.split()[1:]) for line in proc.stdout.splitlines() if line.startswith("HELLO"))
 
 
 def test_mpiexec_with_mpich_four_ranks():
-    rows = _run(os.path.join(ROOT, ".venv-mpich"), {"PYTHONPATH": ROOT})
-    assert rows == [(str(r), "4", "mpi", "True", "MPICH") for r in range(4)]
+    assert _run("mpich") == [(str(r), "4", "mpi", "True", "MPICH") for r in range(4)]
 
 
 def test_mpiexec_with_open_mpi_four_ranks():
-    rows = _run(os.path.dirname(os.path.dirname(sys.executable)), args=("--oversubscribe",),
-                extra_env={"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
-    assert rows == [(str(r), "4", "mpi", "True", "Open") for r in range(4)]
+    assert _run("open-mpi") == [(str(r), "4", "mpi", "True", "Open") for r in range(4)]
+
+
+@pytest.mark.parametrize("mpi", ["mpich", "open-mpi"])
+def test_exception_on_one_rank_ends_the_mpi_job_at_once(mpi):
+    # Rank 1 raises while rank 0 waits for it in an Allreduce. Without an abort, rank 1 would
+    # sit in MPI_Finalize at exit and rank 0 would give up only at GPUCOLL_TIMEOUT (30 s here);
+    # gpucoll's excepthook prints the traceback and calls MPI_Abort, as `python -m mpi4py` does.
+    start = time.monotonic()
+    proc = _mpiexec(mpi, 2, [os.path.join(ROOT, "tests", "scripts", "mpi_raise.py")],
+                    {"GPUCOLL_TIMEOUT": "30"}, timeout=25)
+    elapsed = time.monotonic() - start
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "Traceback (most recent call last)" in out and "RuntimeError: rank 1 fails before the collective" in out, out
+    assert "ENTERED" in proc.stdout and "NOT REACHED" not in proc.stdout, out
+    assert elapsed < 10, (elapsed, out)

@@ -7,6 +7,7 @@ traffic (host names, addresses); collectives run over the transports.
 import os
 import socket
 import struct
+import sys
 import time
 
 from .. import config, log
@@ -77,12 +78,39 @@ class MpiBootstrap(Bootstrap):
         self._comm = MPI.COMM_WORLD
         info.rank, info.size = self._comm.Get_rank(), self._comm.Get_size()
         super().__init__(info)
+        if self.size > 1:
+            abort_job_on_uncaught_exception(self._comm)
 
     def allgather(self, data):
         return [bytes(d) for d in self._comm.allgather(bytes(data))]
 
     def barrier(self):
         self._comm.Barrier()
+
+
+def abort_job_on_uncaught_exception(comm):
+    """Make an exception that ends this rank end the whole MPI job, as `python -m mpi4py` does.
+
+    Under mpiexec, a rank whose script raises goes on to MPI_Finalize at exit, which waits for
+    the other ranks: it neither exits nor dies, so the others, blocked in a collective with it,
+    would only give up at GPUCOLL_TIMEOUT. This sys.excepthook lets the hook in place (the
+    default one prints the traceback) do its work first, then calls MPI_Abort, after which
+    the launcher stops every rank and exits non-zero. Only the main thread's uncaught
+    exceptions end a Python process, so threading.excepthook is left alone: a worker thread
+    that dies does not end its rank, and must not end the job."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        try:
+            previous(kind, value, tb)
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                comm.Abort(1)
+
+    sys.excepthook = hook
 
 
 def _pack(parts):
