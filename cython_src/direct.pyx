@@ -13,8 +13,8 @@ In place: pass the receive address as the send address (MPI's IN_PLACE; see each
 Failures raise gpucoll.errors.TimeoutError or LostPeerError whose `ranks` are the ranks that
 had not arrived (LostPeerError: those found dead), or MismatchError when ranks called a
 collective with different kinds, counts, dtypes, ops or roots (every call publishes its
-signature in the segment and every rank compares it with those of the ranks it reads from);
-after one, the group is unusable.
+signature in the segment and every rank compares it with those of the ranks it reads from, in
+a rooted call with every rank's); after one, the group is unusable.
 """
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABLE, PyBUF_C_CONTIGUOUS,
                              PyBUF_SIMPLE)

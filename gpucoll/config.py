@@ -151,12 +151,14 @@ STORE = declare("GPUCOLL_STORE", "str", None, "host:port of the rendezvous store
 STORE_SECRET = declare("GPUCOLL_STORE_SECRET", "str", None,
                        "Per-job secret (hex) that authenticates clients to the store (set by gpurun).")
 INIT_TIMEOUT = declare("GPUCOLL_INIT_TIMEOUT", "float", 120.0,
-                       "Seconds to wait for every rank to join at start-up.", minimum=0.001)
+                       "Seconds to wait for every rank to join at start-up (not the set-up in a communicator's "
+                       "first collective, which waits GPUCOLL_TIMEOUT).", minimum=0.001)
 JOB_ID = declare("GPUCOLL_JOB_ID", "str", None, "Identifier of the job (set by gpurun), used in names.")
 
 # --- collectives -----------------------------------------------------------------
 TIMEOUT = declare("GPUCOLL_TIMEOUT", "float", 300.0,
-                  "Seconds any blocking wait in a collective may last before it raises.", minimum=0.001)
+                  "Seconds any blocking wait in a collective may last before it raises, the set-up of a "
+                  "communicator's first collective included.", minimum=0.001)
 ALGO = declare("GPUCOLL_ALGO", "choice", "auto",
                "Force an algorithm: auto, direct, ring, tree, rhd (recursive halving/doubling), "
                "one-shot, two-shot or staged (GPU: through the IPC staging buffers).",

@@ -51,6 +51,17 @@ def test_gpu_collectives(gpurun_job, nranks):
 
 
 @needs_gpu
+def test_gpu_disagreeing_roots_raise_on_every_rank_at_that_call(gpurun_job):
+    # The kernels carry no call signature: rooted GPU calls compare every rank's on the host
+    # before launching (tests/scripts/roots.py with CuPy buffers; 3 ranks, sharing GPUs if
+    # there are fewer).
+    from test_faults import assert_roots_raised_at_the_call
+
+    job = gpurun_job(3, "roots.py", "--gpu", env=job_env(3, GPUCOLL_TIMEOUT=20), timeout=600).check()
+    assert_roots_raised_at_the_call(job)
+
+
+@needs_gpu
 def test_gpu_debug_log_names_algorithm_and_transport(gpurun_job):
     env = job_env(2, GPUCOLL_DEBUG="INFO", GPUCOLL_DEBUG_SUBSYS="COLL")
     job = gpurun_job(2, "gpu_log.py", env=env, timeout=120).check()
