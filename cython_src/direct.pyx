@@ -74,6 +74,8 @@ cdef extern from "gc_direct.h" nogil:
     int gc_direct_alltoall(gc_direct *g, const void *send, void *recv, size_t nbytes,
                            double timeout_s)
     int gc_direct_barrier(gc_direct *g, double timeout_s)
+    int gc_direct_announce(gc_direct *g, int kind, uint64_t count, int dt, int op, int root,
+                           double timeout_s)
 
 
 cdef extern from "gc_reduce.h" nogil:
@@ -368,6 +370,17 @@ cdef class DirectGroup:
         """Return once every rank has entered the barrier."""
         with nogil:
             st = gc_direct_barrier(&self.g, timeout_s)
+        if st: self._raise(st)
+
+    def announce(self, int kind, uint64_t count, int dtype_code, int op_code, int root,
+                 double timeout_s=-1.0):
+        """A barrier carrying the signature of a call run elsewhere (kind: a GC_KIND_* number,
+        as gpucoll.dispatch.KIND_IDS; count; dtype and op codes, or -1 for none; root, or -1):
+        raises MismatchError on every rank when the ranks' signatures differ."""
+        dt = GC_SIG_NONE if dtype_code < 0 else dtype_code
+        op = GC_SIG_NONE if op_code < 0 else op_code
+        with nogil:
+            st = gc_direct_announce(&self.g, kind, count, dt, op, root, timeout_s)
         if st: self._raise(st)
 
 

@@ -395,23 +395,35 @@ class Dispatcher:
         if call.op is _ops.AVG and call.recv is not None and (call.kind != "reduce" or comm.rank == call.root):
             core.scale_avg(call.recv.array[:call.count], call.code, comm.size)
 
+    def agree(self, call, seq):
+        """Raise MismatchError on every rank, as call #seq's error, unless every rank makes
+        `call` alike: for calls that run where nothing compares signatures (GPU kernels).
+        Over the direct segment, one barrier that carries the call's signature (a mismatch
+        breaks the communicator, as one found by a host collective does); elsewhere the
+        cross-check's all-gather."""
+        algo = None
+        try:
+            if "direct" in self.available:
+                algo = "direct"
+                op = call.op.code if call.op is not None else -1
+                self.direct().announce(KIND_IDS[call.kind], call.count, call.code, op, call.root, self.timeout)
+            else:
+                self._cross_check(call, seq)
+        except GpucollError as exc:
+            self.failed(call, seq, algo, exc)
+
     # --- GPUCOLL_DEBUG_CHECKS ------------------------------------------------------------------
     def _cross_check(self, call, seq):
         """Allgather every rank's (kind, count, dtype, op, root) and raise on every rank,
-        naming the ranks that differ, when they do not all agree (over the direct segment
-        when the ranks share one, else over the schedule channels)."""
+        naming the ranks that differ, when they do not all agree."""
         from ._native import core
 
         comm = self.comm
         mine = np.array(call.signature(), dtype=np.int64)
         table = np.empty(comm.size * mine.size, dtype=np.int64)
-        src, dst = mine.__array_interface__["data"][0], table.__array_interface__["data"][0]
-        if "direct" in self.available:
-            self.direct().allgather(src, dst, mine.size, 8, self.timeout)
-        else:
-            sched = build_schedule("allgather", "ring", comm.rank, comm.size, mine.size)
-            core.run_schedule(sched.steps, self.channels().pointers(_peers_of(sched)), src, dst, 0, 8, dtypes.INT64,
-                              0, self.timeout)
+        sched = build_schedule("allgather", "ring", comm.rank, comm.size, mine.size)
+        core.run_schedule(sched.steps, self.channels().pointers(_peers_of(sched)), mine.__array_interface__["data"][0],
+                          table.__array_interface__["data"][0], 0, 8, dtypes.INT64, 0, self.timeout)
         rows = table.reshape(comm.size, mine.size)
         if (rows == rows[0]).all():
             return

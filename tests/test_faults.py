@@ -1,7 +1,9 @@
-"""Failures users meet, in real gpurun jobs (tests/scripts/faults.py): a rank that dies inside
-a collective, a rank that skips one (GPUCOLL_TIMEOUT), ranks whose calls disagree (with
-GPUCOLL_DEBUG_CHECKS=1, and without: then the direct engine's call signatures and the
-executor's message headers catch them), and bad arguments, refused before anything is sent."""
+"""Failures users meet, in real gpurun jobs (tests/scripts/faults.py, first_call.py, roots.py):
+a rank that dies inside a collective or before a communicator's first one, a rank that comes
+late to the first one, a rank that skips one (GPUCOLL_TIMEOUT), ranks whose calls disagree
+(with GPUCOLL_DEBUG_CHECKS=1, and without: then the direct engine's call signatures and the
+executor's message headers catch them, roots included), and bad arguments, refused before
+anything is sent."""
 import re
 
 import pytest
@@ -165,6 +167,15 @@ def test_disagreeing_roots_raise_on_every_rank_at_that_call(gpurun_job, path):
     # every rank wait for every rank's announcement of its call, schedules (ring over shared
     # memory, tcp) start with a round of headers. GPUCOLL_TIMEOUT is 20 s.
     job = gpurun_job(3, "roots.py", env={"GPUCOLL_TIMEOUT": 20, **PATHS[path]}, timeout=120).check()
+    assert_roots_raised_at_the_call(job)
+
+
+@pytest.mark.parametrize("path", ["auto", "tcp"])
+def test_gpu_root_check_raises_on_every_rank_at_that_call(gpurun_job, path):
+    # The check that rooted GPU calls make on the host before launching (the kernels carry no
+    # signature): a barrier carrying the call's signature over the direct segment (auto), the
+    # cross-check's all-gather elsewhere (tcp). Run here on its own, without a GPU.
+    job = gpurun_job(3, "roots.py", "--agree", env={"GPUCOLL_TIMEOUT": 20, **PATHS[path]}, timeout=120).check()
     assert_roots_raised_at_the_call(job)
 
 

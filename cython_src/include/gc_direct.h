@@ -984,15 +984,24 @@ static int gc_direct_alltoall(gc_direct *g, const void *send, void *recv, size_t
     return GC_OK;
 }
 
-static int gc_direct_barrier(gc_direct *g, double timeout_s)
+/* A barrier that carries the signature of a call (kind, count, dtype, op, root as in
+ * gc_direct_sig): every rank compares every other rank's, so calls made elsewhere (a GPU
+ * collective, whose kernels carry no signature) can be checked here before they start. */
+static int gc_direct_announce(gc_direct *g, int kind, uint64_t count, int dt, int op, int root,
+                              double timeout_s)
 {
     GC__TRY(gc__enter(g));
     if (g->nranks == 1)
         return GC_OK;
     int64_t dl = gc__deadline(timeout_s);
-    GC__TRY(gc__gen_begin(g, gc_direct_sig(GC_KIND_BARRIER, 0, GC_SIG_NONE, GC_SIG_NONE, -1), dl));
+    GC__TRY(gc__gen_begin(g, gc_direct_sig(kind, count, dt, op, root), dl));
     uint64_t e = gc__post(g);
     return gc__wait_all(g, e, dl);
+}
+
+static int gc_direct_barrier(gc_direct *g, double timeout_s)
+{
+    return gc_direct_announce(g, GC_KIND_BARRIER, 0, GC_SIG_NONE, GC_SIG_NONE, -1, timeout_s);
 }
 
 #undef GC__TRY

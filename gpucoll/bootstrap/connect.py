@@ -79,7 +79,7 @@ class MpiBootstrap(Bootstrap):
         info.rank, info.size = self._comm.Get_rank(), self._comm.Get_size()
         super().__init__(info)
         if self.size > 1:
-            abort_job_on_uncaught_exception(self._comm)
+            _abort_job_on_uncaught_exception(self._comm)
 
     def allgather(self, data):
         return [bytes(d) for d in self._comm.allgather(bytes(data))]
@@ -88,7 +88,7 @@ class MpiBootstrap(Bootstrap):
         self._comm.Barrier()
 
 
-def abort_job_on_uncaught_exception(comm):
+def _abort_job_on_uncaught_exception(comm):
     """Make an exception that ends this rank end the whole MPI job, as `python -m mpi4py` does.
 
     Under mpiexec, a rank whose script raises goes on to MPI_Finalize at exit, which waits for

@@ -196,21 +196,12 @@ class GpuDispatcher:
             self._via_host(call, stream, seq)
             return None
         if call.kind in _ROOTED and not self.host.checks:
-            self._agree(call, seq)
+            # The kernels carry no call signature, and ranks that disagree on the root would
+            # each keep their own data (every rank a root: nobody receives). So the ranks
+            # compare their calls on the host first and all raise in this call, before any
+            # launch (the host threads meet; the GPU streams are not waited for).
+            self.host.agree(call, seq)
         return team
-
-    def _agree(self, call, seq):
-        """Rooted calls: the kernels carry no call signature, and ranks that disagree on the
-        root would each keep their own data (every rank a root: nobody receives). So every
-        rank compares the others' (kind, count, dtype, op, root) on the host first, and all
-        raise MismatchError in this call, before anything is launched (one small host
-        all-gather; the host threads meet, the GPU streams are not waited for)."""
-        from ..errors import GpucollError
-
-        try:
-            self.host._cross_check(call, seq)
-        except GpucollError as exc:
-            self.host.failed(call, seq, None, exc)
 
     def _run(self, team, seq, launch, *args):
         """launch(*args), with a kernel's timeout reported as call #seq's."""

@@ -1,7 +1,7 @@
 """Ranks that disagree on the root of a rooted collective, and ranks that agree (for
 tests/test_faults.py and tests/test_gpu_collectives.py).
 
-    gpurun -np 3 python roots.py [--gpu]
+    gpurun -np 3 python roots.py [--gpu | --agree]
 
 Bcast, Reduce, Gather and Scatter, each at a small and a large size, each on a fresh Dup of
 COMM_WORLD (a mismatch leaves a communicator unusable), with roots that disagree:
@@ -13,9 +13,12 @@ then, on one more Dup, every collective with every root as it should be called. 
 "RESULT {json}": per disagreeing case the error (type, message, ranks), where it was raised
 ("call": by the call itself; "next": by the Barrier after it, the call having returned) and
 the seconds it took; "agree": the cases whose data was not exactly what MPI defines.
-With --gpu the buffers are CuPy arrays on this rank's GPU.
+With --gpu the buffers are CuPy arrays on this rank's GPU. With --agree no collective runs:
+each case is only the check that GPU calls make on the host before launching a rooted kernel
+(Dispatcher.agree), so that it is tested where there is no GPU.
 """
 import json
+import os
 import sys
 import time
 
@@ -24,10 +27,11 @@ import numpy as np
 import gpucoll
 
 GPU = "--gpu" in sys.argv
+AGREE = "--agree" in sys.argv
 if GPU:
     import cupy as xp
 
-    xp.cuda.Device(gpucoll.COMM_WORLD.local_rank % xp.cuda.runtime.getDeviceCount()).use()
+    xp.cuda.Device(int(os.environ.get("GPUCOLL_DEVICE", "0"))).use()  # gpurun's choice for this rank
 else:
     xp = np
 
@@ -51,6 +55,15 @@ def host(a):
 
 def call(comm, kind, n, root):
     """Run one rooted collective; return what MPI says this rank ends up with (None: nothing)."""
+    if AGREE:
+        from gpucoll import dtypes
+        from gpucoll.dispatch import Call
+
+        op = gpucoll.SUM if kind == "reduce" else None
+        dispatch = comm._dispatch
+        checked = dispatch.number(Call(dispatch, kind, None, None, n, dtypes.FLOAT32, op, root))
+        dispatch.agree(checked, checked.seq)
+        return None, None
     if kind == "bcast":
         x = xp.asarray(data(rank, n))
         comm.Bcast(x, root=root)
