@@ -199,8 +199,9 @@ class GpuDispatcher:
             # The kernels carry no call signature, and ranks that disagree on the root would
             # each keep their own data (every rank a root: nobody receives). So the ranks
             # compare their calls on the host first and all raise in this call, before any
-            # launch (the host threads meet; the GPU streams are not waited for).
-            self.host.agree(call, seq)
+            # launch (the host threads meet; the GPU streams are not waited for). Through the
+            # host engine: after the host collectives still queued, which use the same segment.
+            self.comm._engine.run(lambda: self.host.agree(call, seq))
         return team
 
     def _run(self, team, seq, launch, *args):
