@@ -82,8 +82,10 @@ def _as_array(obj, what):
         "any object with the buffer protocol (or a CuPy/torch GPU array)")
 
 
-def _from_spec(spec, what):
-    """mpi4py's [buf, datatype] / [buf, count, datatype] forms."""
+def _from_spec(spec, what, blocks):
+    """mpi4py's [buf, datatype] / [buf, count, datatype] forms. As in mpi4py, an explicit count
+    is per block: the buffer holds `blocks` blocks of `count` elements (one per rank for the
+    per-rank buffers of all-gather, all-to-all, gather, scatter and reduce-scatter)."""
     if len(spec) == 2:
         obj, datatype = spec
         count = None
@@ -103,9 +105,12 @@ def _from_spec(spec, what):
     if count is not None:
         if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or count < 0:
             raise InvalidUsageError(f"{what}: count {count!r} must be a non-negative integer")
-        if count > view.size:
-            raise InvalidUsageError(f"{what}: count {count} exceeds the buffer's {view.size} {datatype.name} elements")
-        view = view[:count]
+        total = count * blocks
+        if total > view.size:
+            per = f" ({count} for each of {blocks} ranks)" if blocks > 1 else ""
+            raise InvalidUsageError(f"{what}: count {total}{per} exceeds the buffer's {view.size} "
+                                    f"{datatype.name} elements")
+        view = view[:total]
     return HostBuffer(view, datatype.code)
 
 
@@ -117,8 +122,9 @@ def _contiguous(arr, what):
     return arr
 
 
-def host_buffer(obj, what="buffer", writable=False):
-    """HostBuffer for obj; raises InvalidUsageError with the reason when it cannot be used."""
+def host_buffer(obj, what="buffer", writable=False, blocks=1):
+    """HostBuffer for obj; raises InvalidUsageError with the reason when it cannot be used.
+    blocks: how many per-rank blocks an explicit count in a buffer specification describes."""
     if type(obj) is np.ndarray:  # the common case, kept short: it is on every call's path
         flags = obj.flags
         code = _CODES.get(obj.dtype)
@@ -130,7 +136,7 @@ def host_buffer(obj, what="buffer", writable=False):
     if gpu is not None:
         return gpu
     if isinstance(obj, (list, tuple)):
-        buf = _from_spec(obj, what)
+        buf = _from_spec(obj, what, blocks)
     else:
         arr = _contiguous(_as_array(obj, what), what)
         if arr.dtype.kind == "V" or arr.dtype.name not in dtypes.NAMES:

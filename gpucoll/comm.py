@@ -241,7 +241,7 @@ class Communicator:
 
     def _allgather_call(self, sendbuf, recvbuf):
         self._check_alive()
-        recv = host_buffer(recvbuf, "recvbuf", writable=True)
+        recv = host_buffer(recvbuf, "recvbuf", writable=True, blocks=self.size)
         _divisible(recv, self.size, "Allgather", "recvbuf")
         block = recv.count // self.size
         if sendbuf is IN_PLACE:
@@ -262,14 +262,15 @@ class Communicator:
     def _reduce_scatter_call(self, sendbuf, recvbuf, op):
         self._check_alive()
         op = _ops.as_op(op)
-        recv = host_buffer(recvbuf, "recvbuf", writable=True)
+        # MPI: with IN_PLACE the input is the whole recvbuf, the result lands in its first block.
+        blocks = self.size if sendbuf is IN_PLACE else 1
+        recv = host_buffer(recvbuf, "recvbuf", writable=True, blocks=blocks)
         if sendbuf is IN_PLACE:
-            # MPI: the input is the whole recvbuf, the result lands in its first block.
             _divisible(recv, self.size, "Reduce_scatter_block", "recvbuf")
             block = recv.count // self.size
             send = None
         else:
-            send = host_buffer(sendbuf, "sendbuf")
+            send = host_buffer(sendbuf, "sendbuf", blocks=self.size)
             block = recv.count
             _block_fits(recv, send, block, self.size, "Reduce_scatter_block", "recvbuf", "sendbuf")
             _overlap(recv, send, 0, "Reduce_scatter_block")
@@ -285,12 +286,12 @@ class Communicator:
 
     def _alltoall_call(self, sendbuf, recvbuf):
         self._check_alive()
-        recv = host_buffer(recvbuf, "recvbuf", writable=True)
+        recv = host_buffer(recvbuf, "recvbuf", writable=True, blocks=self.size)
         _divisible(recv, self.size, "Alltoall", "recvbuf")
         if sendbuf is IN_PLACE:
             send = None
         else:
-            send = host_buffer(sendbuf, "sendbuf")
+            send = host_buffer(sendbuf, "sendbuf", blocks=self.size)
             _same_shape(send, recv, "sendbuf", "recvbuf", "Alltoall")
             _overlap(send, recv, 0, "Alltoall")
         return Call(self._dispatch, "alltoall", send, recv, recv.count // self.size, recv.code)
@@ -306,7 +307,7 @@ class Communicator:
         self._check_alive()
         root = self._check_root(root)
         if self.rank == root:
-            recv = host_buffer(recvbuf, "recvbuf", writable=True)
+            recv = host_buffer(recvbuf, "recvbuf", writable=True, blocks=self.size)
             _divisible(recv, self.size, "Gather", "recvbuf")
             block = recv.count // self.size
             send = None if sendbuf is IN_PLACE else host_buffer(sendbuf, "sendbuf")
@@ -332,7 +333,7 @@ class Communicator:
         self._check_alive()
         root = self._check_root(root)
         if self.rank == root:
-            send = host_buffer(sendbuf, "sendbuf")
+            send = host_buffer(sendbuf, "sendbuf", blocks=self.size)
             _divisible(send, self.size, "Scatter", "sendbuf")
             block = send.count // self.size
             recv = None if recvbuf is IN_PLACE else host_buffer(recvbuf, "recvbuf", writable=True)
