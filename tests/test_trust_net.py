@@ -372,3 +372,49 @@ def test_silent_clients_are_closed_at_the_deadline_without_delaying_a_real_peer(
     refusals = [line for line in capfd.readouterr().err.splitlines() if "did not complete the handshake" in line]
     # Rate limited: the first refusal at once, the rest in one summary line.
     assert 1 <= len(refusals) <= 3 and "(50 in all)" in refusals[-1], refusals
+
+
+# --- gpurun's agents -----------------------------------------------------------------------------
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_gpurun_takes_agents_that_prove_the_secret_and_no_silent_client_delays_them():
+    """Two hosts started by hand (both on this machine): before node 1 joins, six clients
+    connect to the head and say nothing, and one sends junk. Node 1's agent must still join
+    at once, and the head must refuse the others."""
+    master = f"127.0.0.1:{_free_port()}"
+    env = _clean_env({"GPUCOLL_STORE_SECRET": SECRET.hex(), "GPUCOLL_INIT_TIMEOUT": 30})
+    program = "import gpucoll; c = gpucoll.COMM_WORLD; c.Barrier(); print('JOINED', c.rank, c.size)"
+    args = ["--nnodes", "2", "--master", master, "--timeout", "50", "-np", "1", sys.executable, "-c", program]
+    head = subprocess.Popen([*GPURUN, "--node-rank", "0", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, stdin=subprocess.DEVNULL)
+    clients = []
+    try:
+        deadline = time.monotonic() + 30
+        while not clients:
+            try:
+                clients.append(socket.create_connection(("127.0.0.1", int(master.rpartition(":")[2]))))
+            except ConnectionRefusedError:
+                assert time.monotonic() < deadline, "the head never listened"
+                time.sleep(0.05)
+        clients += [socket.create_connection(clients[0].getpeername()) for _ in range(5)]
+        junk = socket.create_connection(clients[0].getpeername())
+        junk.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        clients.append(junk)
+        start = time.monotonic()
+        node1 = subprocess.run([*GPURUN, "--node-rank", "1", *args], capture_output=True, text=True, env=env,
+                               stdin=subprocess.DEVNULL, timeout=60)
+        out, err = head.communicate(timeout=60)
+        elapsed = time.monotonic() - start
+    finally:
+        head.kill()
+        for c in clients:
+            c.close()
+    assert head.returncode == 0 and node1.returncode == 0, out + err + node1.stdout + node1.stderr
+    assert "JOINED 0 2" in out and "JOINED 1 2" in node1.stdout
+    assert elapsed < 15, f"node 1 took {elapsed:.1f} s to join and finish"
+    assert "agent listener" in err and "did not complete the handshake" in err and "wrong magic" in err, err
