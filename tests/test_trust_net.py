@@ -41,30 +41,33 @@ class LiveJob:
         cmd = [*GPURUN, "-np", str(np_), "--timeout", str(timeout), sys.executable, VICTIM, mode, self.where]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      stdin=subprocess.DEVNULL, env=_clean_env(env))
-        self.lines = queue.Queue()
         self.out, self.err = [], []
-        self._readers = [threading.Thread(target=self._read, args=(self.proc.stdout, self.out, True), daemon=True),
-                         threading.Thread(target=self._read, args=(self.proc.stderr, self.err, False), daemon=True)]
+        self._arrived = threading.Condition()
+        self._readers = [threading.Thread(target=self._read, args=(self.proc.stdout, self.out), daemon=True),
+                         threading.Thread(target=self._read, args=(self.proc.stderr, self.err), daemon=True)]
         for t in self._readers:
             t.start()
 
-    def _read(self, pipe, into, feed):
+    def _read(self, pipe, into):
         for line in pipe:
-            into.append(line)
-            if feed:
-                self.lines.put(line)
+            with self._arrived:
+                into.append(line)
+                self._arrived.notify_all()
 
     def wait_line(self, prefix, rank, timeout=60):
         """The rest of rank's first stdout line that starts with `prefix` (after its tag)."""
         deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
-            except queue.Empty:
-                self.proc.kill()
-                pytest.fail(f"no {prefix!r} line from rank {rank}:\n{''.join(self.out)}\n{''.join(self.err)}")
-            if line.startswith(f"[{rank}] {prefix}"):
-                return line.split(prefix, 1)[1].strip()
+        with self._arrived:
+            while True:
+                for line in self.out:
+                    if line.startswith(f"[{rank}] {prefix}"):
+                        return line.split(prefix, 1)[1].strip()
+                left = deadline - time.monotonic()
+                if left <= 0 or not any(t.is_alive() for t in self._readers):  # ended, all read
+                    break
+                self._arrived.wait(min(left, 0.5))
+        self.proc.kill()
+        pytest.fail(f"no {prefix!r} line from rank {rank}:\n{''.join(self.out)}\n{''.join(self.err)}")
 
     def put(self, name, text=""):
         path = os.path.join(self.where, name)
