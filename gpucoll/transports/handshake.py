@@ -186,7 +186,7 @@ class Accepting:
     def _got_hello(self):
         """True when the fixed part came in and the communicator id is still due."""
         if self.claim is None:
-            magic, purpose, _, sender, target, stripe, nsocks, idlen = _HELLO.unpack(self._buf[:_HELLO.size])
+            _, purpose, _, sender, target, stripe, nsocks, idlen = _HELLO.unpack(self._buf[:_HELLO.size])
             if purpose != self.purpose:
                 raise HandshakeError(f"asked for purpose {purpose}, this listener serves "
                                      f"{self.purpose.name} connections")
@@ -258,7 +258,7 @@ class PeerListener:
                         self._accept()
                     elif key.data == "wake":
                         return
-                    else:
+                    elif key.data in self._pending:  # not closed earlier in this round
                         self._advance(key.data)
                 now = time.monotonic()
                 while self._pending and next(iter(self._pending)).deadline <= now:
@@ -287,7 +287,8 @@ class PeerListener:
                 if self._pending:
                     self._refuse(next(iter(self._pending)), f"closed to make room ({exc})", time.monotonic())
                 else:
-                    log.warn("NET", "%s could not accept a connection: %s", self.what, exc)
+                    self.refusals.note(f"the backlog: {exc}")
+                    time.sleep(0.05)  # the connection stays queued: do not spin on it
                 return
             if len(self._pending) >= MAX_PENDING:
                 self._refuse(next(iter(self._pending)), f"closed: over {MAX_PENDING} handshakes pending",

@@ -11,7 +11,6 @@ It prints one `ATTACK {json}` line with what it saw.
         MARKER when loaded, or a header announcing 2^62 bytes.
 """
 import json
-import os
 import pickle
 import selectors
 import socket
