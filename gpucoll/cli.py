@@ -41,7 +41,8 @@ def info():
         from .transports import ifaces
 
         chosen = ifaces.select_interface()
-        click.echo(f"  socket interface        : {chosen.describe()}")
+        click.echo(f"  socket interface        : {chosen.describe()} (between hosts; a one-host job listens on "
+                   f"{'it' if config.SOCKET_IFNAME.get() else 'loopback'})")
     except Exception as exc:  # shown, not raised: info must always print
         click.echo(f"  socket interface        : {exc}")
     try:

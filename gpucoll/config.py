@@ -175,7 +175,8 @@ P2P_DISABLE = declare("GPUCOLL_P2P_DISABLE", "bool", False,
                       "Do not use direct GPU peer access / CUDA IPC; stage through host memory.")
 IB_DISABLE = declare("GPUCOLL_IB_DISABLE", "bool", False, "Do not use RDMA verbs devices; use sockets.")
 SOCKET_IFNAME = declare("GPUCOLL_SOCKET_IFNAME", "str", None,
-                        "Interfaces for sockets: prefixes separated by commas, ^ to exclude, = for an exact name.")
+                        "Interfaces for sockets: prefixes separated by commas, ^ to exclude, = for an exact name. "
+                        "Unset: loopback for a one-host job, else the interface that reaches the store.")
 NSOCKS = declare("GPUCOLL_NSOCKS", "int", 2, "TCP sockets per peer between hosts.", minimum=1)
 DEVICE = declare("GPUCOLL_DEVICE", "int", None, "GPU to use; default is the local rank.", minimum=0)
 CACHE_DIR = declare("GPUCOLL_CACHE_DIR", "str", None,

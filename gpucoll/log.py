@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 import threading
+import time
 
 from . import config
 
@@ -79,8 +80,11 @@ def _emit(level, subsys, msg, args):
     line = f"{s.host}:{os.getpid()}:{s.rank} gpucoll {level.upper()} [{subsys}] {text}\n"
     with _lock:
         stream = _stream(s)
-        stream.write(line)
-        stream.flush()
+        try:
+            stream.write(line)
+            stream.flush()
+        except (OSError, ValueError):  # stderr closed or gone: a log line is not worth a thread
+            pass
 
 
 def warn(subsys, msg, *args):
@@ -93,3 +97,38 @@ def info(subsys, msg, *args):
 
 def trace(subsys, msg, *args):
     _emit("trace", subsys, msg, args)
+
+
+class Summary:
+    """A warning that may repeat fast (refused connections, say): the first occurrence is
+    logged at once, later ones are counted into at most one line per `interval` seconds,
+    so that a flood of events cannot flood the log::
+
+        refused = log.Summary("NET", "rank 1's TCP listener refused connections")
+        refused.note("10.0.0.9:4242: wrong magic")   # WARN ...: 1 (1 in all); last from 10.0.0.9:4242: ...
+        refused.flush()                              # the count not yet logged, if due (force=True: now)
+    """
+
+    def __init__(self, subsys, what, interval=10.0):
+        self.subsys, self.what, self.interval = subsys, what, float(interval)
+        self.total = 0
+        self.unreported = 0
+        self.last = None
+        self.next_report = 0.0
+
+    def note(self, detail, now=None):
+        self.total += 1
+        self.unreported += 1
+        self.last = detail
+        self.flush(now)
+
+    def flush(self, now=None, force=False):
+        now = time.monotonic() if now is None else now
+        if self.unreported and (force or now >= self.next_report):
+            warn(self.subsys, "%s: %d (%d in all); last from %s", self.what, self.unreported, self.total, self.last)
+            self.unreported = 0
+            self.next_report = now + self.interval
+
+    def due(self):
+        """When flush() would next log the events counted so far (a monotonic time), or None."""
+        return self.next_report if self.unreported else None

@@ -117,7 +117,7 @@ def run_agent(master, node, secret, slots=None, host=None):
     try:
         sock = wire.connect(master, time.monotonic() + CONNECT_TIMEOUT_S, time.monotonic)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        wire.agent_handshake(sock, secret)
+        wire.agent_handshake(sock, secret, node)
         wire.send(sock, {"type": "hello", "node": node, "host": host, "pid": os.getpid(), "slots": slots})
         start = wire.recv(sock)
     except (wire.WireError, OSError) as exc:

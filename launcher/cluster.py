@@ -8,9 +8,12 @@ command), waits for each to connect and prove the job's secret, then tells each 
 forwards signals, and ends the job when a rank fails, when a host is lost (its agent's
 connection drops), on --timeout, or on SIGINT/SIGTERM/SIGHUP, naming the cause.
 
-One thread, one selector: signals, the listener, the agents' control connections and the
-agents' stdout/stderr pipes.
+One thread, one selector: signals, the agents that passed the handshake, the agents'
+control connections and their stdout/stderr pipes. The handshakes themselves (the job's,
+gpucoll/transports/handshake.py) run concurrently on the listener's own thread, so no
+client that stays silent or fails them delays an agent.
 """
+import collections
 import os
 import secrets
 import selectors
@@ -20,6 +23,8 @@ import socket
 import subprocess
 import sys
 import time
+
+from gpucoll.transports import handshake
 
 from . import report, wire
 from .output import RankStream, Sink
@@ -126,12 +131,14 @@ class Head:
         self.store_address = store_address
         self.master = master
         self.job_id = secrets.token_hex(6)
-        self.listener = listener
-        listener.setblocking(False)
         self.stdout, self.stderr = Sink(1), Sink(2)
         self.selector = selectors.DefaultSelector()
         self.selector.register(inbox.fileno(), selectors.EVENT_READ, "signals")
-        self.selector.register(listener.fileno(), selectors.EVENT_READ, "listener")
+        self.arrived = collections.deque()   # (socket, claim) of agents that proved the secret
+        self.arrived_r, self.arrived_w = os.pipe()
+        self.selector.register(self.arrived_r, selectors.EVENT_READ, "listener")
+        self.listener = handshake.PeerListener(listener, self.secret, handshake.Purpose.AGENT, -1,
+                                               self._authenticated, f"gpurun's agent listener at {master}")
         if hopts.hosts is not None:
             self.nodes = [Node(i, h.name, h.slots) for i, h in enumerate(hopts.hosts)]
         else:
@@ -239,23 +246,29 @@ class Head:
             elif signum in FORWARDED:
                 self._broadcast({"type": "signal", "signal": int(signum)})
 
+    def _authenticated(self, sock, claim):
+        """An agent proved the job's secret (called on the listener's thread)."""
+        self.arrived.append((sock, claim))
+        os.write(self.arrived_w, b"a")
+
     def _accept(self):
+        os.read(self.arrived_r, 4096)
+        while self.arrived:
+            self._join(*self.arrived.popleft())
+
+    def _join(self, sock, claim):
         try:
-            sock, addr = self.listener.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        try:
-            sock.setblocking(True)
-            wire.head_handshake(sock, self.secret)
+            addr = sock.getpeername()
             sock.settimeout(10.0)
             hello = wire.recv(sock)
             sock.settimeout(None)
         except (wire.WireError, OSError, ValueError) as exc:
-            self.stderr.write(f"gpurun: refused an agent connection from {addr[0]}: {exc}\n".encode())
+            self.stderr.write(f"gpurun: dropped the agent of node {claim.sender}: {exc}\n".encode())
             sock.close()
             return
         index = hello.get("node")
-        if not isinstance(index, int) or not 0 <= index < len(self.nodes) or self.nodes[index].connected:
+        if (index != claim.sender or not isinstance(index, int) or not 0 <= index < len(self.nodes)
+                or self.nodes[index].connected):
             self.stderr.write(f"gpurun: refused an agent from {addr[0]} claiming node {index!r} "
                               f"(the job has {len(self.nodes)} nodes)\n".encode())
             sock.close()
@@ -431,6 +444,11 @@ class Head:
 
     def close(self):
         self._kill_agents()
+        self.listener.close()
+        while self.arrived:
+            self.arrived.popleft()[0].close()
+        os.close(self.arrived_r)
+        os.close(self.arrived_w)
         for node in self.nodes:
             if node.conn is not None:
                 node.conn.sock.close()

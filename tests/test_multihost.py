@@ -53,13 +53,17 @@ def results(stdout):
     return out
 
 
-def check_exact(res, hosts, per_host):
+def check_exact(res, hosts, per_host, network="eth"):
+    """Exact results, ranks in host order, and every rank's listeners bound to its address on
+    `network` (the one that reaches the store, or GPUCOLL_SOCKET_IFNAME's), never a wildcard."""
     assert sorted(res) == list(range(2 * per_host))
     for rank, r in res.items():
         assert r["size"] == 2 * per_host
         assert r["host"] == hosts.names[rank // per_host], "ranks are numbered in host order"
         assert (r["local_rank"], r["local_size"]) == (rank % per_host, per_host)
         assert all(r["ok"].values()), f"rank {rank}: wrong results {r['ok']}"
+        mine = hosts.address(rank // per_host, network)
+        assert all(a.rpartition(":")[0] == mine for a in r["listen"]), f"rank {rank} listens on {r['listen']}"
 
 
 # --- host lists (no namespaces needed) -----------------------------------------------------------
@@ -110,8 +114,8 @@ def test_socket_ifname_chooses_the_data_network(hosts):
     code, out, err, _ = gpurun_on(hosts, 0, ["--hosts", f"{a}:2,{b}:2", *LOCAL, sys.executable, CASES,
                                              "--bytes", 16 << 20], env=env)
     assert code == 0, err
-    check_exact(results(out), hosts, 2)
-    listens = [line for line in err.splitlines() if "listens on" in line]
+    check_exact(results(out), hosts, 2, network="data")
+    listens = [line for line in err.splitlines() if "TCP endpoint" in line and "listens on" in line]
     assert len(listens) == 4 and all(" 10.78.1." in line and "(data0)" in line for line in listens), listens
     d_rx = hosts.counters(1, "data")[0] - data0[0]
     e_rx = hosts.counters(1, "eth")[0] - eth0[0]
