@@ -1,6 +1,7 @@
 """gpurun, tested as users run it: real gpurun processes, real ranks, no mocks."""
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -308,3 +309,28 @@ def test_sigusr1_is_forwarded(tmp_path):
     assert proc.returncode == 0, err
     assert "[0] rank 0 got SIGUSR1" in out and "[1] rank 1 got SIGUSR1" in out
     assert_all_gone(pids)
+
+
+# --- the store under a flood of strangers ---------------------------------------------
+def test_flood_of_idle_connections_to_the_store(tmp_path):
+    # Rank 0 opens 3000 connections to gpurun's store that never authenticate (gpurun with
+    # the usual 1024 descriptors), then the ranks join: quickly, and gpurun's stderr holds
+    # a summary line or two, not a traceback per connection.
+    count = 3000
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < count + 100:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard} is below the {count + 100} descriptors the flood needs")
+
+    def cramped():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    proc, took = gpurun("-np", 2, os.path.join(SCRIPTS, "store_flood.py"), count, timeout=60, preexec_fn=cramped)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"[0] opened {count}" in proc.stdout
+    joined = [float(t) for t in re.findall(r"joined in ([\d.]+) s", proc.stdout)]
+    assert len(joined) == 2 and max(joined) < 8, proc.stdout
+    assert "Traceback" not in proc.stderr and "Invalid file descriptor" not in proc.stderr, proc.stderr[:3000]
+    own = [line for line in proc.stderr.splitlines() if not line.startswith("[")]
+    assert 1 <= len(own) <= 3, proc.stderr[:3000]
+    for line in own:
+        assert re.search(r"gpucoll WARN \[BOOTSTRAP\] store 127\.0\.0\.1:\d+ turned away \d+ connection\(s\) "
+                         r"that had not authenticated: \d+ over the limit of 256 waiting to authenticate", line), line
