@@ -271,8 +271,8 @@ def start_gpurun(*args):
                             stderr=subprocess.PIPE, text=True)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_sigint_and_sigterm_end_every_rank(tmp_path, sig):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_sigint_sigterm_and_sighup_end_every_rank(tmp_path, sig):
     proc = start_gpurun("-np", 3, BEHAVE, "wait", tmp_path)
     try:
         pids = wait_for_pids(tmp_path, 3)
@@ -295,6 +295,56 @@ def test_rank_that_ignores_sigterm_is_killed_after_grace():
     assert proc.returncode == 5
     assert took < 3
     assert "failed first: exit code 5" in proc.stderr
+
+
+def test_a_second_signal_kills_at_once():
+    # The ranks ignore SIGTERM and --grace is long: only the second signal can end them soon.
+    code = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+            "time.sleep(60)")
+    proc = start_gpurun("-np", 2, "--grace", 60, *python_c(code))
+    try:
+        assert proc.stdout.readline().endswith("ready\n")
+        assert proc.stdout.readline().endswith("ready\n")
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert proc.poll() is None, "gpurun ended before the grace period was over"
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert time.monotonic() - start < 3
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "got SIGTERM" in err
+
+
+SPIN = ("import os, sys; d = sys.argv[1]; "
+        "open(os.path.join(d, '.pid.' + os.environ['RANK']), 'w').write(str(os.getpid())); "
+        "os.rename(os.path.join(d, '.pid.' + os.environ['RANK']), os.path.join(d, 'pid.' + os.environ['RANK']))\n"
+        "while True: pass")
+
+
+def test_ranks_die_with_a_killed_gpurun(tmp_path):
+    # SIGKILL leaves gpurun no chance to stop anything: the kernel ends the ranks
+    # (their parent-death signal), busy as they are.
+    proc = start_gpurun("-np", 2, sys.executable, "-c", SPIN, tmp_path)
+    try:
+        deadline = time.monotonic() + 20
+        while len(list(tmp_path.glob("pid.*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        pids = [int(p.read_text()) for p in tmp_path.glob("pid.*")]
+        assert len(pids) == 2, "the ranks did not start"
+        proc.kill()
+        proc.wait(timeout=5)
+        deadline = time.monotonic() + 3
+        while not all(gone(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        proc.kill()
+    left = [p for p in pids if not gone(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"ranks still running 3 s after gpurun was killed: {left}"
 
 
 def test_sigusr1_is_forwarded(tmp_path):
