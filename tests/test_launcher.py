@@ -347,6 +347,26 @@ def test_ranks_die_with_a_killed_gpurun(tmp_path):
     assert not left, f"ranks still running 3 s after gpurun was killed: {left}"
 
 
+def test_ranks_start_while_gpurun_has_one_thread():
+    # The parent-death signal is set by code that runs in the child between fork and exec,
+    # which is only safe when the parent has one thread: the store's thread starts later.
+    code = """
+import sys, threading
+from gpucoll.launcher import job, cli
+seen, start_rank = [], job.start_rank
+def counting(*args, **kw):
+    seen.append(threading.active_count())
+    return start_rank(*args, **kw)
+job.start_rank = counting
+try:
+    cli.main(["-np", "3", "true"])
+except SystemExit as exc:
+    print(exc.code, seen)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert proc.stdout.split("\n")[-2] == "0 [1, 1, 1]", proc.stdout + proc.stderr
+
+
 def test_sigusr1_is_forwarded(tmp_path):
     proc = start_gpurun("-np", 2, BEHAVE, "usr1", tmp_path)
     try:
