@@ -313,6 +313,7 @@ class _Connection(asyncio.Protocol):
         self.loop = server._loop
         self.transport = None
         self.peer = "?"
+        self.peer_host = "?"
         self.buffer = bytearray()
         self.authenticated = False
         self.nonce = wire.new_nonce()
@@ -326,6 +327,7 @@ class _Connection(asyncio.Protocol):
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = format_address(*peer[:2]) if peer else "?"
+        self.peer_host = peer[0] if peer else "?"
         self.server.connections.add(self)
         if not self.server.gate.admit(self):
             return
@@ -387,7 +389,7 @@ class _Connection(asyncio.Protocol):
         in the gate's summary line instead of logging each one."""
         if self.closing:
             return
-        self.server.gate.turned_away(category)
+        self.server.gate.turned_away(category, self.peer_host)
         self.server.gate.settled(self)
         self._hang_up(reason, opcode)
 

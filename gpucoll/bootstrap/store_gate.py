@@ -47,21 +47,29 @@ def default_max_pending():
 
 
 class Summary:
-    """Counts events by reason and logs them as one WARN line: the first at once, the
-    rest at most every SUMMARY_EVERY_S seconds (flushed by a timer, and by close())."""
+    """Counts events by reason (and the first few hosts they came from) and logs them as
+    one WARN line: the first at once, the rest at most every SUMMARY_EVERY_S seconds
+    (flushed by a timer, and by close())."""
+
+    HOSTS_NAMED = 3
 
     def __init__(self, loop, where, what):
         self.loop = loop
         self.where = where
         self.what = what            # e.g. "turned away {n} connection(s) that had not authenticated"
         self.counts = collections.Counter()
+        self.hosts = {}             # reason -> the first few hosts it came from
         self.total = 0
         self._timer = None
         self._quiet_until = 0.0
 
-    def note(self, reason):
+    def note(self, reason, host=None):
         self.counts[reason] += 1
         self.total += 1
+        if host is not None:
+            hosts = self.hosts.setdefault(reason, [])
+            if host not in hosts and len(hosts) <= self.HOSTS_NAMED:
+                hosts.append(host)
         if self._timer is not None:
             return
         now = self.loop.time()
@@ -75,11 +83,19 @@ class Summary:
         if not self.counts:
             return
         n = sum(self.counts.values())
-        reasons = "; ".join(f"{count} {reason}" for reason, count in self.counts.most_common())
+        reasons = "; ".join(f"{count} {reason}{self._from(reason)}" for reason, count in self.counts.most_common())
         later = f" (more are summed up every {SUMMARY_EVERY_S:g} s)" if self._quiet_until == 0.0 else ""
         log.warn("BOOTSTRAP", "store %s %s: %s%s", self.where, self.what.format(n=n), reasons, later)
         self.counts.clear()
+        self.hosts.clear()
         self._quiet_until = self.loop.time() + SUMMARY_EVERY_S
+
+    def _from(self, reason):
+        hosts = self.hosts.get(reason)
+        if not hosts:
+            return ""
+        more = ", ..." if len(hosts) > self.HOSTS_NAMED else ""
+        return f" (from {', '.join(hosts[:self.HOSTS_NAMED])}{more})"
 
     def close(self):
         if self._timer is not None:
@@ -183,8 +199,8 @@ class Gate:
         """`conn` authenticated or closed: it no longer counts against the cap."""
         self.pending.pop(conn, None)
 
-    def turned_away(self, reason):
-        self.refused.note(reason)
+    def turned_away(self, reason, host=None):
+        self.refused.note(reason, host)
 
     def _over_cap(self):
         return f"over the limit of {self.max_pending} waiting to authenticate"
