@@ -23,7 +23,7 @@ def info():
     for var in config.ALL:
         try:
             value = var.get()
-            shown = "(unset)" if not var.is_set() else repr(value)
+            shown = "(unset)" if not var.is_set() else var.shown(value)
         except config.ConfigError as exc:
             shown = f"INVALID: {exc}"
         click.echo(f"  {var.name:24s} {shown:14s} default {var.default!r}; {var.help}")

@@ -29,13 +29,18 @@ def parse_size(text):
 class Var:
     """One GPUCOLL_* setting. `kind` is bool, int, float, size, str, choice or choices."""
 
-    def __init__(self, name, kind, default, help, choices=None, minimum=None):
+    def __init__(self, name, kind, default, help, choices=None, minimum=None, secret=False):
         self.name = name
         self.kind = kind
         self.default = default
         self.help = help
         self.choices = tuple(choices) if choices else None
         self.minimum = minimum
+        self.secret = secret   # never shown: `gpucoll info` and errors say only that it is set
+
+    def shown(self, value):
+        """How a value of this variable may be printed: its repr, or a mask if secret."""
+        return f"<set, {len(str(value))} chars>" if self.secret else repr(value)
 
     def allowed(self):
         """A short human description of what the variable accepts."""
@@ -68,7 +73,7 @@ class Var:
             value = self._parse(text.strip())
         except ValueError:
             raise ConfigError(
-                f"{self.name}={text!r} is not valid: expected {self.allowed()}. "
+                f"{self.name}={self.shown(text)} is not valid: expected {self.allowed()}. "
                 f"Unset it or fix the value. ({self.help})"
             ) from None
         return value
@@ -149,7 +154,8 @@ LOCAL_SIZE = declare("GPUCOLL_LOCAL_SIZE", "int", None, "Number of ranks on this
                      minimum=1)
 STORE = declare("GPUCOLL_STORE", "str", None, "host:port of the rendezvous store.")
 STORE_SECRET = declare("GPUCOLL_STORE_SECRET", "str", None,
-                       "Per-job secret (hex) that authenticates clients to the store (set by gpurun).")
+                       "Per-job secret (hex) that authenticates clients to the store (set by gpurun).",
+                       secret=True)
 INIT_TIMEOUT = declare("GPUCOLL_INIT_TIMEOUT", "float", 120.0,
                        "Seconds to wait for every rank to join at start-up.", minimum=0.001)
 JOB_ID = declare("GPUCOLL_JOB_ID", "str", None, "Identifier of the job (set by gpurun), used in names.")

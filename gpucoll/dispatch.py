@@ -248,7 +248,8 @@ class Dispatcher:
             return exc
         prefix = f"gpucoll/late/{comm._id}/{seq}/"
         # Ranks blocked in the same call time out within the spread of their arrival times.
-        deadline = time.monotonic() + min(self.timeout, 2.0)
+        began = time.monotonic()
+        deadline = began + min(self.timeout, 2.0)
         try:
             store.set(prefix + f"sig/{comm.rank}", json.dumps(call.signature()).encode())
             store.add(prefix + str(comm.rank), 1)
@@ -271,9 +272,12 @@ class Dispatcher:
             self._tell_mismatch(err)
             return err
         if late:
+            # Say how long the extra wait was, so that the time in the message adds up to when
+            # the error came.
             exc.ranks = tuple(late)
             exc.args = (f"{exc.args[0] if exc.args else exc}; rank(s) {', '.join(map(str, late))} did not "
-                        "reach this call (every other rank timed out inside it)",) + exc.args[1:]
+                        f"reach this call in {time.monotonic() - began:.1f} s more either (every other rank "
+                        "timed out inside it)",) + exc.args[1:]
         return exc
 
     def _choose(self, call, nbytes):

@@ -15,6 +15,7 @@ import time
 from . import config
 
 _LEVELS = {"none": 0, "warn": 1, "info": 2, "trace": 3}
+_SECRET_VARS = [var for var in config.ALL if var.secret]
 _state = threading.local()
 _lock = threading.Lock()
 
@@ -76,7 +77,7 @@ def _emit(level, subsys, msg, args):
     if not enabled(level, subsys):
         return
     s = settings()
-    text = msg % args if args else msg
+    text = _without_secrets(msg % args if args else msg)
     line = f"{s.host}:{os.getpid()}:{s.rank} gpucoll {level.upper()} [{subsys}] {text}\n"
     with _lock:
         stream = _stream(s)
@@ -85,6 +86,16 @@ def _emit(level, subsys, msg, args):
             stream.flush()
         except (OSError, ValueError):  # stderr closed or gone: a log line is not worth a thread
             pass
+
+
+def _without_secrets(text):
+    """The text with the job's secret masked, whatever the message was built from (an
+    environment, an error that quoted a value): logs end up in job outputs and tickets."""
+    for var in _SECRET_VARS:
+        value = var.raw()
+        if value and len(value) >= 8 and value in text:
+            text = text.replace(value, f"<{var.name}>")
+    return text
 
 
 def warn(subsys, msg, *args):

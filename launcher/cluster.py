@@ -31,7 +31,7 @@ from .output import RankStream, Sink
 from .signals import ENDING, FORWARDED, SignalInbox
 from .spawn import LaunchError, program_argv
 
-EXIT_LOST_HOST = 125
+EXIT_LOST_HOST = report.EXIT_SETUP
 AGENT_MODULE = "gpucoll.launcher.agent"
 SSH_TEMPLATE = "ssh -T -o BatchMode=yes {host}"
 # After a stop, how long agents get beyond --grace to report before the head gives up on them.
@@ -87,7 +87,7 @@ def agent_argv(template, host, master, node, python=None, slots=None):
 
 def launch_hosts(opts, hopts):
     """Run the job across hosts; return gpurun's exit code."""
-    from gpucoll.bootstrap.store import StoreServer
+    from .job import open_store
 
     err = Sink(2)
     try:
@@ -106,11 +106,17 @@ def launch_hosts(opts, hopts):
     try:
         listener.bind((bind, port))
     except OSError as exc:
+        listener.close()
         err.write(f"gpurun: cannot listen on {bind}:{port} for the agents: {exc.strerror}\n".encode())
-        return 1
+        return report.EXIT_SETUP
     listener.listen(64)
     master = f"{advertise}:{listener.getsockname()[1]}"
-    store = StoreServer(host=bind, port=0, secret=secret).start()
+    try:
+        store = open_store(bind, secret).start()
+    except LaunchError as exc:
+        listener.close()
+        err.write(f"gpurun: {exc}\n".encode())
+        return exc.exit_code
     inbox = SignalInbox()
     head = Head(opts, hopts, inbox, listener, secret_hex, f"{advertise}:{store.port}", master)
     try:
@@ -414,15 +420,9 @@ class Head:
         elif self.first_failure is not None:
             f = self.first_failure
             code = report.exit_code_of(f["returncode"])
-            lines = [f"gpurun: rank {f['rank']} (host {f['host']}, pid {f['pid']}) failed first: "
-                     f"{report.how_it_ended(f['returncode'])}"]
-            if f.get("tail"):
-                lines.append(f"gpurun: last {len(f['tail'])} lines of rank {f['rank']}'s stderr:")
-                lines.extend(f"    {line}" for line in f["tail"])
             stopped = [r for r in self.still_running_at_stop if r != f["rank"]]
-            if stopped:
-                lines.append(f"gpurun: stopped {len(stopped)} other rank(s): {report.ranks_text(stopped)}")
-            lines.append(f"gpurun: exiting with {code}")
+            lines = report.failure_report(f["rank"], f["host"], f["pid"], f["returncode"], f.get("tail") or [],
+                                          stopped, code)
         else:
             codes = [n.done for n in self.nodes if n.done]
             return codes[0] if codes else 0

@@ -17,6 +17,10 @@ and answers WELCOME carrying its own proof, or AUTH_FAILED and closes. The
 secret itself never crosses the wire. After that the client sends one request
 at a time and reads one reply.
 
+Instead of HELLO, a server that is busy (too many connections waiting to
+authenticate) sends CLOSING with its reason and hangs up; a CLOSING frame during
+the handshake means "try again", and the client does, until its connect timeout.
+
 Anything that does not parse is a ProtocolError: the side that sees it drops
 that connection and nothing else.
 """
