@@ -68,10 +68,11 @@ class HostsOptions:
 
 def _bind_address(master):
     """(address to bind, address to advertise, port) for the listener and the store."""
+    from gpucoll.transports import ifaces
+
     if master:
         host, port = wire.split_address(master)
-        return "0.0.0.0", host, port
-    from gpucoll.transports import ifaces
+        return ifaces.server_address(host, single_host=False), host, port
 
     addr = ifaces.select_interface().address
     return addr, addr, 0

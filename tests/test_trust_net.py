@@ -421,3 +421,60 @@ def test_gpurun_takes_agents_that_prove_the_secret_and_no_silent_client_delays_t
     assert "JOINED 0 2" in out and "JOINED 1 2" in node1.stdout
     assert elapsed < 15, f"node 1 took {elapsed:.1f} s to join and finish"
     assert "agent listener" in err and "did not complete the handshake" in err and "wrong magic" in err, err
+
+
+_HOLD = ("import os, sys, gpucoll; c = gpucoll.COMM_WORLD; c.Barrier(); print('PID', os.getpid(), flush=True); "
+         "sys.stdin.readline(); c.Barrier()")
+
+
+def _listeners_of_rank_started_job(envs):
+    """Start one process per environment (no gpurun: rank 0 serves the store itself), and
+    return each one's listening sockets once the job is up."""
+    procs = [subprocess.Popen([sys.executable, "-c", _HOLD], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for env in envs]
+    try:
+        pids = []
+        for p in procs:
+            line = p.stdout.readline()
+            assert line.startswith("PID "), line + p.stderr.read()
+            pids.append(int(line.split()[1]))
+        listening = [_listening(pid) for pid in pids]
+        for p in procs:
+            p.stdin.write("\n")
+            p.stdin.flush()
+        for p in procs:
+            assert p.wait(timeout=30) == 0, p.stderr.read()
+        return listening
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_one_host_torchrun_style_job_serves_its_store_on_loopback():
+    port = _free_port()
+    envs = [_clean_env(dict(RANK=r, WORLD_SIZE=2, LOCAL_RANK=r, LOCAL_WORLD_SIZE=2, MASTER_ADDR="127.0.0.1",
+                            MASTER_PORT=port, GPUCOLL_STORE_SECRET=SECRET.hex())) for r in range(2)]
+    listening = _listeners_of_rank_started_job(envs)
+    assert ("127.0.0.1", port) in listening[0], listening[0]  # rank 0's store
+    for rank, socks in enumerate(listening):
+        assert socks and all(ip == "127.0.0.1" for ip, _ in socks), f"rank {rank} listens on {socks}"
+
+
+def test_a_one_node_slurm_step_serves_its_store_on_the_nodes_address_not_everywhere():
+    host = socket.gethostname()
+    port = _free_port()
+    envs = [_clean_env(dict(SLURM_PROCID=r, SLURM_NTASKS=2, SLURM_LOCALID=r, SLURM_NODEID=0, SLURM_JOB_ID=77,
+                            SLURM_STEP_ID=0, SLURM_STEP_NODELIST=host, SLURM_STEP_TASKS_PER_NODE="2",
+                            MASTER_PORT=port, GPUCOLL_STORE_SECRET=SECRET.hex())) for r in range(2)]
+    listening = _listeners_of_rank_started_job(envs)
+    store = [ip for ip, p in listening[0] if p == port]
+    assert store == [socket.gethostbyname(host)], listening[0]
+    for rank, socks in enumerate(listening):
+        assert all(ip not in ("0.0.0.0", "::") for ip, _ in socks), f"rank {rank} listens on {socks}"

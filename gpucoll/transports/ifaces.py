@@ -150,6 +150,31 @@ def listen_interface(single_host, reach=None, interfaces=None) -> Interface:
     return select_interface(interfaces=interfaces)
 
 
+def server_address(host, single_host, interfaces=None):
+    """Where a server that clients reach by the name `host` listens: rank 0's store under
+    Slurm or torchrun-style starts, the head of `gpurun --master`.
+
+    GPUCOLL_SOCKET_IFNAME, when set, decides. Otherwise the address `host` resolves to when
+    it is one of this host's (loopback only for a one-host job). A name that resolves to
+    loopback here although other hosts join (a Debian-style `127.0.1.1 node` line) or to no
+    address of this host gives the wildcard: the ranks of other hosts reach it by an
+    address this host cannot know. Every connection is authenticated either way."""
+    spec = config.SOCKET_IFNAME.get()
+    if spec is not None and spec.strip():
+        return select_interface(spec).address
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        return "0.0.0.0"
+    if address.startswith("127."):
+        return address if single_host else "0.0.0.0"
+    if interfaces is None:
+        interfaces = list_interfaces()
+    if any(i.up and i.address == address for i in interfaces):
+        return address
+    return "0.0.0.0"
+
+
 def route_source(host):
     """The local IPv4 address this host's routes use to reach `host`, or None (asks the
     kernel with an unsent UDP connect: no packet leaves)."""
