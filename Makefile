@@ -23,7 +23,8 @@ test: $(STAMP) test-deps
 	$(PY) -m pytest -q -m "not gpu" --durations=15 tests
 
 # Slurm + munge started by hand, sshd, iproute2 (as root, where apt exists) and the MPICH
-# venv: what the multihost, slurm and MPICH tests need. Tests whose piece is missing skip.
+# venv: what the multihost, slurm and MPICH tests need. Tests whose piece is missing skip,
+# unless GPUCOLL_TEST_REQUIRE names it: then this step fails (and so would the tests).
 test-deps:
 	PYTHON=$(PYTHON) bash scripts/setup-test-system.sh
 
@@ -31,13 +32,13 @@ test-multihost: $(STAMP) test-deps
 	$(PY) -m pytest -q -m "multihost or slurm or mpi" tests/test_multihost.py tests/test_slurm.py tests/test_mpich.py
 
 # A GPU machine's Python that already holds CuPy (often with no network) gets the package built
-# in place (no downloads); elsewhere the venv is used and the GPU tests skip without a GPU.
+# in place (no downloads). GPUCOLL_TEST_REQUIRE=gpu: a missing GPU or a broken CuPy fails the
+# run instead of skipping every test.
 test-gpu:
-	@if $(PYTHON) -c "import cupy" 2>/dev/null; then \
-	  $(PYTHON) -m pip install -q --no-build-isolation --no-deps -e . && $(PYTHON) -m pytest -q -m gpu tests; \
-	else \
-	  $(MAKE) --no-print-directory $(STAMP) && $(PY) -m pytest -q -m gpu tests; \
-	fi
+	@$(PYTHON) -c "import cupy" || { echo "make test-gpu: $(PYTHON) cannot import CuPy; install it" \
+	  "(pip install cupy-cuda12x or cupy-cuda13x) or pass PYTHON=a Python that has it" >&2; exit 1; }
+	$(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
+	GPUCOLL_TEST_REQUIRE=gpu$${GPUCOLL_TEST_REQUIRE:+,$$GPUCOLL_TEST_REQUIRE} $(PYTHON) -m pytest -q -m gpu tests
 
 bench: $(STAMP)
 	$(VENV)/bin/gpucoll-bench --vs mpi -np 2 -b 8 -e 64M -f 4
