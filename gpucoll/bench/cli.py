@@ -18,18 +18,15 @@ Where CuPy and a GPU are present the buffers are on the GPU (-g/--gpu, the defau
 --no-gpu measures host buffers): CUDA-event timing, -G N captures N calls in a CUDA graph,
 and the GPU peers (nccl, torch) run in the same job right after gpucoll (gpucoll/bench/gpu.py).
 """
-import datetime
 import json
 import os
-import platform
-import socket
 import subprocess
 import sys
 import tempfile
 
 import click
 
-from . import peers, runner, summary, table
+from . import context, peers, runner, summary, table
 from .sizes import parse_size, sweep
 
 _KINDS = table.COLLECTIVES + ("all",)
@@ -319,54 +316,14 @@ class Report:
 
     def settings(self):
         """Everything that decides what was measured, for the JSON."""
-        from importlib import metadata
-
-        def version(dist):
-            try:
-                return metadata.version(dist)
-            except metadata.PackageNotFoundError:
-                return None
-
-        import numpy
-
-        return dict(
-            command=self.opts["command"], nranks=self.nranks, opts=self.opts,
-            peer=self.peer, peer_label=self.label, peer_library=self.peer_library, peer_error=self.peer_error,
-            versions=dict(gpucoll=version("gpucoll"), python=platform.python_version(), numpy=numpy.__version__,
-                          mpi4py=version("mpi4py"), openmpi=version("openmpi"), torch=version("torch"),
-                          cupy=version("cupy-cuda12x") or version("cupy-cuda13x") or version("cupy")),
-            machine=dict(host=socket.gethostname(), cpus=os.cpu_count(), platform=platform.platform(),
-                         processor=_cpu_model()),
-            date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            environment=settings_environment())
-
-
-# Variables that change what a run measures; the job's own (rank, store, secret) are left out.
-_SETTING_PREFIXES = ("GPUCOLL_", "NCCL_", "TORCH_", "NVSHMEM_", "OMPI_", "MPICH_", "CUDA_", "OMP_NUM_THREADS",
-                     "GLOO_")
-_JOB_VARIABLES = {"GPUCOLL_RANK", "GPUCOLL_SIZE", "GPUCOLL_LOCAL_RANK", "GPUCOLL_LOCAL_SIZE", "GPUCOLL_STORE",
-                  "GPUCOLL_STORE_SECRET", "GPUCOLL_JOB_ID", "GPUCOLL_DEVICE"}
-
-
-def settings_environment():
-    return {k: v for k, v in sorted(os.environ.items())
-            if k.startswith(_SETTING_PREFIXES) and k not in _JOB_VARIABLES and "SECRET" not in k}
+        return context.describe(command=self.opts["command"], nranks=self.nranks, opts=self.opts, peer=self.peer,
+                                peer_label=self.label, peer_library=self.peer_library, peer_error=self.peer_error)
 
 
 def settings_shown(opts):
     """The environment settings for the preamble: gpucoll's, and on GPU the peers' (NVLink
     multicast off: NCCL_NVLS_ENABLE=0 and its torch / NVSHMEM twins)."""
-    env = settings_environment()
+    env = context.environment()
     keep = ("GPUCOLL_",) + (("NCCL_", "TORCH_", "NVSHMEM_", "CUDA_") if opts.get("gpu") else ("OMPI_", "GLOO_"))
     return {k: v for k, v in env.items() if k.startswith(keep) and not k.startswith("OMPI_ALLOW_RUN_AS_ROOT")}
 
-
-def _cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None

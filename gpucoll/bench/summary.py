@@ -73,3 +73,14 @@ def status(runs):
     """The exit status: 1 when any run counted a wrong element, gpucoll's or the peer's."""
     return int(any(r.get("wrong", -1) > 0 for run in runs for side in ("gpucoll", "peer")
                    for r in run.get(side) or ()))
+
+
+def spread(values):
+    """(median, min, max) of repeated measurements."""
+    return statistics.median(values), min(values), max(values)
+
+
+def spread_text(values, fmt="{:.2f}"):
+    """'median [min-max]' of repeated measurements, e.g. '1.91 [1.82-2.03]'."""
+    mid, lo, hi = spread(values)
+    return f"{fmt.format(mid)} [{fmt.format(lo)}-{fmt.format(hi)}]"

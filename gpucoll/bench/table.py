@@ -115,7 +115,7 @@ def preamble(opts, nranks, ranks_info, peer_label=None, settings=None):
                  else "device host [CPU]")
         lines.append(f"#  Rank {info['rank']:2d} Pid {info['pid']:7d} on {info['host']:>10s} {where}")
     if opts.get("gpu"):
-        lines.append(f"# GPU buffers (CuPy), CUDA-event timing, "
+        lines.append("# GPU buffers (CuPy), CUDA-event timing, "
                      + (f"CUDA graphs of {opts['graphs']} calls" if opts.get("graphs") else "eager launches from Python"))
     if settings:
         lines.append("# Settings: " + " ".join(f"{k}={v}" for k, v in sorted(settings.items())))
