@@ -81,10 +81,11 @@ class GpuCase:
             self.recv.set(self.host.recv)
         self.cp.cuda.Device().synchronize()
 
-    def wrong(self):
+    def wrong(self, calls=1):
+        """runner.Case.wrong on a host copy of recv (after the device finished)."""
         self.cp.cuda.Device().synchronize()
         self.host.recv[...] = self.recv.get()
-        return self.host.wrong()
+        return self.host.wrong(calls)
 
 
 class _GpuTiming:
