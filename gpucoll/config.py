@@ -207,3 +207,8 @@ GPU_SHARED_IPC = declare("GPUCOLL_GPU_SHARED_IPC", "bool", False,
 GPU_COPY = declare("GPUCOLL_GPU_COPY", "choice", "ce",
                    "How large GPU broadcasts and all-gathers move registered data: ce (copy engines, "
                    "cuMemcpyAsync between mapped buffers) or sm (copy kernels).", choices=("ce", "sm"))
+
+# --- the test suite (read by tests/conftest.py, never by gpucoll) ------------------
+TEST_REQUIRE = declare("GPUCOLL_TEST_REQUIRE", "str", None,
+                       "Tests only: a comma list of pieces (gpu, mpi4py, mpich, slurm, pmix, multihost, sshd, "
+                       "torch) whose absence fails the tests that need them instead of skipping them.")

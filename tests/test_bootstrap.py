@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from conftest import unavailable
 from gpucoll.bootstrap import hostlist
 
 BIN = os.path.dirname(sys.executable)
@@ -67,7 +68,7 @@ def test_plain_python_is_a_singleton():
 def test_mpiexec_one_liner():
     mpiexec = os.path.join(BIN, "mpiexec")
     if not os.path.exists(mpiexec):
-        pytest.skip("Open MPI is not installed in this environment (pip install 'gpucoll[mpi]')")
+        unavailable("mpi4py", "Open MPI is not installed in this environment (pip install 'gpucoll[mpi]')")
     env = _clean_env(OMPI_ALLOW_RUN_AS_ROOT=1, OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)
     out = subprocess.run([mpiexec, "--oversubscribe", "-n", "4", sys.executable, "-c", HELLO], env=env,
                          capture_output=True, text=True, timeout=120)

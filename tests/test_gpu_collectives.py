@@ -4,26 +4,38 @@ Skipped where there is no CUDA GPU or no CuPy (CI); `make test-gpu` runs them on
 machine. tests/scripts/gpu_cases.py checks every result bit for bit against NumPy and
 across ranks, then stream semantics, event-backed requests and CUDA-graph capture.
 """
+import importlib.util
 import re
 
 import pytest
+
+from conftest import requires
 
 pytestmark = pytest.mark.gpu
 
 
 def _gpus():
+    """(GPUs, why they skip, why they fail): only CuPy not installed or no GPU seen by the
+    driver skip; a CuPy that is installed but does not import, or a failing driver, fails."""
+    if importlib.util.find_spec("cupy") is None:
+        return 0, "needs CuPy (not installed) and a CUDA GPU", None
     try:
         import cupy  # noqa: F401
 
         from gpucoll._native import cuda
 
-        return cuda.device_count() if cuda.available() else 0
-    except Exception:
-        return 0
+        count = cuda.device_count() if cuda.available() else 0
+    except Exception as exc:
+        return 0, None, f"CuPy is installed but the GPU probe failed: {type(exc).__name__}: {exc}"
+    return count, None if count else "needs a CUDA GPU (the driver sees none)", None
 
 
-NGPUS = _gpus()
-needs_gpu = pytest.mark.skipif(NGPUS < 1, reason="needs a CUDA GPU and CuPy")
+NGPUS, _NO_GPU, BROKEN = _gpus()
+
+
+# Skip without a GPU (a failure under GPUCOLL_TEST_REQUIRE=gpu); fail when CuPy is broken.
+needs_gpu = requires("gpu", _NO_GPU, broken=BROKEN)
+
 # NVLink multicast stays off in anything these jobs start (NCCL, torch, NVSHMEM).
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import GPURUN, SCRIPTS, _SCRUB
+from conftest import GPURUN, SCRIPTS, _SCRUB, unavailable
 from netns import NSEXEC, TestHosts, missing_requirement
 
 CASES = os.path.join(SCRIPTS, "multihost_cases.py")
@@ -25,7 +25,7 @@ LOCAL = ["--launcher", "local", "--launcher-cmd", f"{NSEXEC} {{host}}"]
 def hosts():
     why = missing_requirement()
     if why:
-        pytest.skip(why)
+        unavailable("multihost", why)
     with TestHosts(2, networks=("eth", "data")) as h:
         yield h
 
@@ -188,7 +188,7 @@ def test_gpurun_started_by_hand_on_each_host(hosts):
 def sshd(hosts, tmp_path_factory):
     for tool in ("sshd", "ssh", "ssh-keygen"):
         if not (shutil.which(tool) or os.path.exists(f"/usr/sbin/{tool}")):
-            pytest.skip(f"{tool} is missing (apt-get install openssh-server openssh-client)")
+            unavailable("sshd", f"{tool} is missing (apt-get install openssh-server openssh-client)")
     d = tmp_path_factory.mktemp("ssh")
     os.chmod(d, 0o700)
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", d / "id"], check=True)
