@@ -82,8 +82,8 @@ class Communicator:
         return f"<gpucoll.Communicator {self._id} rank {self.rank} of {self.size}>"
 
     def stats(self):
-        """How many calls of this communicator took each path, as a dict (see README, "Which
-        path ran"): `host_fast` (host all-reduces run by the native fast path), `host`
+        """How many calls of this communicator took each path, as a dict (README, "Errors,
+        timeouts and debugging"): `host_fast` (host all-reduces run by the native fast path), `host`
         (algorithm -> host collectives run by the general path), `gpu_fast` (repeated GPU
         all-reduces launched from their packed launch), `gpu` (algorithm -> GPU collectives;
         `host-staged` when they went through host memory), `groups`, `group_deferred`,
