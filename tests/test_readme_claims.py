@@ -30,7 +30,7 @@ def test_debug_file_pattern_gives_each_rank_its_own_file(gpurun_job, tmp_path):
     ({"GPUCOLL_DEBUG_CHECKS": "1"}, 0),                                  # every call cross-checked
     ({"GPUCOLL_DEBUG": "INFO", "GPUCOLL_DEBUG_SUBSYS": "COLL"}, 0),      # every call logged
     ({"GPUCOLL_DEBUG": "INFO", "GPUCOLL_DEBUG_SUBSYS": "NET"}, 19),      # other logs leave it on
-])
+], ids=["default", "debug-checks", "coll-info", "net-info"])
 def test_host_fast_path_turns_off_under_debug_checks_and_coll_logs(gpurun_job, env, fast):
     job = gpurun_job(2, "readme_claims.py", "fast", env=env).check()
     res = job.json_lines()
@@ -54,7 +54,7 @@ def test_mistyped_variable_gets_a_warning(gpurun_job):
     job = gpurun_job(2, "readme_claims.py", "log", env={"GPUCOLL_TIMEOUTT": "5", "GPUCOLL_NSOCKS": "3"}).check()
     for r in (0, 1):
         warnings = [line for line in job.lines(r, "stderr") if " gpucoll WARN [ENV] " in line]
-        assert len(warnings) == 1, job.describe()
+        assert len(warnings) == 1, f"rank {r} warned {warnings}; its stderr: {job.lines(r, 'stderr')}"
         assert warnings[0].endswith("unknown variable(s) GPUCOLL_TIMEOUTT: nothing reads them (a typo?)"), warnings
     assert job.json_lines()[0]["sum"] == 2.0
 

@@ -160,8 +160,8 @@ def maybe_gpu_buffer(obj, what="buffer"):
         adapt = _ADAPTERS[t]
     except KeyError:
         adapt = _ADAPTERS[t] = _adapter(t)
-    if adapt is None or (adapt is _from_torch and not obj.is_cuda) or (adapt is _from_dlpack
-                                                                      and not _dlpack_on_gpu(obj)):
+    if (adapt is None or (adapt is _from_torch and not obj.is_cuda)
+            or (adapt is _from_dlpack and not _dlpack_on_gpu(obj))):
         return None  # host memory (a CPU tensor, a CPU DLPack producer): the host path decides
     _require_cupy(what)
     return adapt(obj, what)

@@ -118,7 +118,7 @@ def _why(text):
         if re.match(r"\[\d+\] [\w.]*(Error|Exception|Interrupt)\b", line):
             return line
     for line in lines:
-        if line.startswith(("exit code", "gpurun: ")):
+        if line.startswith(("exit code", "gpurun: ")) and not line.startswith("exit code 0 "):
             return line
     return lines[0] if lines else "failed"
 
