@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from test_gpu_collectives import needs_gpu
+from test_gpu_collectives import job_env, needs_gpu
 
 
 def test_debug_file_pattern_gives_each_rank_its_own_file(gpurun_job, tmp_path):
@@ -48,6 +48,15 @@ def test_dlpack_host_buffers(gpurun_job):
     for r, got in res.items():
         assert {k: got[k] for k in ("allreduce", "bcast", "allgather", "sendrecv")} == dict.fromkeys(
             ("allreduce", "bcast", "allgather", "sendrecv"), True), (r, got)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_dlpack_gpu_buffers(gpurun_job):
+    job = gpurun_job(2, "readme_claims.py", "dlpack-gpu", env=job_env(2), timeout=180).check()
+    res = job.json_lines()
+    assert sorted(res) == [0, 1], job.describe()
+    assert all(got["allreduce"] is True and got["bcast"] is True for got in res.values()), res
 
 
 def test_mistyped_variable_gets_a_warning(gpurun_job):

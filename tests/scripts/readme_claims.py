@@ -5,6 +5,7 @@
     log       one all-reduce (for GPUCOLL_DEBUG / GPUCOLL_DEBUG_FILE); reports pid and host
     fast      20 all-reduces of a NumPy array with new contents each time; reports which path ran
     dlpack    collectives and Send/Recv on objects that only offer __dlpack__ over NumPy memory
+    dlpack-gpu  the same over CuPy arrays (GPU memory)
 """
 import json
 import os
@@ -23,7 +24,7 @@ out = {"pid": os.getpid(), "host": socket.gethostname()}
 
 
 class DLPackOnly:
-    """Host memory seen only through DLPack (as a torch CPU tensor or a JAX array offers it)."""
+    """Memory seen only through DLPack (as a torch CPU tensor or a JAX array offers it)."""
 
     def __init__(self, array):
         self._array = array
@@ -61,6 +62,16 @@ elif mode == "dlpack":
     got = np.zeros(100, np.float32)
     comm.Sendrecv(DLPackOnly(np.full(100, r, np.float32)), (r + 1) % n, 5, DLPackOnly(got), (r - 1) % n, 5)
     out["sendrecv"] = bool((got == (r - 1) % n).all())
+elif mode == "dlpack-gpu":
+    import cupy as cp
+
+    cp.cuda.Device(int(os.environ.get("GPUCOLL_DEVICE", "0"))).use()
+    send, recv = cp.arange(1000, dtype=cp.float32) + r, cp.zeros(1000, cp.float32)
+    comm.Allreduce(DLPackOnly(send), DLPackOnly(recv))
+    out["allreduce"] = bool((recv == n * cp.arange(1000) + n * (n - 1) // 2).all())
+    buf = cp.arange(50, dtype=cp.int32) if r == 0 else cp.zeros(50, cp.int32)
+    comm.Bcast(DLPackOnly(buf), root=0)
+    out["bcast"] = bool((buf == cp.arange(50)).all())
 else:
     sys.exit(f"unknown mode {mode}")
 print("RESULT " + json.dumps(out), flush=True)
