@@ -6,7 +6,7 @@ NP ?= 4
 STAMP := $(VENV)/.installed
 SOURCES := pyproject.toml setup.py $(wildcard cython_src/*.pyx cython_src/*.pxd cython_src/include/*.h)
 
-.PHONY: install demo test test-deps test-multihost test-fast test-gpu bench bench-gloo bench-launch bench-multihost bench-p2p bench-gpu clean
+.PHONY: install demo test test-deps test-multihost test-fast test-gpu test-mutants bench bench-gloo bench-launch bench-multihost bench-p2p bench-gpu clean
 
 install: $(STAMP)
 
@@ -21,6 +21,12 @@ demo: $(STAMP)
 
 test: $(STAMP) test-deps
 	$(PY) -m pytest -q -m "not gpu" --durations=15 tests
+
+# Mutation check: each mutant of tests/mutants/mutants.ini switches one feature off in a scratch
+# copy of the repository, and the tests that claim the feature must fail (rebuilding needs Cython).
+test-mutants: $(STAMP)
+	$(PY) -c "import Cython" 2>/dev/null || $(PY) -m pip install -q 'cython>=3.0'
+	$(PY) tests/mutants/run.py
 
 # Slurm + munge started by hand, sshd, iproute2 (as root, where apt exists) and the MPICH
 # venv: what the multihost, slurm and MPICH tests need. Tests whose piece is missing skip,

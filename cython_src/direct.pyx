@@ -363,6 +363,7 @@ cdef class HostAllreduce:
     cdef DirectGroup group
     cdef object dispatch, engine, lock, cv, in_place, ndarray, op_type, codes, choices, make_call
     cdef double timeout
+    cdef readonly unsigned long long calls  # calls this path ran (Communicator.stats()["host_fast"])
 
     def __init__(self, DirectGroup group, dispatch, engine, in_place, ndarray, op_type, codes, make_call):
         self.group, self.dispatch, self.engine = group, dispatch, engine
@@ -425,6 +426,7 @@ cdef class HostAllreduce:
             dispatch = self.dispatch
             seq = dispatch.seq
             dispatch.seq = seq + 1
+            self.calls += 1
             try:
                 with nogil:
                     st = gc_direct_allreduce(&self.group.g, <const void *>saddr, <void *>raddr, count, code,

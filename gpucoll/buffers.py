@@ -1,9 +1,9 @@
 """Turn what the caller passed into (address, element count, dtype code).
 
 Accepted: NumPy arrays, anything with the Python buffer protocol (bytearray, mmap,
-array.array, memoryview), and mpi4py's buffer specifications `[buf, MPI.DOUBLE]`,
-`[buf, count, MPI.BYTE]`. Arrays on a GPU (`__cuda_array_interface__`, `__dlpack__`)
-are recognised and routed to the GPU path.
+array.array, memoryview), host objects with `__dlpack__` (torch CPU tensors, JAX arrays),
+and mpi4py's buffer specifications `[buf, MPI.DOUBLE]`, `[buf, count, MPI.BYTE]`. Arrays on
+a GPU (`__cuda_array_interface__`, `__dlpack__`) are recognised and routed to the GPU path.
 """
 import numpy as np
 
@@ -77,6 +77,12 @@ def _as_array(obj, what):
         raise NotImplementedError(
             f"{what} is a GPU array; GPU buffers need the CUDA path (install gpucoll[cuda12] or "
             "[cuda13] on a machine with a GPU)")
+    if hasattr(obj, "__dlpack__"):  # host memory shared through DLPack: results land in the caller's object
+        try:
+            return np.from_dlpack(obj)
+        except (TypeError, ValueError, BufferError, RuntimeError) as exc:
+            raise InvalidUsageError(f"{what} of type {type(obj).__name__} has __dlpack__, but NumPy cannot read "
+                                    f"it ({exc}); pass a NumPy array") from None
     raise InvalidUsageError(
         f"{what} of type {type(obj).__name__} is not a buffer: pass a NumPy array, a bytearray or "
         "any object with the buffer protocol (or a CuPy/torch GPU array)")

@@ -17,6 +17,7 @@ import numpy as np
 
 from . import ops as _ops
 from .buffers import host_buffer
+from .counters import PathCounters
 from .dispatch import Call, Dispatcher
 from .engine import OrderedEngine
 from .errors import GpucollError, InvalidUsageError
@@ -53,6 +54,7 @@ class Communicator:
         self.local_size = len(same_host)
         self.name = comm_id
         self._freed = False
+        self._stats = PathCounters()  # which path each call took (stats())
         self._engine = OrderedEngine(comm_id)
         self._dispatch = Dispatcher(self)
         self._p2p = _p2p.PointToPoint(self)
@@ -78,6 +80,16 @@ class Communicator:
 
     def __repr__(self):
         return f"<gpucoll.Communicator {self._id} rank {self.rank} of {self.size}>"
+
+    def stats(self):
+        """How many calls of this communicator took each path, as a dict (README, "Errors,
+        timeouts and debugging"): `host_fast` (host all-reduces run by the native fast path), `host`
+        (algorithm -> host collectives run by the general path), `gpu_fast` (repeated GPU
+        all-reduces launched from their packed launch), `gpu` (algorithm -> GPU collectives;
+        `host-staged` when they went through host memory), `groups`, `group_deferred`,
+        `group_p2p`, `fused_launches` and `fused_calls`."""
+        fast = self._host_fast
+        return self._stats.snapshot(fast.calls if fast is not None else 0)
 
     def _check_alive(self):
         if self._freed:
@@ -581,6 +593,10 @@ class _Group:
         comm._group = None
         if kind is not None:  # the block raised: what it deferred is dropped with it
             return False
+        stats = comm._stats
+        stats.groups += 1
+        stats.group_deferred += len(self.calls)
+        stats.group_p2p += len(self.waits)
         if self.calls:
             comm._dispatch.gpu().execute_group([call for call, _ in self.calls])
             for call, req in self.calls:

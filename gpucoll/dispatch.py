@@ -147,6 +147,7 @@ class Dispatcher:
             itemsize = dtypes.ITEMSIZE[call.code]
             nbytes = call.count * itemsize
             algo = self._choose(call, nbytes)
+            comm._stats.host[algo] += 1
             if log.enabled("info", "COLL"):
                 via = {"direct": "SHM/direct", "hierarchical": "SHM+TCP"}.get(algo, self.transport.upper())
                 log.info("COLL", "%s #%d %d B %s%s%s %s via %s", call.kind, seq, nbytes,

@@ -60,6 +60,15 @@ def test_gpu_collectives(gpurun_job, nranks):
         assert res["nfail"] == 0, f"rank {rank}: {res['nfail']} failures: {res['failures']}"
         assert res["checked"] > 100
         assert res["paths"]["p2p-off"] > 0 and res["paths"]["small-stage"] > 0
+        ran = {path: set(st["gpu"]) for path, st in res["stats"].items()}  # algorithms that ran, per pass
+        if nranks == 1:
+            assert ran == {"world": {"copy"}, "small-stage": {"copy"}, "p2p-off": {"copy"}}, ran
+            continue
+        # the IPC kernels ran where P2P is on, and host memory carried everything where it is off
+        assert {"one-shot", "two-shot", "staged", "direct copy-engine"} <= ran["world"], ran
+        assert {"one-shot", "two-shot", "staged", "direct", "two-shot direct"} <= ran["small-stage"], ran
+        assert "host-staged" not in ran["world"] | ran["small-stage"], ran
+        assert ran["p2p-off"] == {"host-staged"} and res["stats"]["p2p-off"]["host"], res["stats"]["p2p-off"]
 
 
 @needs_gpu
@@ -77,7 +86,8 @@ def test_gpu_timeout_names_operation_and_peer(gpurun_job):
     env = job_env(2, GPUCOLL_TIMEOUT="4")
     job = gpurun_job(2, "gpu_timeout.py", env=env, timeout=120).check()
     res = job.json_lines()
-    assert all(r["fast_sum"] == 3.0 and r["dup_sum"] == 8.0 for r in res.values()), job.describe()
+    assert all(r["fast_wrong"] == [] and r["dup_sum"] == 8.0 for r in res.values()), job.describe()
+    assert all(r["fast_calls"] == 4 for r in res.values()), "repeated calls did not take the packed launch"
     assert all(r["size_check"] == "InvalidUsageError" for r in res.values()), job.describe()
     r0 = res[0]
     assert r0["raised"] and r0["ranks"] == [1], job.describe()
@@ -115,3 +125,6 @@ def test_gpu_group_fuses_small_allreduces(gpurun_job, nranks):
         # per rank: the 130 float32 all-reduces in 64 + 64 + 2, the mixed group's 2, the two streams' 2,
         # the graph's 10 (warm-up, then capture)
         assert sorted(batches) == sorted([64, 64, 2, 2, 2, 10, 10] * nranks), batches
+    # comm.stats() counts the same 7 launches of 154 all-reduces per rank (none on one rank)
+    for rank, res in results.items():
+        assert res["fused"] == ([7, 154] if nranks > 1 else [0, 0]), (rank, res["fused"])

@@ -257,12 +257,16 @@ def test_leftover_children_are_ended_after_a_clean_exit(tmp_path):
     assert_all_gone(job_pids(tmp_path, 2))
 
 
-def test_timeout_names_ranks_still_running(tmp_path):
-    code = "import os, time; r = int(os.environ['RANK']); time.sleep(0 if r == 1 else 30)"
-    proc, took = gpurun("-np", 3, "--timeout", 1, *python_c(code))
-    assert proc.returncode == 124
-    assert took < 5
+def test_timeout_names_ranks_still_running_and_ends_them(tmp_path):
+    # Each rank starts a `sleep` child and records both pids; rank 1 exits at once, leaving its child.
+    code = ("import os, subprocess, sys, time; r = int(os.environ['RANK']); c = subprocess.Popen(['sleep', '100']); "
+            "p = os.path.join(sys.argv[1], f'rank.{r}'); open(p + '.tmp', 'w').write(f'{os.getpid()} {c.pid}'); "
+            "os.rename(p + '.tmp', p); time.sleep(0 if r == 1 else 30)")
+    proc, took = gpurun("-np", 3, "--timeout", 2, *python_c(code), tmp_path)
+    assert proc.returncode == 124, proc.stderr
+    assert took < 6
     assert "ranks still running: 0, 2" in proc.stderr
+    assert_all_gone(job_pids(tmp_path, 3))
 
 
 # --- signals --------------------------------------------------------------------------

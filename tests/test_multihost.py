@@ -7,6 +7,7 @@ Select with `pytest -m multihost`. Needs root and iproute2 (scripts/setup-test-s
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -57,13 +58,20 @@ def check_exact(res, hosts, per_host, network="eth"):
     """Exact results, ranks in host order, and every rank's listeners bound to its address on
     `network` (the one that reaches the store, or GPUCOLL_SOCKET_IFNAME's), never a wildcard."""
     assert sorted(res) == list(range(2 * per_host))
+    layout = [hosts.names[rank // per_host] for rank in range(2 * per_host)]
     for rank, r in res.items():
         assert r["size"] == 2 * per_host
-        assert r["host"] == hosts.names[rank // per_host], "ranks are numbered in host order"
+        assert r["host"] == layout[rank], "ranks are numbered in host order"
         assert (r["local_rank"], r["local_size"]) == (rank % per_host, per_host)
         assert all(r["ok"].values()), f"rank {rank}: wrong results {r['ok']}"
         mine = hosts.address(rank // per_host, network)
         assert all(a.rpartition(":")[0] == mine for a in r["listen"]), f"rank {rank} listens on {r['listen']}"
+        assert r["hosts_seen"] == layout, f"rank {rank}: object allgather of host names gave {r['hosts_seen']}"
+
+
+def tcp_reasons(err):
+    """The reason each rank logged for carrying traffic between hosts over TCP (subsystem NET)."""
+    return re.findall(r"gpucoll INFO \[NET\] between hosts: TCP sockets \((.*)\)$", err, re.M)
 
 
 # --- host lists (no namespaces needed) -----------------------------------------------------------
@@ -133,11 +141,19 @@ def test_hierarchical_allreduce_is_chosen_and_logged(hosts):
     assert code == 0, err
     check_exact(results(out), hosts, 2)
     assert "allreduce #0 8 B int64 SUM hierarchical via SHM+TCP" in err
-    assert "between hosts: TCP sockets (no RDMA device" in err or "GPUCOLL_IB_DISABLE" in err
+    # why TCP: what this machine has (the namespaces share its /sys), said once by each TCP rank
+    from gpucoll.transports import verbs
+
+    found = verbs.devices()
+    why = (f"no RDMA device ({verbs.SYSFS} is empty or absent)" if not found else
+           f"RDMA device(s) {', '.join(d.describe() for d in found)} found, but this build has no verbs transport")
+    assert set(tcp_reasons(err)) == {why}, tcp_reasons(err)
     leaders = [line for line in err.splitlines() if "allreduce #0 8 B" in line and " via TCP" in line]
     assert leaders and {line[1] for line in leaders} == {"0", "2"}, "only the leaders talk across hosts"
-    code, out, err, _ = gpurun_on(hosts, 0, ["--hosts", f"{a},{b}", *LOCAL, sys.executable, CASES], env=env)
+    code, out, err, _ = gpurun_on(hosts, 0, ["--hosts", f"{a},{b}", *LOCAL, sys.executable, CASES],
+                                  env={**env, "GPUCOLL_IB_DISABLE": "1"})
     assert code == 0 and "hierarchical" not in err
+    assert tcp_reasons(err) == ["GPUCOLL_IB_DISABLE=1"] * 2, err
 
 
 @pytest.mark.multihost

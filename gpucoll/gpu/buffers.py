@@ -129,12 +129,11 @@ def _from_dlpack(obj, what):
     return buf
 
 
-def _dlpack_if_gpu(obj, what):
+def _dlpack_on_gpu(obj):
     try:
-        on_gpu = obj.__dlpack_device__()[0] in (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+        return obj.__dlpack_device__()[0] in (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
     except Exception:
-        on_gpu = False
-    return _from_dlpack(obj, what) if on_gpu else None
+        return False
 
 
 def _adapter(t):
@@ -147,7 +146,7 @@ def _adapter(t):
     if hasattr(t, "__cuda_array_interface__"):
         return _from_cai
     if hasattr(t, "__dlpack_device__"):
-        return _dlpack_if_gpu
+        return _from_dlpack
     return None
 
 
@@ -161,7 +160,8 @@ def maybe_gpu_buffer(obj, what="buffer"):
         adapt = _ADAPTERS[t]
     except KeyError:
         adapt = _ADAPTERS[t] = _adapter(t)
-    if adapt is None or (adapt is _from_torch and not obj.is_cuda):
-        return None
+    if (adapt is None or (adapt is _from_torch and not obj.is_cuda)
+            or (adapt is _from_dlpack and not _dlpack_on_gpu(obj))):
+        return None  # host memory (a CPU tensor, a CPU DLPack producer): the host path decides
     _require_cupy(what)
     return adapt(obj, what)
