@@ -69,8 +69,11 @@ def measure(prepare, barrier, nbytes, rank, nranks):
 def worker_direct(args):
     sys.path.insert(0, ROOT)
     from gpucoll.transports import shm_direct
+    from gpucoll.transports.shm_segment import JobSegments
 
-    group = shm_direct.create_or_attach(args.job, "bench", args.rank, args.nranks, timeout=60)
+    # The job id is random and private to the benchmark's own processes: it serves as the secret.
+    group = shm_direct.create_or_attach(JobSegments(args.job, args.job.encode()), "bench", args.rank,
+                                        args.nranks, timeout=60)
     code_f32, code_sum = 10, 0
 
     def prepare(send, recv):
