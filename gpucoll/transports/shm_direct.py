@@ -35,6 +35,11 @@ from .._native import direct as _direct
 from . import shm_segment
 
 
+def segment_path(segments, comm_id):
+    """The file of communicator `comm_id`'s direct segment (segments: a shm_segment.JobSegments)."""
+    return segments.path(f"direct:{comm_id}")
+
+
 def _map(fd, size):
     return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
 
@@ -90,7 +95,7 @@ def create_or_attach(segments, comm_id, local_rank, local_size, creator_pid=0, t
     """
     if not 0 <= local_rank < local_size:
         raise InvalidUsageError(f"local rank {local_rank} is not in [0, {local_size})")
-    path = segments.path(f"direct:{comm_id}")
+    path = segment_path(segments, comm_id)
     token = segments.token(path)
     timeout = config.INIT_TIMEOUT.get() if timeout is None else timeout
     if local_rank == 0:
