@@ -114,6 +114,7 @@ class Communicator:
             "collectives and corrupt both results. Use gpucoll only in the process that initialised it and "
             "pass data to and from child processes yourself, or start the children with multiprocessing's "
             "'spawn' start method, which inherits no communicator.")
+        self._engine.abandon(InvalidUsageError(self._unusable))  # requests the parent had pending
 
     def _check_root(self, root):
         if not isinstance(root, (int, np.integer)) or isinstance(root, bool):

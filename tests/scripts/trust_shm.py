@@ -13,9 +13,11 @@ MODE:
                   reports whether every planted file still holds what the squatter wrote.
   squat-token     the same, but this user (rank 0) plants the files, mode 0600, formatted with
                   the token of another secret.
-  fork            after a warm-up Allreduce (which installs the host fast path) each rank forks;
-                  the child calls collectives, then Free, and exits normally; it reports what
-                  each call raised. The parent then checks a few collectives' results.
+  fork            after a warm-up Allreduce (which installs the host fast path) each rank issues
+                  an Iallreduce (rank 1 a second later, so that rank 0's is still running) and
+                  forks; the child calls collectives (rank 0's also waits on that request), then
+                  Free, and exits normally; it reports what each call raised. The parent then
+                  completes the request and checks a few collectives' results.
   fortran         Allreduce (general path, fast path, in place, mixed orders), Bcast, Reduce and
                   Allgather on Fortran-ordered arrays, checked exactly; a non-contiguous buffer
                   must still raise.
@@ -145,6 +147,10 @@ if mode in ("squat-user", "squat-token"):
 elif mode == "fork":
     comm.Allreduce(IN_PLACE, np.ones(4))  # warm-up: installs the fast path on the direct engine
     out = {"fast_path": comm._host_fast is not None}
+    if rank != 0:
+        time.sleep(1.0)  # rank 0 forks while its Iallreduce waits for this rank
+    p = np.ones(4)
+    pending = comm.Iallreduce(IN_PLACE, p)
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -159,6 +165,8 @@ elif mode == "fork":
             "send": lambda: comm.send("x", dest=(rank + 1) % size),
             "Dup": comm.Dup,
         }
+        if rank == 0:  # the parent's request, running at the fork: its worker thread is not here
+            calls["pending Wait"] = pending.Wait
         said = {}
         for name, call in calls.items():
             try:
@@ -176,6 +184,8 @@ elif mode == "fork":
     with os.fdopen(read_end) as f:
         out["child"] = json.loads(f.read() or "{}")
     out["child_exit"] = os.waitpid(pid, 0)[1]
+    pending.Wait()
+    out["pending"] = p.tolist()
     results = []
     for i in range(3):
         x = np.full(1000, rank + i, np.float64)
