@@ -9,10 +9,11 @@ which is not a secret, gives nothing away). The trust rules, for the direct segm
 * the creator makes the file with O_CREAT | O_EXCL | O_NOFOLLOW, mode 0600: an existing file of
   that name is never written into. If it is a leftover of this user's whose processes are all
   gone it is removed and the creation retried; anything else raises SharedMemoryError;
-* an attacher opens the file without following links and checks, before mapping it, that it is
-  a regular file owned by this process's effective user with no group or other permission, then
-  that the header's token (an HMAC of the secret and the name) is the job's: a file of the right
-  name that someone else made is refused with SharedMemoryError, not waited for;
+* an attacher checks, before it opens the file (lstat) and again on the descriptor (fstat),
+  that it is a regular file owned by this process's effective user with no group or other
+  permission, opens it without following links, then checks that the header's token (an HMAC
+  of the secret and the name) is the job's: a file of the right name that someone else made is
+  refused with SharedMemoryError, not waited for, and never written into;
 * a job removes, once per process before it first creates a segment, this user's gpucoll
   segments whose processes are all gone (``remove_leftovers``), and gpurun removes what is left
   of its own job's at the end (``JobSegments.unlink_all``)::
@@ -35,7 +36,8 @@ PREFIX = "gpucoll-"
 HEADER_BYTES = 4096  # read this much of a file to judge it (every format's header fits)
 
 _CREATE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # NONBLOCK: a FIFO never blocks
+# NONBLOCK: neither a FIFO nor a file lease held by its owner can make an open block
+_OPEN_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
 def _own_pidns():
@@ -109,20 +111,24 @@ def create(path, nbytes, token):
                             "process of this user uses the same job id and secret")
 
 
-def open_checked(path):
-    """A read-write descriptor of the existing segment file `path`, or None while there is none.
+def open_checked(path, flags=os.O_RDWR):
+    """A descriptor of the existing segment file `path`, or None while there is none.
 
     Raises SharedMemoryError when the file is not this user's private regular file: it was not
-    made by this job, and nothing is read from or written into it."""
+    made by this job. Such a file of another user is not even opened, and nothing is ever
+    written into it; the descriptor's own fstat confirms what the name showed."""
+    st = _lstat(path)
+    if st is None:
+        return None
+    check_owner(path, st)
     try:
-        fd = os.open(path, _OPEN_FLAGS)
+        fd = os.open(path, flags | _OPEN_FLAGS)
     except FileNotFoundError:
         return None
-    except OSError:  # a link (ELOOP), another user's private file (EACCES): say which
+    except OSError:  # replaced since: by a link (ELOOP), a FIFO, ... say which
         st = _lstat(path)
-        if st is None:
-            return None
-        check_owner(path, st)
+        if st is not None:
+            check_owner(path, st)
         raise
     try:
         check_owner(path, os.fstat(fd))
@@ -166,18 +172,11 @@ def examine(header, token=0):
 def _replace_leftover(path, token):
     """`path` exists where this process is about to create it: remove it if it is a leftover of
     an earlier run with the same name, else raise why it cannot be replaced."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except FileNotFoundError:
+    fd = open_checked(path, os.O_RDONLY)
+    if fd is None:
         return
-    except OSError:
-        st = _lstat(path)
-        if st is not None:
-            check_owner(path, st)
-        raise
     try:
         st = os.fstat(fd)
-        check_owner(path, st)
         verdict = examine(os.pread(fd, HEADER_BYTES, 0), token)
     finally:
         os.close(fd)
@@ -231,8 +230,11 @@ def remove_leftovers():
     removed = 0
     for name in _listing():
         path = os.path.join(SHM_DIR, name)
+        st = _lstat(path)
+        if st is None or not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            continue  # another user's file is not even opened
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
         except OSError:
             continue
         try:
