@@ -95,7 +95,7 @@ class ShmChannels:
                 chan = core.ShmChannel.create(fd, name, self.capacity, token, shm_segment.PIDNS,
                                               self._pid(peer), peer)
             except BaseException:
-                os.unlink(path)
+                shm_segment.unlink_quietly(path)
                 raise
             finally:
                 os.close(fd)

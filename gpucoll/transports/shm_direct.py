@@ -51,7 +51,7 @@ def _create(path, token, local_size, slot_bytes):
         mm = _map(fd, size)
         _direct.format_segment(mm, local_size, slot_bytes, os.getpid(), token)
     except BaseException:
-        os.unlink(path)
+        shm_segment.unlink_quietly(path)
         raise
     finally:
         os.close(fd)

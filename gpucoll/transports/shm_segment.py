@@ -104,7 +104,7 @@ def create(path, nbytes, token):
             os.ftruncate(fd, nbytes)
         except BaseException:
             os.close(fd)
-            _unlink_if_same(path, None)
+            unlink_quietly(path)
             raise
         return fd
     raise SharedMemoryError(f"{path} keeps reappearing while this rank creates it: another "
@@ -206,6 +206,14 @@ def _listing():
         return [n for n in os.listdir(SHM_DIR) if n.startswith(PREFIX)]
     except OSError:
         return []
+
+
+def unlink_quietly(path):
+    """Remove a file this process has just created and failed to set up (it may be gone already)."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _unlink_if_same(path, st):
