@@ -132,7 +132,7 @@ def host_buffer(obj, what="buffer", writable=False):
         if code is not None and flags.forc:
             if writable and not flags.writeable:
                 raise InvalidUsageError(f"{what} is read-only; the result needs a writable buffer")
-            return HostBuffer(_flat(obj), code)
+            return HostBuffer(obj if obj.ndim == 1 else obj.reshape(-1, order="A"), code)  # _flat, inline
     gpu = maybe_gpu_buffer(obj, what)  # GpuBuffer for CuPy/torch/CAI/DLPack GPU objects
     if gpu is not None:
         return gpu
