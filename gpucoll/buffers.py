@@ -37,7 +37,7 @@ class Datatype:
 
 
 class HostBuffer:
-    """A contiguous host buffer: `array` is a 1-D NumPy view of the elements."""
+    """A contiguous host buffer: `array` is a 1-D NumPy view of the elements in memory order."""
 
     __slots__ = ("array", "addr", "count", "code", "itemsize")
     is_gpu = False
@@ -104,7 +104,7 @@ def _from_spec(spec, what, blocks):
     if not isinstance(datatype, Datatype):
         raise InvalidUsageError(f"{what}: {datatype!r} is not a datatype such as MPI.DOUBLE")
     arr = _as_array(obj, what)
-    raw = _contiguous(arr, what).reshape(-1).view(np.uint8)
+    raw = _flat(_contiguous(arr, what)).view(np.uint8)
     if raw.size % datatype.np.itemsize:
         raise InvalidUsageError(f"{what}: {raw.size} bytes is not a whole number of {datatype.name} elements")
     view = raw.view(datatype.np)
@@ -121,11 +121,18 @@ def _from_spec(spec, what, blocks):
 
 
 def _contiguous(arr, what):
-    if not arr.flags.c_contiguous:
+    """arr, if its elements are contiguous in C or Fortran order (as mpi4py, any contiguous
+    buffer is taken: the elements in memory order); else a clear error."""
+    if not arr.flags.forc:
         raise InvalidUsageError(
             f"{what} is not contiguous (shape {arr.shape}, strides {arr.strides}); "
             "pass np.ascontiguousarray(x) or a contiguous slice")
     return arr
+
+
+def _flat(arr):
+    """The 1-D view of a contiguous array's elements in memory order (never a copy)."""
+    return arr if arr.ndim == 1 else arr.reshape(-1, order="A")
 
 
 def host_buffer(obj, what="buffer", writable=False, blocks=1):
@@ -134,10 +141,10 @@ def host_buffer(obj, what="buffer", writable=False, blocks=1):
     if type(obj) is np.ndarray:  # the common case, kept short: it is on every call's path
         flags = obj.flags
         code = _CODES.get(obj.dtype)
-        if code is not None and flags.c_contiguous:
+        if code is not None and flags.forc:
             if writable and not flags.writeable:
                 raise InvalidUsageError(f"{what} is read-only; the result needs a writable buffer")
-            return HostBuffer(obj if obj.ndim == 1 else obj.reshape(-1), code)
+            return HostBuffer(obj if obj.ndim == 1 else obj.reshape(-1, order="A"), code)  # _flat, inline
     gpu = maybe_gpu_buffer(obj, what)  # GpuBuffer for CuPy/torch/CAI/DLPack GPU objects
     if gpu is not None:
         return gpu
@@ -148,7 +155,7 @@ def host_buffer(obj, what="buffer", writable=False, blocks=1):
         if arr.dtype.kind == "V" or arr.dtype.name not in dtypes.NAMES:
             raise InvalidUsageError(f"{what} has dtype {arr.dtype}, which gpucoll does not reduce or move; "
                                     f"use one of: {', '.join(dtypes.NAMES)}")
-        buf = HostBuffer(arr.reshape(-1), dtypes.code_of(arr.dtype))
+        buf = HostBuffer(_flat(arr), dtypes.code_of(arr.dtype))
     if writable and not buf.array.flags.writeable:
         raise InvalidUsageError(f"{what} is read-only; the result needs a writable buffer")
     return buf

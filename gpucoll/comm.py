@@ -11,7 +11,9 @@ algorithm and transport. Blocking methods return when the result is in place;
     comm.Allreduce(gpucoll.IN_PLACE, x, op=gpucoll.SUM)
 """
 import operator
+import os
 import pickle
+import weakref
 
 import numpy as np
 
@@ -35,6 +37,21 @@ class _InPlace:
 IN_PLACE = _InPlace()
 UNDEFINED = -32766  # Split colour that leaves a rank out of every new communicator
 
+# A forked child inherits its parent's communicators: their shared memory, sockets and call
+# numbers, not their threads. Were it to call a collective it would take part in the parent's
+# (both get wrong results), so the child marks every inherited communicator unusable as it
+# starts; the per-call check is the one `_check_alive` already makes, and the fast paths are
+# dropped, so they cost nothing more.
+_LIVE = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    for comm in list(_LIVE):
+        comm._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
 
 class Communicator:
     """A group of ranks that run collectives together.
@@ -53,7 +70,9 @@ class Communicator:
         self.local_rank = same_host.index(context.rank)
         self.local_size = len(same_host)
         self.name = comm_id
-        self._freed = False
+        self._pid = os.getpid()
+        self._freed = False     # freed, or inherited by a forked child: every call raises _unusable
+        self._unusable = None
         self._stats = PathCounters()  # which path each call took (stats())
         self._engine = OrderedEngine(comm_id)
         self._dispatch = Dispatcher(self)
@@ -62,6 +81,7 @@ class Communicator:
         self._gpu_fast = None  # GpuDispatcher.fast_allreduce once a GPU all-reduce was packed
         self._group = None     # inside comm.group(): the _Group collecting deferred operations
         self._host_fast = None  # HostAllreduce once a host all-reduce ran on the direct group
+        _LIVE.add(self)
 
     # --- identity ---------------------------------------------------------------
     def Get_rank(self):
@@ -93,7 +113,20 @@ class Communicator:
 
     def _check_alive(self):
         if self._freed:
-            raise InvalidUsageError(f"communicator {self._id} was freed; create a new one with Dup() or Split()")
+            raise InvalidUsageError(self._unusable)
+
+    def _forked(self):
+        """In a forked child: every later call raises; the transports stay as they are (they are
+        the parent's, so even Free leaves them alone)."""
+        self._freed = True
+        self._gpu_fast = self._host_fast = None
+        self._unusable = (
+            f"communicator {self._id} belongs to process {self._pid}, which created it; this process "
+            f"({os.getpid()}) is a fork of it and cannot use it: its calls would take part in the parent's "
+            "collectives and corrupt both results. Use gpucoll only in the process that initialised it and "
+            "pass data to and from child processes yourself, or start the children with multiprocessing's "
+            "'spawn' start method, which inherits no communicator.")
+        self._engine.abandon(InvalidUsageError(self._unusable))  # requests the parent had pending
 
     def _check_root(self, root):
         if not isinstance(root, (int, np.integer)) or isinstance(root, bool):
@@ -134,6 +167,7 @@ class Communicator:
         if self._freed:
             return
         self._gpu_fast = self._host_fast = None
+        self._unusable = f"communicator {self._id} was freed; create a new one with Dup() or Split()"
         error = None
         if self._dispatch._gpu is not None:
             try:  # no peer may still be using our IPC memory when it is unmapped
@@ -458,6 +492,7 @@ class Communicator:
 
     def bcast(self, obj, root=0):
         """root's Python object, on every rank."""
+        self._check_alive()
         root = self._check_root(root)
         data, problem = b"", None
         if self.rank == root:
@@ -507,6 +542,7 @@ class Communicator:
 
     def gather(self, obj, root=0):
         """On root: every rank's object in rank order; None elsewhere."""
+        self._check_alive()
         root = self._check_root(root)
         items = self._allgather_objects(obj, "gather") if self.size <= 64 else self._gather_via_root(obj, root)
         return items if self.rank == root else None
@@ -520,6 +556,7 @@ class Communicator:
 
     def scatter(self, sendobj, root=0):
         """Rank i gets root's sendobj[i]."""
+        self._check_alive()
         root = self._check_root(root)
         if self.rank == root:
             if sendobj is None or not hasattr(sendobj, "__len__") or len(sendobj) != self.size:

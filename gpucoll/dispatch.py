@@ -85,9 +85,11 @@ class Dispatcher:
     def direct(self):
         if self._direct is None:
             from .transports.shm_direct import create_or_attach
+            from .transports.shm_segment import JobSegments
 
-            ctx = self.comm._ctx
-            self._direct = create_or_attach(ctx.job_id, self.comm._id, self.comm.rank, self.comm.size,
+            comm, ctx = self.comm, self.comm._ctx
+            self._direct = create_or_attach(JobSegments(ctx.job_id, ctx.secret), comm._id, comm.rank, comm.size,
+                                            creator_pid=ctx.pids[comm.world_ranks[0]],
                                             timeout=config.INIT_TIMEOUT.get())
         return self._direct
 

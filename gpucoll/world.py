@@ -101,7 +101,7 @@ def _finalize():
     """At exit: rank 0 of a job whose store lives in rank 0 waits until the others are
     done with it, so no rank loses the store while still shutting down."""
     world = _world
-    if world is None:
+    if world is None or world._pid != os.getpid():  # a forked child: the job's store is the parent's
         return
     boot = world._ctx.boot
     if not getattr(boot, "info", None) or not boot.info.host_store or world.size == 1:

@@ -21,7 +21,7 @@ import time
 
 from . import env as envmod
 from . import wire
-from .job import Job, Options
+from .job import Job, Options, remove_shared_memory
 from .output import Sink, make_output_dir
 from .signals import SignalInbox
 from .spawn import LaunchError, become_subreaper, program_argv, start_rank
@@ -159,15 +159,7 @@ def run_agent(master, node, secret, slots=None, host=None):
         job.close()
         inbox.close()
         sock.close()
-        _remove_shared_memory(start["job_id"])
-
-
-def _remove_shared_memory(job_id):
-    try:
-        from gpucoll.transports.shm import unlink_job
-    except ImportError:
-        return
-    unlink_job(job_id)
+        remove_shared_memory(start["job_id"], secret.hex())
 
 
 def main(argv=None):

@@ -84,17 +84,18 @@ def launch(opts):
             store.close()
         inbox.close()
         if job_id is not None:
-            _remove_shared_memory(job_id)
+            remove_shared_memory(job_id, secret_hex)
 
 
-def _remove_shared_memory(job_id):
+def remove_shared_memory(job_id, secret_hex):
     """Shared-memory segments are unlinked as soon as every rank mapped them; a rank that
-    died before that leaves a name under /dev/shm, which the end of the job removes."""
+    died before that leaves a name under /dev/shm, which the end of the job removes (the
+    names derive from the job's secret: gpucoll/transports/shm_segment.py)."""
     try:
-        from gpucoll.transports.shm import unlink_job
+        from gpucoll.transports.shm_segment import JobSegments
     except ImportError:  # the native extension is not built: no segment can exist either
         return
-    unlink_job(job_id)
+    JobSegments(job_id, bytes.fromhex(secret_hex)).unlink_all()
 
 
 def _open_store():

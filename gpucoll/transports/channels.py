@@ -23,9 +23,10 @@ class ChannelSet:
     def _shm_factory(self):
         if self._shm is None:
             from .shm import ShmChannels
+            from .shm_segment import JobSegments
 
             comm = self._comm
-            self._shm = ShmChannels(self._ctx.job_id, self._id, comm.rank,
+            self._shm = ShmChannels(JobSegments(self._ctx.job_id, self._ctx.secret), self._id, comm.rank,
                                     [self._ctx.pids[w] for w in comm.world_ranks],
                                     timeout=config.INIT_TIMEOUT.get())
         return self._shm

@@ -142,7 +142,7 @@ elif mode == "badargs":
         shared = np.zeros(4 * size, np.int32)
         bad = {
             "non-contiguous sendbuf": lambda: comm.Allreduce(np.ones(8)[::2], np.ones(4)),
-            "non-contiguous buf": lambda: comm.Bcast(m2.T, root=1),
+            "non-contiguous buf": lambda: comm.Bcast(m2[:, ::2], root=1),
             "different sizes": lambda: comm.Allreduce(np.ones(4), np.ones(5)),
             "different dtypes": lambda: comm.Allreduce(np.ones(4, np.int32), np.ones(4, np.float32)),
             "allgather recvbuf size": lambda: comm.Allgather(np.ones(4), np.ones(4 * size + 1)),
