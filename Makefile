@@ -6,7 +6,7 @@ NP ?= 4
 STAMP := $(VENV)/.installed
 SOURCES := pyproject.toml setup.py $(wildcard cython_src/*.pyx cython_src/*.pxd cython_src/include/*.h)
 
-.PHONY: install demo test test-deps test-multihost test-fast test-gpu bench bench-launch bench-multihost bench-p2p clean
+.PHONY: install demo test test-deps test-multihost test-fast test-gpu test-mutants bench bench-gloo bench-launch bench-multihost bench-p2p bench-gpu clean
 
 install: $(STAMP)
 
@@ -22,8 +22,15 @@ demo: $(STAMP)
 test: $(STAMP) test-deps
 	$(PY) -m pytest -q -m "not gpu" --durations=15 tests
 
+# Mutation check: each mutant of tests/mutants/mutants.ini switches one feature off in a scratch
+# copy of the repository, and the tests that claim the feature must fail (rebuilding needs Cython).
+test-mutants: $(STAMP)
+	$(PY) -c "import Cython" 2>/dev/null || $(PY) -m pip install -q 'cython>=3.0'
+	$(PY) tests/mutants/run.py
+
 # Slurm + munge started by hand, sshd, iproute2 (as root, where apt exists) and the MPICH
-# venv: what the multihost, slurm and MPICH tests need. Tests whose piece is missing skip.
+# venv: what the multihost, slurm and MPICH tests need. Tests whose piece is missing skip,
+# unless GPUCOLL_TEST_REQUIRE names it: then this step fails (and so would the tests).
 test-deps:
 	PYTHON=$(PYTHON) bash scripts/setup-test-system.sh
 
@@ -31,26 +38,53 @@ test-multihost: $(STAMP) test-deps
 	$(PY) -m pytest -q -m "multihost or slurm or mpi" tests/test_multihost.py tests/test_slurm.py tests/test_mpich.py
 
 # A GPU machine's Python that already holds CuPy (often with no network) gets the package built
-# in place (no downloads); elsewhere the venv is used and the GPU tests skip without a GPU.
+# in place (no downloads). GPUCOLL_TEST_REQUIRE=gpu: a missing GPU or a broken CuPy fails the
+# run instead of skipping every test.
 test-gpu:
-	@if $(PYTHON) -c "import cupy" 2>/dev/null; then \
-	  $(PYTHON) -m pip install -q --no-build-isolation --no-deps -e . && $(PYTHON) -m pytest -q -m gpu tests; \
-	else \
-	  $(MAKE) --no-print-directory $(STAMP) && $(PY) -m pytest -q -m gpu tests; \
-	fi
+	@$(PYTHON) -c "import cupy" || { echo "make test-gpu: $(PYTHON) cannot import CuPy; install it" \
+	  "(pip install cupy-cuda12x or cupy-cuda13x) or pass PYTHON=a Python that has it" >&2; exit 1; }
+	$(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
+	GPUCOLL_TEST_REQUIRE=gpu$${GPUCOLL_TEST_REQUIRE:+,$$GPUCOLL_TEST_REQUIRE} $(PYTHON) -m pytest -q -m gpu tests
 
+# --- benchmarks: every README table is printed by one of these targets, which repeats each
+# run REPEATS times (median [min-max]), checks every timed result (a wrong one fails the
+# target) and writes the settings and every run as JSON under BENCH_OUT.
+BENCH_OUT ?= bench-results
+REPEATS ?= 3
+BENCH := $(VENV)/bin/gpucoll-bench
+HOST_SWEEP = -o allreduce -b 1K -e 64M -f 2 -n 200 -w 20 -c 1 --repeats $(REPEATS)
+GLOO_SWEEP = -o allreduce -b 8 -e 64M -f 4 -n 30 -w 5 -c 1 --repeats $(REPEATS)
+TORCH_PIN = torch==2.13.0
+
+# Host all-reduce beside Open MPI, 2 and 4 ranks.
 bench: $(STAMP)
-	$(VENV)/bin/gpucoll-bench --vs mpi -np 2 -b 8 -e 64M -f 4
+	@mkdir -p $(BENCH_OUT)
+	$(BENCH) -np 2 $(HOST_SWEEP) --vs mpi --json $(BENCH_OUT)/allreduce-mpi-np2.json
+	$(BENCH) -np 4 $(HOST_SWEEP) --vs mpi --json $(BENCH_OUT)/allreduce-mpi-np4.json
 
-bench-multihost: $(STAMP) test-deps
-	$(PY) benchmarks/bench_multihost.py
+# Host all-reduce beside torch.distributed's gloo, 2 and 4 ranks.
+bench-gloo: $(STAMP)
+	@mkdir -p $(BENCH_OUT)
+	$(PY) -m pip install -q '$(TORCH_PIN)'
+	$(BENCH) -np 2 $(GLOO_SWEEP) --vs gloo --json $(BENCH_OUT)/allreduce-gloo-np2.json
+	$(BENCH) -np 4 $(GLOO_SWEEP) --vs gloo --json $(BENCH_OUT)/allreduce-gloo-np4.json
 
 bench-p2p: $(STAMP)
-	$(PY) benchmarks/bench_p2p.py
+	@mkdir -p $(BENCH_OUT)
+	$(PY) benchmarks/bench_p2p.py --repeats $(REPEATS) --json $(BENCH_OUT)/p2p.json
+
+bench-multihost: $(STAMP) test-deps
+	@mkdir -p $(BENCH_OUT)
+	$(PY) benchmarks/bench_multihost.py --repeats $(REPEATS) --json $(BENCH_OUT)/multihost.json
 
 bench-launch: $(STAMP)
-	$(PY) -m pip install -q 'torch==2.13.0'
-	$(PY) benchmarks/bench_launch.py
+	@mkdir -p $(BENCH_OUT)
+	$(PY) -m pip install -q '$(TORCH_PIN)'
+	$(PY) benchmarks/bench_launch.py --reps $(REPEATS) --json $(BENCH_OUT)/launch.json
+
+# The GPU table, on a machine with 2 GPUs whose $(PYTHON) has CuPy (as make test-gpu).
+bench-gpu:
+	OUT=$(BENCH_OUT)/gpu TESTS=0 PYTHON=$(PYTHON) bash benchmarks/bench_gpu_all.sh
 
 clean:
 	rm -rf build $(VENV) .venv-mpich *.egg-info gpucoll/_native/*.so cython_src/*.c

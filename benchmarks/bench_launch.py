@@ -7,14 +7,16 @@
 Each launcher runs N ranks of the same tiny program in its own library (import, join the
 job, print the rank, barrier, exit): gpucoll under `gpurun -np N`, torch.distributed (gloo)
 under `torchrun --standalone --nproc-per-node N`, mpi4py under `mpiexec -n N` (Open MPI).
-The table gives the median and the fastest of the timed runs (after one untimed warm-up),
-and how many times longer than gpurun each peer took. A peer that is not installed, or
-whose run fails, is skipped with the reason. With --bare every launcher runs a Python
+The table gives the median of the timed runs (after one untimed warm-up) with their range
+(min-max), and how many times longer than gpurun each peer took (median / gpurun's
+median). Each run must print every rank. A launcher that is not installed, or whose run
+fails, is left out with the reason, and the exit status is then 1. With --bare every launcher runs a Python
 program that only prints its rank, which separates the launcher's own cost from the
 library's start-up (imports, joining the job, the barrier).
 """
 import argparse
 import importlib.util
+import json
 import os
 import shutil
 import statistics
@@ -22,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from gpucoll.bench import context, summary
 
 PROGRAMS = {
     "gpurun": "import gpucoll\nc = gpucoll.COMM_WORLD\nprint(c.rank)\nc.Barrier()\n",
@@ -105,15 +109,17 @@ def main():
     parser.add_argument("--only", nargs="+", choices=sorted(PROGRAMS), help="launchers to run")
     parser.add_argument("--bare", action="store_true", help="programs that only print their rank")
     parser.add_argument("--timeout", type=float, default=300, help="seconds one run may take (300)")
+    parser.add_argument("--json", help="write the settings and the rows here")
     args = parser.parse_args()
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_launch_") as tmp:
         table = launchers(tmp, args.bare)
         names = [n for n in PROGRAMS if not args.only or n in args.only]
+        missing = []
         for name in names:
             if isinstance(table[name], str):
-                print(f"skip {name}: {table[name]}", file=sys.stderr)
+                missing.append(f"{name}: {table[name]}")
         for nprocs in args.np:
             base = None
             for name in names:
@@ -123,22 +129,30 @@ def main():
                 try:
                     times = measure(build(nprocs), env, nprocs, args.reps, args.timeout)
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
-                    print(f"skip {name} -np {nprocs}: {exc}", file=sys.stderr)
+                    missing.append(f"{name} -np {nprocs}: {exc}")
                     continue
                 median = statistics.median(times)
                 if name == "gpurun":
                     base = median
-                rows.append((name, nprocs, median, min(times), median / base if base else None))
+                rows.append(dict(launcher=name, ranks=nprocs, seconds=summary.spread(times), runs=times,
+                                 vs_gpurun=median / base if base else None))
                 print(f"  {name} -np {nprocs}: median {median:.3f} s", file=sys.stderr)
 
-    print(f"\n{'launcher':<10} {'ranks':>5} {'median s':>9} {'min s':>7} {'x gpurun':>9}")
-    for name, nprocs, median, fastest, ratio in rows:
-        ratio_text = f"{ratio:.2f}" if ratio is not None else "-"
-        print(f"{name:<10} {nprocs:>5} {median:>9.3f} {fastest:>7.3f} {ratio_text:>9}")
+    print(f"\n{'launcher':<10} {'ranks':>5} {'seconds: median [min-max]':>27} {'x gpurun':>9}")
+    for r in rows:
+        ratio_text = f"{r['vs_gpurun']:.2f}" if r["vs_gpurun"] is not None else "-"
+        print(f"{r['launcher']:<10} {r['ranks']:>5} {summary.spread_text(r['runs'], '{:.3f}'):>27} {ratio_text:>9}")
     print(f"\n{'bare programs (launcher cost only)' if args.bare else 'hello + barrier'}: "
           f"{args.reps} timed runs each after one warm-up; 'x gpurun' = median / gpurun's median "
           f"(above 1: gpurun is faster). {os.cpu_count()} CPUs.")
+    for m in missing:
+        print(f"# left out: {m}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(settings=context.describe(command=" ".join(sys.argv), reps=args.reps, bare=args.bare),
+                           rows=rows, left_out=missing), f, indent=1)
+    return 1 if missing else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -5,13 +5,19 @@ own host name; the job starts on host a. gpurun starts its agents with
 `--launcher local --launcher-cmd 'scripts/netns-exec.sh {host}'`; Open MPI's mpiexec
 starts its daemons with `--prtemca plm_ssh_agent scripts/netns-rsh.sh`, both over eth0.
 Layouts: 1 rank per host and 2 ranks per host; float32 SUM in place, 1 KiB to 256 MiB.
-Needs root (namespaces) and mpi4py + Open MPI in this interpreter's environment.
+--repeats runs (3) alternate the two libraries; each cell is the median over the runs with
+its range, the ratio is taken run by run. Every rank checks every size: the buffer is set
+to ones after the warm-up, so after k timed calls each element must be exactly nranks**k
+(the number of calls is kept below float32's overflow). A wrong size shows no ratio, and
+the exit status is 1 when anything was wrong or a run failed. Needs root (namespaces) and
+mpi4py + Open MPI in this interpreter's environment.
 
-    python benchmarks/bench_multihost.py [--min 1K] [--max 256M] [--json out.json]
+    python benchmarks/bench_multihost.py [--min 1K] [--max 256M] [--repeats 3] [--json out.json]
 """
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import subprocess
@@ -50,23 +56,28 @@ def rank_side(lib, lo, hi):
         comm, inplace = gpucoll.COMM_WORLD, gpucoll.IN_PLACE
         rank, size = comm.rank, comm.size
         wtime = time.perf_counter
+    # ones summed in place k times over `size` ranks: size**k, kept well inside float32
+    most = int(100 / math.log2(size)) if size > 1 else 50
     n = lo
     while n <= hi:
         x = np.ones(n // 4, np.float32)
-        iters = max(3, min(50, (64 << 20) // n))
+        iters = max(3, min(50, most, (64 << 20) // n))
         for _ in range(2):
             comm.Allreduce(inplace, x)
+        x[:] = 1
         comm.Barrier()
         t0 = wtime()
         for _ in range(iters):
             comm.Allreduce(inplace, x)
         comm.Barrier()
         dt = (wtime() - t0) / iters
-        # Every rank's result is checked: ones summed `2 + iters` times over `size` ranks.
-        expect = float(size) ** (2 + iters)
-        wrong = int(not np.all(x == np.float32(expect))) if expect < 2 ** 24 else 0
+        # Every rank checks every element of the timed calls' output; the wrong ones are summed.
+        expect = np.float32(float(size) ** iters)
+        mine = np.array([np.count_nonzero(~np.isclose(x, expect, rtol=1e-6 * iters, atol=0))], np.int64)
+        wrong = np.zeros(1, np.int64)
+        comm.Allreduce(mine, wrong)
         if rank == 0:
-            print("TIMING " + json.dumps({"bytes": n, "us": dt * 1e6, "wrong": wrong}), flush=True)
+            print("TIMING " + json.dumps({"bytes": n, "us": dt * 1e6, "wrong": int(wrong[0])}), flush=True)
         n *= 4
 
 
@@ -86,6 +97,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--min", default="1K")
     ap.add_argument("--max", default="256M")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each library and layout, alternating (3)")
     ap.add_argument("--json")
     ap.add_argument("--rank-side", choices=("gpucoll", "mpi"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -95,6 +107,8 @@ def main():
 
     from netns import NSEXEC, TestHosts, missing_requirement
 
+    from gpucoll.bench import context, summary
+
     why = missing_requirement()
     if why:
         sys.exit(f"bench_multihost: {why}")
@@ -103,50 +117,56 @@ def main():
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONDONTWRITEBYTECODE="1")
     me = [sys.executable, os.path.abspath(__file__), "--min", args.min, "--max", args.max, "--rank-side"]
     rsh = os.path.join(ROOT, "scripts", "netns-rsh.sh")
-    results = {}
+    runs = []  # per repeat: {(per, lib): {bytes: record}}
     with TestHosts(2, tag="gcbench") as hosts:
         a, b = hosts.names
-        for per in (1, 2):
-            spec = f"{a}:{per},{b}:{per}"
-            gpurun = [os.path.join(bindir, "gpurun"), "--hosts", spec, "--launcher", "local",
-                      "--launcher-cmd", f"{NSEXEC} {{host}}", *me, "gpucoll"]
-            mpiexec = [os.path.join(bindir, "mpiexec"), "--host", spec, "-n", str(2 * per),
-                       "--prtemca", "plm_ssh_agent", rsh, "--prtemca", "oob_tcp_if_include", "eth0",
-                       "--mca", "btl_tcp_if_include", "eth0", "--mca", "btl", "tcp,self,sm", *me, "mpi"]
-            results[(per, "gpucoll")] = run(hosts.command(0, gpurun), env)
-            results[(per, "mpi")] = run(hosts.command(0, mpiexec), env)
+        for i in range(args.repeats):
+            print(f"# run {i + 1}/{args.repeats} ...", file=sys.stderr)
+            results = {}
+            for per in (1, 2):
+                spec = f"{a}:{per},{b}:{per}"
+                gpurun = [os.path.join(bindir, "gpurun"), "--hosts", spec, "--launcher", "local",
+                          "--launcher-cmd", f"{NSEXEC} {{host}}", *me, "gpucoll"]
+                mpiexec = [os.path.join(bindir, "mpiexec"), "--host", spec, "-n", str(2 * per),
+                           "--prtemca", "plm_ssh_agent", rsh, "--prtemca", "oob_tcp_if_include", "eth0",
+                           "--mca", "btl_tcp_if_include", "eth0", "--mca", "btl", "tcp,self,sm", *me, "mpi"]
+                results[(per, "gpucoll")] = run(hosts.command(0, gpurun), env)
+                results[(per, "mpi")] = run(hosts.command(0, mpiexec), env)
+            runs.append(results)
 
     print(f"# allreduce float32 SUM in place, 2 hosts (network namespaces + veth), "
           f"{datetime.date.today()}, {platform.node()} ({os.cpu_count()} cores, {platform.machine()})")
-    print("# time in us; busbw = 2(p-1)/p * size / time in GB/s; ratio = Open MPI time / gpucoll time")
-    head = f"{'size':>6} |"
+    print(f"# time in us, median [min-max] of {args.repeats} runs; #wrong: elements wrong over ranks and runs; "
+          "ratio = Open MPI time / gpucoll time, run by run (none on a wrong or missing row)")
+    records, bad = [], False
     for per in (1, 2):
-        head += f" {'gpucoll ' + str(per) + 'x2':>12} {'busbw':>6} {'ompi ' + str(per) + 'x2':>12} {'busbw':>6} {'ratio':>5} |"
-    print(head)
-    n = lo
-    records = []
-    while n <= hi:
-        line = f"{_human(n):>6} |"
-        for per in (1, 2):
-            p = 2 * per
-            g, m = results[(per, "gpucoll")].get(n), results[(per, "mpi")].get(n)
-            cells = []
-            for rec in (g, m):
-                if rec is None:
-                    cells += [f"{'-':>12}", f"{'-':>6}"]
-                else:
-                    bw = 2 * (p - 1) / p * n / (rec["us"] * 1e-6) / 1e9
-                    mark = "!" if rec.get("wrong") else ""
-                    cells += [f"{rec['us']:>11.1f}{mark or ' '}", f"{bw:>6.2f}"]
-            ratio = f"{m['us'] / g['us']:>5.2f}" if g and m else f"{'-':>5}"
-            line += f" {' '.join(cells[:2])} {' '.join(cells[2:])} {ratio} |"
-            records.append({"bytes": n, "ranks_per_host": per, "gpucoll_us": g and g["us"], "ompi_us": m and m["us"]})
-        print(line)
-        n *= 4
+        print(f"# {per} rank(s) per host x 2 hosts")
+        print(f"{'size':>6} {'gpucoll (us)':>30} {'#wrong':>6} {'Open MPI (us)':>30} {'#wrong':>6} {'ratio':>20}")
+        n = lo
+        while n <= hi:
+            g = [r[(per, "gpucoll")].get(n) for r in runs]
+            m = [r[(per, "mpi")].get(n) for r in runs]
+            complete = all(g) and all(m)
+            gw = sum(x["wrong"] for x in g if x)
+            mw = sum(x["wrong"] for x in m if x)
+            bad = bad or gw > 0 or mw > 0 or not complete
+            gt = [x["us"] for x in g if x]
+            mt = [x["us"] for x in m if x]
+            ratios = [y["us"] / x["us"] for x, y in zip(g, m)] if complete and not gw and not mw else []
+            fmt = "{:.1f}"
+            print(f"{_human(n):>6} {summary.spread_text(gt, fmt) if gt else '-':>30} {gw:6d} "
+                  f"{summary.spread_text(mt, fmt) if mt else '-':>30} {mw:6d} "
+                  f"{summary.spread_text(ratios) if ratios else '-':>20}")
+            records.append(dict(bytes=n, ranks_per_host=per, gpucoll_us=summary.spread(gt) if gt else None,
+                                gpucoll_wrong=gw, ompi_us=summary.spread(mt) if mt else None, ompi_wrong=mw,
+                                ratio=summary.spread(ratios) if ratios else None))
+            n *= 4
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
+            json.dump(dict(settings=context.describe(command=" ".join(sys.argv), min=lo, max=hi, repeats=args.repeats),
+                           rows=records), f, indent=1)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

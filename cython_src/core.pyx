@@ -19,6 +19,7 @@ from gpucoll import errors
 cdef extern from "gc_types.h" nogil:
     int GC_OK, GC_ERR_TIMEOUT, GC_ERR_PEER, GC_ERR_IO, GC_ERR_USAGE, GC_ERR_NOMEM, GC_ERR_MISMATCH
     int GC_NUM_DTYPES, GC_NUM_OPS
+    int GC_SEG_UNKNOWN, GC_SEG_FOREIGN, GC_SEG_IN_USE, GC_SEG_LEFTOVER
 
 cdef extern from "gc_chan.h" nogil:
     ctypedef struct gc_chan:
@@ -33,14 +34,16 @@ cdef extern from "gc_reduce.h" nogil:
     void gc_scale_avg(void *buf, size_t count, int dt, int nranks)
 
 cdef extern from "gc_shmchan.h" nogil:
-    int GC_SHM_NOT_READY
+    int GC_SHM_NOT_READY, GC_SHM_FOREIGN
     ctypedef struct gc_shmchan:
         gc_chan chan
         uint64_t cap
         int side
         int32_t peer_pid
-    gc_shmchan *gc_shmchan_create(const char *name, uint64_t cap, int *err)
-    gc_shmchan *gc_shmchan_attach(const char *name, int creator_pid, int *err)
+    gc_shmchan *gc_shmchan_create(int fd, uint64_t cap, uint64_t token, uint64_t pidns,
+                                  int32_t expect_pid, int *err)
+    gc_shmchan *gc_shmchan_attach(int fd, int creator_pid, uint64_t token, uint64_t pidns, int *err)
+    int gc_shmchan_examine(const void *hdr, size_t size, uint64_t token, uint64_t pidns)
     int gc_shmchan_unlink(const char *name)
     void gc_shmchan_close(gc_shmchan *ch)
     int gc_shmchan_peer_state(const gc_shmchan *ch)
@@ -72,6 +75,10 @@ cdef extern from "gc_exec.h" nogil:
     int gc_exec_run(const gc_exec_args *a, gc_exec_err *e)
 
 STEP_COLS = GC_STEP_COLS
+# What a segment file holds (gc_types.h GC_SEG_*): see gpucoll/transports/shm_segment.py.
+SEG_UNKNOWN, SEG_FOREIGN, SEG_IN_USE, SEG_LEFTOVER = GC_SEG_UNKNOWN, GC_SEG_FOREIGN, GC_SEG_IN_USE, GC_SEG_LEFTOVER
+# ShmChannel.attach's answers other than a channel.
+SHM_NOT_READY, SHM_FOREIGN = GC_SHM_NOT_READY, GC_SHM_FOREIGN
 SEND, RECV, REDUCE, COPY = 1, 2, 4, 8
 
 
@@ -200,37 +207,44 @@ cdef bytes _shm_name(name):
     return n.encode()
 
 
+def examine_channel(const unsigned char[::1] header, uint64_t token, uint64_t pidns):
+    """SEG_* of a channel segment file, judged from its first bytes (token 0: any token) by a
+    process in pid namespace `pidns`."""
+    return gc_shmchan_examine(&header[0] if header.shape[0] else NULL, <size_t>header.shape[0], token, pidns)
+
+
 cdef class ShmChannel:
     """One end of a shared-memory channel (two rings) between two ranks of one host.
 
-    ``ShmChannel.create(name, capacity)`` makes the segment (the lower rank of the pair);
-    ``ShmChannel.attach(name, creator_pid)`` maps it (the higher rank) and returns None while
-    it is not there yet. ``.ptr`` is the address of its gc_chan for run_schedule.
+    The caller opens the segment file (gpucoll/transports/shm_segment.py: exclusive creation,
+    owner and mode checks) and passes its descriptor, which it may close afterwards.
+    ``ShmChannel.create(fd, name, capacity, token)`` lays the segment out (the lower rank of the
+    pair); ``ShmChannel.attach(fd, name, creator_pid, token)`` maps it (the higher rank), or
+    answers SHM_NOT_READY (not formatted yet, or made by another creator) or SHM_FOREIGN (another
+    token). ``.ptr`` is the address of its gc_chan for run_schedule.
     """
     cdef gc_shmchan *ch
     cdef readonly str name
 
     @staticmethod
-    def create(name, capacity, int peer=-1):
-        """Create the segment (replacing a stale one of the same name) as side 0."""
+    def create(int fd, name, capacity, uint64_t token, uint64_t pidns=0, int expect_pid=0, int peer=-1):
+        """Lay out the new, empty file `fd` as side 0; expect_pid: the peer's pid, 0 if unknown."""
         cdef int err = 0
-        cdef bytes n = _shm_name(name)
-        cdef gc_shmchan *ch = gc_shmchan_create(n, <uint64_t>capacity, &err)
+        cdef gc_shmchan *ch = gc_shmchan_create(fd, <uint64_t>capacity, token, pidns, expect_pid, &err)
         cdef int en = errno
         if ch == NULL:
             _check(err, -1, -1, f"cannot create shared memory {name}", 0, 0, en)
         return ShmChannel._wrap(ch, name, peer)
 
     @staticmethod
-    def attach(name, int creator_pid=0, int peer=-1):
-        """Attach as side 1; None when the segment does not exist or is not ready yet."""
+    def attach(int fd, name, int creator_pid, uint64_t token, uint64_t pidns=0, int peer=-1):
+        """Attach as side 1: the ShmChannel, or SHM_NOT_READY / SHM_FOREIGN."""
         cdef int err = 0
-        cdef bytes n = _shm_name(name)
-        cdef gc_shmchan *ch = gc_shmchan_attach(n, creator_pid, &err)
+        cdef gc_shmchan *ch = gc_shmchan_attach(fd, creator_pid, token, pidns, &err)
         cdef int en = errno
         if ch == NULL:
-            if err == GC_SHM_NOT_READY:
-                return None
+            if err == GC_SHM_NOT_READY or err == GC_SHM_FOREIGN:
+                return err
             _check(err, -1, -1, f"cannot attach shared memory {name}", 0, 0, en)
         return ShmChannel._wrap(ch, name, peer)
 

@@ -16,7 +16,7 @@ collective with different kinds, counts, dtypes, ops or roots (every call publis
 signature in the segment and every rank compares it with those of the ranks it reads from, in
 a rooted call with every rank's); after one, the group is unusable.
 """
-from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABLE, PyBUF_C_CONTIGUOUS,
+from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABLE, PyBUF_ANY_CONTIGUOUS,
                              PyBUF_SIMPLE)
 from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
@@ -28,6 +28,7 @@ from gpucoll.errors import GpucollError, InvalidUsageError, LostPeerError, Misma
 cdef extern from "gc_direct.h" nogil:
     int GC_OK, GC_ERR_TIMEOUT, GC_ERR_PEER, GC_ERR_USAGE, GC_ERR_NOMEM, GC_ERR_MISMATCH
     int GC_SIG_NONE
+    int GC_DIRECT_READY, GC_DIRECT_NOT_READY, GC_DIRECT_FOREIGN, GC_DIRECT_CREATOR_GONE, GC_DIRECT_MISMATCH
     ctypedef int gc_dtype
     ctypedef int gc_op
 
@@ -53,8 +54,10 @@ cdef extern from "gc_direct.h" nogil:
         uint64_t bad_sig_by
 
     size_t gc_direct_segment_size(int nranks, size_t slot_bytes)
-    int gc_direct_format(void *base, size_t size, int nranks, size_t slot_bytes, int32_t creator_pid)
-    int gc_direct_probe(const void *base, size_t size, int nranks)
+    int gc_direct_format(void *base, size_t size, int nranks, size_t slot_bytes, int32_t creator_pid,
+                         uint64_t token)
+    int gc_direct_probe(const void *base, size_t size, int nranks, uint64_t token, int32_t creator_pid)
+    int gc_direct_examine(const void *hdr, size_t size, uint64_t token)
     int gc_direct_attach(gc_direct *g, void *base, size_t size, int rank, int nranks, int *nattached)
     void gc_direct_detach(gc_direct *g)
 
@@ -109,12 +112,13 @@ def segment_size(int nranks, size_t slot_bytes):
     return gc_direct_segment_size(nranks, slot_bytes)
 
 
-def format_segment(object buf, int nranks, size_t slot_bytes, int creator_pid):
-    """Lay out a zero-filled writable buffer (the creator does this once, before anyone attaches)."""
+def format_segment(object buf, int nranks, size_t slot_bytes, int creator_pid, uint64_t token):
+    """Lay out a zero-filled writable buffer (the creator does this once, before anyone attaches);
+    `token` (from the job secret) lets attachers refuse a segment that another job made."""
     cdef Py_buffer view
     PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE)
     try:
-        st = gc_direct_format(view.buf, <size_t>view.len, nranks, slot_bytes, creator_pid)
+        st = gc_direct_format(view.buf, <size_t>view.len, nranks, slot_bytes, creator_pid, token)
     finally:
         PyBuffer_Release(&view)
     if st != GC_OK:
@@ -122,15 +126,27 @@ def format_segment(object buf, int nranks, size_t slot_bytes, int creator_pid):
                                 f"{gc_direct_segment_size(nranks, slot_bytes)} bytes, got {len(buf)}")
 
 
-def probe_segment(object buf, int nranks):
-    """'ok', 'stale' (not formatted yet, or left by a crashed job) or 'mismatch'."""
+_PROBE = {GC_DIRECT_READY: "ready", GC_DIRECT_NOT_READY: "not ready", GC_DIRECT_FOREIGN: "foreign",
+          GC_DIRECT_CREATOR_GONE: "creator gone", GC_DIRECT_MISMATCH: "mismatch"}
+
+
+def probe_segment(object buf, int nranks, uint64_t token, int creator_pid=0):
+    """An attacher's verdict on a mapped segment: 'ready'; 'not ready' (not formatted yet, or
+    made by a process other than creator_pid: retry); 'foreign' (another token: not this job's);
+    'creator gone'; 'mismatch' (another version or number of ranks)."""
     cdef Py_buffer view
-    PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE)
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
     try:
-        st = gc_direct_probe(view.buf, <size_t>view.len, nranks)
+        st = gc_direct_probe(view.buf, <size_t>view.len, nranks, token, creator_pid)
     finally:
         PyBuffer_Release(&view)
-    return "ok" if st == GC_OK else ("stale" if st == GC_ERR_PEER else "mismatch")
+    return _PROBE[st]
+
+
+def examine_segment(const unsigned char[::1] header, uint64_t token):
+    """gpucoll._native.core.SEG_* of a direct segment file, judged from its first bytes (token 0:
+    any token)."""
+    return gc_direct_examine(&header[0] if header.shape[0] else NULL, <size_t>header.shape[0], token)
 
 
 cdef class DirectGroup:
@@ -388,7 +404,8 @@ cdef class HostAllreduce:
     """The fast path of Communicator.Allreduce on NumPy arrays over a direct group.
 
     Called with the user's (sendbuf, recvbuf, op) before anything else; it does the checks of
-    the general path in C (exact ndarray types, same dtype and size, C-contiguous, writable,
+    the general path in C (exact ndarray types, same dtype and size, contiguous in C or Fortran
+    order (the bytes in memory order, as MPI reads them), writable,
     no partial overlap, an op the dtype supports, a non-empty call whose algorithm is
     "direct"), takes the communicator's engine the way OrderedEngine.run does (only when
     nothing is queued), and makes the native call. It returns False, having done nothing,
@@ -399,6 +416,7 @@ cdef class HostAllreduce:
     cdef DirectGroup group
     cdef object dispatch, engine, lock, cv, in_place, ndarray, op_type, codes, choices, make_call
     cdef double timeout
+    cdef readonly unsigned long long calls  # calls this path ran (Communicator.stats()["host_fast"])
 
     def __init__(self, DirectGroup group, dispatch, engine, in_place, ndarray, op_type, codes, make_call):
         self.group, self.dispatch, self.engine = group, dispatch, engine
@@ -424,7 +442,7 @@ cdef class HostAllreduce:
         if not gc_op_valid(code, op_code):
             return False
         try:
-            PyObject_GetBuffer(recvbuf, &rv, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
+            PyObject_GetBuffer(recvbuf, &rv, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS)
         except (BufferError, ValueError):  # read-only, not contiguous: the general path says so
             return False
         try:
@@ -435,7 +453,7 @@ cdef class HostAllreduce:
                 if type(sendbuf) is not self.ndarray or sendbuf.dtype is not dt:
                     return False
                 try:
-                    PyObject_GetBuffer(sendbuf, &sv, PyBUF_C_CONTIGUOUS)
+                    PyObject_GetBuffer(sendbuf, &sv, PyBUF_ANY_CONTIGUOUS)
                 except (BufferError, ValueError):  # read-only, not contiguous: the general path says so
                     return False
                 have_send = True
@@ -461,6 +479,7 @@ cdef class HostAllreduce:
             dispatch = self.dispatch
             seq = dispatch.seq
             dispatch.seq = seq + 1
+            self.calls += 1
             try:
                 with nogil:
                     st = gc_direct_allreduce(&self.group.g, <const void *>saddr, <void *>raddr, count, code,

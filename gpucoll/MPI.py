@@ -18,6 +18,7 @@ from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Status
 from .request import Request
 
 Comm = Intracomm = _comm.Communicator
+REQUEST_NULL = Request()  # mpi4py's null request: false, complete, ignored by Waitany
 Exception = GpucollError  # noqa: A001 - mpi4py's name
 IN_PLACE = _comm.IN_PLACE
 UNDEFINED = _comm.UNDEFINED

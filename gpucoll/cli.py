@@ -23,7 +23,7 @@ def info():
     for var in config.ALL:
         try:
             value = var.get()
-            shown = "(unset)" if not var.is_set() else repr(value)
+            shown = "(unset)" if not var.is_set() else var.shown(value)
         except config.ConfigError as exc:
             shown = f"INVALID: {exc}"
         click.echo(f"  {var.name:24s} {shown:14s} default {var.default!r}; {var.help}")
@@ -41,7 +41,8 @@ def info():
         from .transports import ifaces
 
         chosen = ifaces.select_interface()
-        click.echo(f"  socket interface        : {chosen.describe()}")
+        click.echo(f"  socket interface        : {chosen.describe()} (between hosts; a one-host job listens on "
+                   f"{'it' if config.SOCKET_IFNAME.get() else 'loopback'})")
     except Exception as exc:  # shown, not raised: info must always print
         click.echo(f"  socket interface        : {exc}")
     try:

@@ -11,12 +11,15 @@ algorithm and transport. Blocking methods return when the result is in place;
     comm.Allreduce(gpucoll.IN_PLACE, x, op=gpucoll.SUM)
 """
 import operator
+import os
 import pickle
+import weakref
 
 import numpy as np
 
 from . import ops as _ops
 from .buffers import host_buffer
+from .counters import PathCounters
 from .dispatch import Call, Dispatcher
 from .engine import OrderedEngine
 from .errors import GpucollError, InvalidUsageError
@@ -33,6 +36,21 @@ class _InPlace:
 
 IN_PLACE = _InPlace()
 UNDEFINED = -32766  # Split colour that leaves a rank out of every new communicator
+
+# A forked child inherits its parent's communicators: their shared memory, sockets and call
+# numbers, not their threads. Were it to call a collective it would take part in the parent's
+# (both get wrong results), so the child marks every inherited communicator unusable as it
+# starts; the per-call check is the one `_check_alive` already makes, and the fast paths are
+# dropped, so they cost nothing more.
+_LIVE = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    for comm in list(_LIVE):
+        comm._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Communicator:
@@ -52,7 +70,10 @@ class Communicator:
         self.local_rank = same_host.index(context.rank)
         self.local_size = len(same_host)
         self.name = comm_id
-        self._freed = False
+        self._pid = os.getpid()
+        self._freed = False     # freed, or inherited by a forked child: every call raises _unusable
+        self._unusable = None
+        self._stats = PathCounters()  # which path each call took (stats())
         self._engine = OrderedEngine(comm_id)
         self._dispatch = Dispatcher(self)
         self._p2p = _p2p.PointToPoint(self)
@@ -60,6 +81,7 @@ class Communicator:
         self._gpu_fast = None  # GpuDispatcher.fast_allreduce once a GPU all-reduce was packed
         self._group = None     # inside comm.group(): the _Group collecting deferred operations
         self._host_fast = None  # HostAllreduce once a host all-reduce ran on the direct group
+        _LIVE.add(self)
 
     # --- identity ---------------------------------------------------------------
     def Get_rank(self):
@@ -79,9 +101,32 @@ class Communicator:
     def __repr__(self):
         return f"<gpucoll.Communicator {self._id} rank {self.rank} of {self.size}>"
 
+    def stats(self):
+        """How many calls of this communicator took each path, as a dict (README, "Errors,
+        timeouts and debugging"): `host_fast` (host all-reduces run by the native fast path), `host`
+        (algorithm -> host collectives run by the general path), `gpu_fast` (repeated GPU
+        all-reduces launched from their packed launch), `gpu` (algorithm -> GPU collectives;
+        `host-staged` when they went through host memory), `groups`, `group_deferred`,
+        `group_p2p`, `fused_launches` and `fused_calls`."""
+        fast = self._host_fast
+        return self._stats.snapshot(fast.calls if fast is not None else 0)
+
     def _check_alive(self):
         if self._freed:
-            raise InvalidUsageError(f"communicator {self._id} was freed; create a new one with Dup() or Split()")
+            raise InvalidUsageError(self._unusable)
+
+    def _forked(self):
+        """In a forked child: every later call raises; the transports stay as they are (they are
+        the parent's, so even Free leaves them alone)."""
+        self._freed = True
+        self._gpu_fast = self._host_fast = None
+        self._unusable = (
+            f"communicator {self._id} belongs to process {self._pid}, which created it; this process "
+            f"({os.getpid()}) is a fork of it and cannot use it: its calls would take part in the parent's "
+            "collectives and corrupt both results. Use gpucoll only in the process that initialised it and "
+            "pass data to and from child processes yourself, or start the children with multiprocessing's "
+            "'spawn' start method, which inherits no communicator.")
+        self._engine.abandon(InvalidUsageError(self._unusable))  # requests the parent had pending
 
     def _check_root(self, root):
         if not isinstance(root, (int, np.integer)) or isinstance(root, bool):
@@ -122,6 +167,7 @@ class Communicator:
         if self._freed:
             return
         self._gpu_fast = self._host_fast = None
+        self._unusable = f"communicator {self._id} was freed; create a new one with Dup() or Split()"
         error = None
         if self._dispatch._gpu is not None:
             try:  # no peer may still be using our IPC memory when it is unmapped
@@ -241,7 +287,7 @@ class Communicator:
 
     def _allgather_call(self, sendbuf, recvbuf):
         self._check_alive()
-        recv = host_buffer(recvbuf, "recvbuf", writable=True)
+        recv = host_buffer(recvbuf, "recvbuf", writable=True, blocks=self.size)
         _divisible(recv, self.size, "Allgather", "recvbuf")
         block = recv.count // self.size
         if sendbuf is IN_PLACE:
@@ -262,14 +308,15 @@ class Communicator:
     def _reduce_scatter_call(self, sendbuf, recvbuf, op):
         self._check_alive()
         op = _ops.as_op(op)
-        recv = host_buffer(recvbuf, "recvbuf", writable=True)
+        # MPI: with IN_PLACE the input is the whole recvbuf, the result lands in its first block.
+        blocks = self.size if sendbuf is IN_PLACE else 1
+        recv = host_buffer(recvbuf, "recvbuf", writable=True, blocks=blocks)
         if sendbuf is IN_PLACE:
-            # MPI: the input is the whole recvbuf, the result lands in its first block.
             _divisible(recv, self.size, "Reduce_scatter_block", "recvbuf")
             block = recv.count // self.size
             send = None
         else:
-            send = host_buffer(sendbuf, "sendbuf")
+            send = host_buffer(sendbuf, "sendbuf", blocks=self.size)
             block = recv.count
             _block_fits(recv, send, block, self.size, "Reduce_scatter_block", "recvbuf", "sendbuf")
             _overlap(recv, send, 0, "Reduce_scatter_block")
@@ -285,12 +332,12 @@ class Communicator:
 
     def _alltoall_call(self, sendbuf, recvbuf):
         self._check_alive()
-        recv = host_buffer(recvbuf, "recvbuf", writable=True)
+        recv = host_buffer(recvbuf, "recvbuf", writable=True, blocks=self.size)
         _divisible(recv, self.size, "Alltoall", "recvbuf")
         if sendbuf is IN_PLACE:
             send = None
         else:
-            send = host_buffer(sendbuf, "sendbuf")
+            send = host_buffer(sendbuf, "sendbuf", blocks=self.size)
             _same_shape(send, recv, "sendbuf", "recvbuf", "Alltoall")
             _overlap(send, recv, 0, "Alltoall")
         return Call(self._dispatch, "alltoall", send, recv, recv.count // self.size, recv.code)
@@ -306,7 +353,7 @@ class Communicator:
         self._check_alive()
         root = self._check_root(root)
         if self.rank == root:
-            recv = host_buffer(recvbuf, "recvbuf", writable=True)
+            recv = host_buffer(recvbuf, "recvbuf", writable=True, blocks=self.size)
             _divisible(recv, self.size, "Gather", "recvbuf")
             block = recv.count // self.size
             send = None if sendbuf is IN_PLACE else host_buffer(sendbuf, "sendbuf")
@@ -332,7 +379,7 @@ class Communicator:
         self._check_alive()
         root = self._check_root(root)
         if self.rank == root:
-            send = host_buffer(sendbuf, "sendbuf")
+            send = host_buffer(sendbuf, "sendbuf", blocks=self.size)
             _divisible(send, self.size, "Scatter", "sendbuf")
             block = send.count // self.size
             recv = None if recvbuf is IN_PLACE else host_buffer(recvbuf, "recvbuf", writable=True)
@@ -445,6 +492,7 @@ class Communicator:
 
     def bcast(self, obj, root=0):
         """root's Python object, on every rank."""
+        self._check_alive()
         root = self._check_root(root)
         data, problem = b"", None
         if self.rank == root:
@@ -494,6 +542,7 @@ class Communicator:
 
     def gather(self, obj, root=0):
         """On root: every rank's object in rank order; None elsewhere."""
+        self._check_alive()
         root = self._check_root(root)
         items = self._allgather_objects(obj, "gather") if self.size <= 64 else self._gather_via_root(obj, root)
         return items if self.rank == root else None
@@ -507,6 +556,7 @@ class Communicator:
 
     def scatter(self, sendobj, root=0):
         """Rank i gets root's sendobj[i]."""
+        self._check_alive()
         root = self._check_root(root)
         if self.rank == root:
             if sendobj is None or not hasattr(sendobj, "__len__") or len(sendobj) != self.size:
@@ -580,6 +630,10 @@ class _Group:
         comm._group = None
         if kind is not None:  # the block raised: what it deferred is dropped with it
             return False
+        stats = comm._stats
+        stats.groups += 1
+        stats.group_deferred += len(self.calls)
+        stats.group_p2p += len(self.waits)
         if self.calls:
             comm._dispatch.gpu().execute_group([call for call, _ in self.calls])
             for call, req in self.calls:

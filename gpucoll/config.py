@@ -29,13 +29,18 @@ def parse_size(text):
 class Var:
     """One GPUCOLL_* setting. `kind` is bool, int, float, size, str, choice or choices."""
 
-    def __init__(self, name, kind, default, help, choices=None, minimum=None):
+    def __init__(self, name, kind, default, help, choices=None, minimum=None, secret=False):
         self.name = name
         self.kind = kind
         self.default = default
         self.help = help
         self.choices = tuple(choices) if choices else None
         self.minimum = minimum
+        self.secret = secret   # never shown: `gpucoll info` and errors say only that it is set
+
+    def shown(self, value):
+        """How a value of this variable may be printed: its repr, or a mask if secret."""
+        return f"<set, {len(str(value))} chars>" if self.secret else repr(value)
 
     def allowed(self):
         """A short human description of what the variable accepts."""
@@ -68,7 +73,7 @@ class Var:
             value = self._parse(text.strip())
         except ValueError:
             raise ConfigError(
-                f"{self.name}={text!r} is not valid: expected {self.allowed()}. "
+                f"{self.name}={self.shown(text)} is not valid: expected {self.allowed()}. "
                 f"Unset it or fix the value. ({self.help})"
             ) from None
         return value
@@ -149,7 +154,8 @@ LOCAL_SIZE = declare("GPUCOLL_LOCAL_SIZE", "int", None, "Number of ranks on this
                      minimum=1)
 STORE = declare("GPUCOLL_STORE", "str", None, "host:port of the rendezvous store.")
 STORE_SECRET = declare("GPUCOLL_STORE_SECRET", "str", None,
-                       "Per-job secret (hex) that authenticates clients to the store (set by gpurun).")
+                       "Per-job secret (hex) that authenticates clients to the store (set by gpurun).",
+                       secret=True)
 INIT_TIMEOUT = declare("GPUCOLL_INIT_TIMEOUT", "float", 120.0,
                        "Seconds to wait for every rank to join at start-up (not the set-up in a communicator's "
                        "first collective, which waits GPUCOLL_TIMEOUT).", minimum=0.001)
@@ -177,7 +183,8 @@ P2P_DISABLE = declare("GPUCOLL_P2P_DISABLE", "bool", False,
                       "Do not use direct GPU peer access / CUDA IPC; stage through host memory.")
 IB_DISABLE = declare("GPUCOLL_IB_DISABLE", "bool", False, "Do not use RDMA verbs devices; use sockets.")
 SOCKET_IFNAME = declare("GPUCOLL_SOCKET_IFNAME", "str", None,
-                        "Interfaces for sockets: prefixes separated by commas, ^ to exclude, = for an exact name.")
+                        "Interfaces for sockets: prefixes separated by commas, ^ to exclude, = for an exact name. "
+                        "Unset: loopback for a one-host job, else the interface that reaches the store.")
 NSOCKS = declare("GPUCOLL_NSOCKS", "int", 2, "TCP sockets per peer between hosts.", minimum=1)
 DEVICE = declare("GPUCOLL_DEVICE", "int", None, "GPU to use; default is the local rank.", minimum=0)
 CACHE_DIR = declare("GPUCOLL_CACHE_DIR", "str", None,
@@ -202,3 +209,8 @@ GPU_SHARED_IPC = declare("GPUCOLL_GPU_SHARED_IPC", "bool", False,
 GPU_COPY = declare("GPUCOLL_GPU_COPY", "choice", "ce",
                    "How large GPU broadcasts and all-gathers move registered data: ce (copy engines, "
                    "cuMemcpyAsync between mapped buffers) or sm (copy kernels).", choices=("ce", "sm"))
+
+# --- the test suite (read by tests/conftest.py, never by gpucoll) ------------------
+TEST_REQUIRE = declare("GPUCOLL_TEST_REQUIRE", "str", None,
+                       "Tests only: a comma list of pieces (gpu, mpi4py, mpich, slurm, pmix, multihost, sshd, "
+                       "torch) whose absence fails the tests that need them instead of skipping them.")

@@ -87,9 +87,11 @@ class Dispatcher:
     def direct(self):
         if self._direct is None:
             from .transports.shm_direct import create_or_attach
+            from .transports.shm_segment import JobSegments
 
             comm, ctx = self.comm, self.comm._ctx
-            group = create_or_attach(ctx.job_id, comm._id, comm.rank, comm.size, timeout=self.timeout,
+            group = create_or_attach(JobSegments(ctx.job_id, ctx.secret), comm._id, comm.rank, comm.size,
+                                     creator_pid=ctx.pids[comm.world_ranks[0]], timeout=self.timeout,
                                      check=self.check_alive)
             group.watch([ctx.watch_pid(w) for w in comm.world_ranks])  # ranks that never attach
             self._direct = group
@@ -161,6 +163,7 @@ class Dispatcher:
             itemsize = dtypes.ITEMSIZE[call.code]
             nbytes = call.count * itemsize
             algo = self._choose(call, nbytes)
+            comm._stats.host[algo] += 1
             if log.enabled("info", "COLL"):
                 via = {"direct": "SHM/direct", "hierarchical": "SHM+TCP"}.get(algo, self.transport.upper())
                 log.info("COLL", "%s #%d %d B %s%s%s %s via %s", call.kind, seq, nbytes,
@@ -259,7 +262,8 @@ class Dispatcher:
             return exc
         prefix = f"gpucoll/late/{comm._id}/{seq}/"
         # Ranks blocked in the same call time out within the spread of their arrival times.
-        deadline = time.monotonic() + min(self.timeout, 2.0)
+        began = time.monotonic()
+        deadline = began + min(self.timeout, 2.0)
         try:
             store.set(prefix + f"sig/{comm.rank}", json.dumps(call.signature()).encode())
             store.add(prefix + str(comm.rank), 1)
@@ -282,9 +286,12 @@ class Dispatcher:
             self._tell_mismatch(err)
             return err
         if late:
+            # Say how long the extra wait was, so that the time in the message adds up to when
+            # the error came.
             exc.ranks = tuple(late)
             exc.args = (f"{exc.args[0] if exc.args else exc}; rank(s) {', '.join(map(str, late))} did not "
-                        "reach this call (every other rank timed out inside it)",) + exc.args[1:]
+                        f"reach this call in {time.monotonic() - began:.1f} s more either (every other rank "
+                        "timed out inside it)",) + exc.args[1:]
         return exc
 
     def _choose(self, call, nbytes):

@@ -21,6 +21,7 @@ class OrderedEngine:
         self._busy = False  # an operation is running (inline or on the worker)
         self._worker = None
         self._closed = False
+        self._current = None  # the request the worker is running
 
     def run(self, task):
         """Run task() now, in order after anything pending; return its result."""
@@ -63,6 +64,7 @@ class OrderedEngine:
                     return
                 task, req = self._queue.popleft()
                 self._busy = True
+                self._current = req
             try:
                 req._finish(task())
             except BaseException as exc:  # delivered to whoever waits on the request
@@ -70,11 +72,24 @@ class OrderedEngine:
             finally:
                 with self._cv:
                     self._busy = False
+                    self._current = None
                     self._cv.notify_all()
 
     def idle(self):
         with self._cv:
             return not self._queue and not self._busy
+
+    def abandon(self, error):
+        """In a forked child, where the worker thread does not exist: fail every request it
+        would have run (the one running at the fork included) with `error`, so that no Wait
+        blocks for ever, and take nothing more. The locks may have been held at the fork."""
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        pending = [req for _, req in self._queue] + ([self._current] if self._current is not None else [])
+        self._queue.clear()
+        self._closed, self._worker, self._current = True, None, None
+        for req in pending:
+            req._finish(error=error)
 
     def close(self):
         """Finish what is queued, then stop the worker."""

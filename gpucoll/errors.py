@@ -29,6 +29,11 @@ class TimeoutError(GpucollError, TimeoutError):  # noqa: A001 - also an instance
     """A blocking wait passed its deadline; the message names what was waited for and who is missing."""
 
 
+class SharedMemoryError(GpucollError):
+    """A shared-memory segment of this job cannot be used safely: its name is held by a file
+    that this job did not make (another user's, another job's), so no rank writes into it."""
+
+
 class LostPeerError(GpucollError):
     """A peer rank or host went away in the middle of an operation."""
 

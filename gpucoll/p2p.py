@@ -1,16 +1,18 @@
 """Tagged point-to-point messages (Send/Recv, Isend/Irecv, send/recv of objects).
 
 Every process keeps one inbox: a listening socket and one reader thread. A sender
-opens one connection per destination process and writes framed messages
-(communicator key, source rank, tag, length, payload). The reader matches each
-message against the receives posted on that communicator, in arrival order, and
-reads the payload straight into the matching buffer; a message nobody waits for yet
-is kept until a receive asks for it. So a Send never waits for its Recv (as an
-eager MPI send), messages between two ranks never overtake each other, and
-ANY_SOURCE / ANY_TAG work.
+opens one connection per destination process, proves the job's secret in the job's
+handshake (transports/handshake.py, which also proves the inbox to the sender), and
+writes framed messages (communicator key, tag, length, kind, payload). A frame's source
+is the world rank that connection proved, translated into the communicator's rank; a
+frame's length is checked before anything is allocated for it. The reader matches each
+message against the receives posted on that communicator, in arrival order, and reads
+the payload straight into the matching buffer; a message nobody waits for yet is kept
+until a receive asks for it. So a Send never waits for its Recv (as an eager MPI send),
+messages between two ranks never overtake each other, and ANY_SOURCE / ANY_TAG work.
 """
 import hashlib
-import hmac
+import os
 import pickle
 import selectors
 import socket
@@ -25,6 +27,8 @@ from .engine import OrderedEngine
 from .errors import GpucollError, InvalidUsageError, LostPeerError
 from .errors import TimeoutError as GpucollTimeout
 from .request import CompletedRequest, Request
+from .transports import handshake
+from .transports.handshake import Claim, HandshakeError, Purpose
 
 ANY_SOURCE = -1
 ANY_TAG = -1
@@ -35,10 +39,25 @@ GPU_REPLY_TAG = -1003  # a GPU receiver's answer to an offer (gpucoll/gpu/p2p.py
 GPU_BYTES_TAG = -1004  # the bytes of an offer that the receiver could not map
 
 BYTES, OFFER = 0, 1  # frame kinds: the payload is the message / describes GPU memory to pull
-_FRAME = struct.Struct("!QiiQI")  # communicator key, source rank, tag, payload bytes, kind
-_HELLO = struct.Struct("!8si32s")  # magic, sender world rank, proof of the job secret
-_MAGIC = b"GCP2P001"
+_FRAME = struct.Struct("!QiQI")  # communicator key, tag, payload bytes, kind
 _ONE_WRITE_MAX = 64 << 10  # payloads up to this size are copied behind their header and written at once
+_OFFER_MAX = 4096  # an offer describes GPU memory (gpucoll/gpu/p2p.py: 144 bytes): never more
+_DISCARD_CHUNK = 1 << 20  # the bytes of a message too large for its receive are read away in these
+
+
+def _memory_bytes():
+    """This host's physical memory: no message larger than that can be received here."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 1 << 40
+
+
+MAX_MESSAGE = _memory_bytes()
+
+
+class _BadFrame(Exception):
+    """An authenticated peer sent a frame that breaks the format or the limits: that peer is dropped."""
 
 
 def comm_key(comm_id):
@@ -87,126 +106,149 @@ class _Box:
     """Per-communicator matching state (created on first use from either side)."""
 
     def __init__(self):
-        self.unexpected = []  # (source, tag, bytes, kind) in arrival order
+        self.unexpected = []  # (sender's world rank, tag, bytes, kind) in arrival order
         self.posted = []
-        self.lost = set()  # source ranks whose connection dropped
 
 
 class Inbox:
-    """The process-wide listener and reader thread; see the module docstring."""
+    """The process-wide listener and reader thread; see the module docstring.
 
-    def __init__(self, secret, host_hint):
-        self._secret = secret or b""
-        self._listener = socket.create_server(("0.0.0.0", 0), backlog=1024)
-        self.address = f"{host_hint}:{self._listener.getsockname()[1]}"
+    secret: the job's secret; rank, size: this process's world rank and the world's size;
+    host: the address to listen on (loopback in a one-host job)."""
+
+    def __init__(self, secret, rank, size, host):
+        self.rank, self.size = rank, size
         self._lock = threading.Lock()
         self._boxes = {}  # comm key -> _Box
         self._members = {}  # comm key -> {world rank: comm rank}
+        self._worlds = {}  # comm key -> world rank of each comm rank
+        self._lost = {}  # world rank -> why its connection is gone
         self._sel = selectors.DefaultSelector()
-        self._sel.register(self._listener, selectors.EVENT_READ, None)
+        listener = socket.create_server((host, 0), backlog=1024)
+        self.address = "%s:%d" % listener.getsockname()[:2]
+        # The handshakes run on the listener's thread: no client, silent or not, holds up delivery.
+        self._listener = handshake.PeerListener(listener, secret, Purpose.P2P, rank, self._take_peer,
+                                                f"the point-to-point inbox of rank {rank} at {self.address}")
         self._thread = threading.Thread(target=self._loop, name="gpucoll-inbox", daemon=True)
         self._thread.start()
-
-    def proof(self, rank):
-        return hmac.new(self._secret, b"p2p:%d" % rank, hashlib.sha256).digest()
+        log.info("NET", "point-to-point inbox of rank %d listens on %s", rank, self.address)
 
     def box(self, key):
         with self._lock:
             return self._boxes.setdefault(key, _Box())
 
     # --- reader thread ---------------------------------------------------------------
+    def _take_peer(self, conn, claim):
+        """A sender proved the secret and its world rank (on the listener's thread)."""
+        if not 0 <= claim.sender < self.size:
+            raise ValueError(f"rank {claim.sender} is out of range for a job of {self.size} ranks")
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sel.register(conn, selectors.EVENT_READ, claim.sender)  # epoll: safe while select() waits
+
     def _loop(self):
         while True:
             for key, _ in self._sel.select():
-                if key.data is None:
-                    self._accept()
-                else:
-                    self._read_frame(key.fileobj, key.data)
+                self._read_frame(key.fileobj, key.data)
 
-    def _accept(self):
-        try:
-            conn, _ = self._listener.accept()
-        except OSError as exc:  # e.g. out of file descriptors: keep delivering to the others
-            log.warn("P2P", "could not accept a point-to-point connection: %s", exc)
-            return
-        # The hello is read on its own thread: a silent client must not hold up delivery.
-        threading.Thread(target=self._greet, args=(conn,), name="gpucoll-inbox-hello", daemon=True).start()
+    def _source(self, key, world_rank):
+        """The sender's rank in communicator `key`, or None while that communicator is not
+        known here yet (its messages wait, filed by world rank). Call with the lock held."""
+        members = self._members.get(key)
+        if members is None:
+            return None
+        if world_rank not in members:
+            raise _BadFrame(f"a frame for a communicator that rank {world_rank} is not a member of")
+        return members[world_rank]
 
-    def _greet(self, conn):
-        conn.settimeout(10)
-        try:
-            magic, rank, proof = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
-        except (OSError, ConnectionError, struct.error):
-            conn.close()
-            return
-        if magic != _MAGIC or not hmac.compare_digest(proof, self.proof(rank)):
-            log.warn("P2P", "refused a point-to-point connection that did not prove the job secret")
-            conn.close()
-            return
-        conn.settimeout(None)
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sel.register(conn, selectors.EVENT_READ, rank)  # epoll: safe while select() waits
+    def _match(self, box, key, world_rank, tag):
+        """(source, the posted receive the message fills or None); the receive is taken."""
+        with self._lock:
+            source = self._source(key, world_rank)
+            posted = None if source is None else next((p for p in box.posted if p.matches(source, tag)), None)
+            if posted is not None:
+                box.posted.remove(posted)
+            return source, posted
 
     def _read_frame(self, conn, world_rank):
         try:
-            key, source, tag, nbytes, kind = _FRAME.unpack(_recv_exact(conn, _FRAME.size))
+            key, tag, nbytes, kind = _FRAME.unpack(_recv_exact(conn, _FRAME.size))
         except (OSError, ConnectionError):
-            self._sel.unregister(conn)
-            conn.close()
-            self._peer_lost(world_rank)
+            self._drop(conn, world_rank, "its connection closed (the process ended or crashed)")
             return
-        box = self.box(key)
-        with self._lock:
-            posted = next((p for p in box.posted if p.matches(source, tag)), None)
-            if posted is not None:
-                box.posted.remove(posted)
+        source = posted = None
         try:
+            limit = _OFFER_MAX if kind == OFFER else MAX_MESSAGE
+            if kind not in (BYTES, OFFER):
+                raise _BadFrame(f"a frame of unknown kind {kind}")
+            if nbytes > limit:
+                raise _BadFrame(f"a frame announcing {nbytes} bytes, more than the {limit} a "
+                                f"{'GPU offer' if kind == OFFER else 'message'} may have here")
+            box = self.box(key)
+            source, posted = self._match(box, key, world_rank, tag)
             if posted is None or kind == OFFER:
                 payload = bytearray(nbytes)
                 _recv_into(conn, memoryview(payload))
-                with self._lock:
-                    # A receive may have been posted while the payload arrived.
+                if posted is None:  # a receive may have been posted while the payload arrived
+                    source, posted = self._match(box, key, world_rank, tag)
                     if posted is None:
-                        posted = next((p for p in box.posted if p.matches(source, tag)), None)
-                        if posted is None:
-                            box.unexpected.append((source, tag, payload, kind))
-                            return
-                        box.posted.remove(posted)
+                        with self._lock:
+                            box.unexpected.append((world_rank, tag, payload, kind))
+                        return
                 _deliver(posted, source, tag, memoryview(payload), kind)
             else:
                 _deliver_from_socket(posted, source, tag, nbytes, conn)
         except (OSError, ConnectionError):
-            self._sel.unregister(conn)
-            conn.close()
-            # The receive being filled is no longer posted: _peer_lost cannot see it, and its
-            # Wait would block for ever.
-            if posted is not None and not posted.request._done.is_set():
-                posted.request._finish(error=LostPeerError(
-                    f"Recv from rank {source}: its connection closed (the process ended or crashed) "
-                    f"in the middle of a {nbytes}-byte message with tag {tag}", ranks=[source]))
-            self._peer_lost(world_rank)
+            # The receive being filled is no longer posted: _drop names it, else its Wait
+            # would block for ever.
+            self._drop(conn, world_rank, "its connection closed (the process ended or crashed)",
+                       posted, source, f" in the middle of a {nbytes}-byte message with tag {tag}")
+        except Exception as exc:  # _BadFrame, MemoryError, ...: drop that peer, the reader lives on
+            why = f"rank {self.rank} dropped its connection: it sent {exc}" if isinstance(exc, _BadFrame) else \
+                f"rank {self.rank} dropped its connection after an error ({type(exc).__name__}: {exc})"
+            log.warn("P2P", "point-to-point connection from rank %d: %s", world_rank, why)
+            self._drop(conn, world_rank, why, posted, source, f" (a {nbytes}-byte message with tag {tag})")
 
-    def _peer_lost(self, world_rank):
+    def _drop(self, conn, world_rank, why, posted=None, source=None, what=""):
+        """Close a sender's connection and fail the receives that wait for that rank only."""
+        try:
+            self._sel.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+        conn.close()
+        if posted is not None and not posted.request._done.is_set():
+            posted.request._finish(error=LostPeerError(f"Recv from rank {source}: {why}{what}", ranks=[source]))
+        failed = []
         with self._lock:
+            self._lost.setdefault(world_rank, why)
             for key, members in self._members.items():
-                if world_rank in members:
-                    box = self._boxes.setdefault(key, _Box())
-                    box.lost.add(members[world_rank])
-                    for p in list(box.posted):
-                        if p.source == members[world_rank]:
-                            box.posted.remove(p)
-                            p.request._finish(error=LostPeerError(
-                                f"Recv from rank {p.source}: its connection closed (the process ended or "
-                                "crashed) before the message arrived", ranks=[p.source]))
+                rank = members.get(world_rank)
+                box = self._boxes.get(key)
+                if rank is None or box is None:
+                    continue
+                for p in [p for p in box.posted if p.source == rank]:
+                    box.posted.remove(p)
+                    failed.append(p)
+        for p in failed:
+            p.request._finish(error=LostPeerError(f"Recv from rank {p.source}: {why} before the message arrived",
+                                                  ranks=[p.source]))
 
     def register(self, key, world_ranks):
         with self._lock:
-            self._members[key] = {w: r for r, w in enumerate(world_ranks)}
+            members = self._members[key] = {w: r for r, w in enumerate(world_ranks)}
+            self._worlds[key] = list(world_ranks)
+            box = self._boxes.get(key)
+            strays = [m for m in box.unexpected if m[0] not in members] if box is not None else []
+            for m in strays:
+                box.unexpected.remove(m)
+        for world, tag, _, _ in strays:
+            log.warn("P2P", "dropped a message with tag %d from rank %d: that rank is not a member of the "
+                     "communicator it was sent on", tag, world)
 
     def unregister(self, key, why):
         """Forget a freed communicator: drop its unread messages and fail its pending receives."""
         with self._lock:
             self._members.pop(key, None)
+            self._worlds.pop(key, None)
             box = self._boxes.pop(key, None)
         for posted in box.posted if box is not None else ():
             posted.request._finish(error=InvalidUsageError(why))
@@ -215,14 +257,17 @@ class Inbox:
     def post(self, key, posted):
         box = self.box(key)
         with self._lock:
-            for i, (source, tag, payload, kind) in enumerate(box.unexpected):
+            members = self._members[key]
+            for i, (world, tag, payload, kind) in enumerate(box.unexpected):
+                source = members[world]
                 if posted.matches(source, tag):
                     del box.unexpected[i]
                     break
             else:
-                if posted.source != ANY_SOURCE and posted.source in box.lost:
-                    raise LostPeerError(f"Recv from rank {posted.source}: that rank's connection is closed",
-                                        ranks=[posted.source])
+                if self._lost and posted.source != ANY_SOURCE:
+                    why = self._lost.get(self._worlds[key][posted.source])
+                    if why is not None:
+                        raise LostPeerError(f"Recv from rank {posted.source}: {why}", ranks=[posted.source])
                 box.posted.append(posted)
                 return
         _deliver(posted, source, tag, memoryview(payload), kind)
@@ -268,12 +313,23 @@ def _deliver(posted, source, tag, payload, kind=BYTES):
     _complete(posted, source, tag, len(payload), error, payload)
 
 
+def _discard(conn, nbytes):
+    """Read away a message that its receive cannot hold, in bounded pieces."""
+    scratch = memoryview(bytearray(min(nbytes, _DISCARD_CHUNK)))
+    while nbytes:
+        step = min(nbytes, len(scratch))
+        _recv_into(conn, scratch[:step])
+        nbytes -= step
+
+
 def _deliver_from_socket(posted, source, tag, nbytes, conn):
     error = _check_fits(posted, source, tag, nbytes)
-    if error is None and posted.view is not None:
+    payload = None
+    if error is not None:
+        _discard(conn, nbytes)
+    elif posted.view is not None:
         _recv_into(conn, posted.view[:nbytes])
-        payload = None
-    else:
+    else:  # an object: its pickle, at most MAX_MESSAGE bytes (checked before)
         payload = memoryview(_recv_exact(conn, nbytes))
     _complete(posted, source, tag, nbytes, error, payload)
 
@@ -357,7 +413,7 @@ class PointToPoint:
         self.gpu().ask_for_bytes(posted, source, tag)
 
     def _send_task(self, payload, dest, tag, kind=BYTES):
-        header = _FRAME.pack(self._key, self._comm.rank, tag, len(payload), kind)
+        header = _FRAME.pack(self._key, tag, len(payload), kind)
 
         def task():
             conn, lock = self._connection(dest)
@@ -469,8 +525,10 @@ class _TimedRequest(Request):
         return super().Wait(status)
 
 
-def connect_to(address, my_rank, proof, timeout):
-    """Open the sending connection to another process's inbox."""
+def connect_to(address, secret, my_rank, target_rank, timeout):
+    """Open the sending connection to world rank `target_rank`'s inbox at `address` and run
+    the job's handshake on it (both sides prove the secret; the connection is bound to
+    `my_rank`)."""
     host, _, port = address.rpartition(":")
     deadline = time.monotonic() + timeout
     delay = 0.01
@@ -480,10 +538,15 @@ def connect_to(address, my_rank, proof, timeout):
             break
         except OSError as exc:
             if time.monotonic() > deadline:
-                raise LostPeerError(f"cannot open a point-to-point connection to {address}: {exc}") from None
+                raise LostPeerError(f"cannot open a point-to-point connection to rank {target_rank} at "
+                                    f"{address}: {exc}", ranks=[target_rank]) from None
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
-    conn.settimeout(None)
+    try:
+        handshake.connect(conn, secret, Claim(Purpose.P2P, my_rank, target_rank), handshake.HANDSHAKE_TIMEOUT)
+    except (HandshakeError, OSError) as exc:
+        conn.close()
+        raise LostPeerError(f"point-to-point connection to rank {target_rank} at {address}: the handshake "
+                            f"failed: {exc}", ranks=[target_rank]) from None
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    conn.sendall(_HELLO.pack(_MAGIC, my_rank, proof))
     return conn, threading.Lock()

@@ -14,15 +14,23 @@ class Request:
 
     `Wait()` blocks until it is done and re-raises its error; `Test()` says whether it is
     done without blocking. `wait()`/`test()` (lowercase) also return the received object
-    of object methods such as `irecv`."""
+    of object methods such as `irecv`.
+
+    `Request()` with no name is mpi4py's null request (`MPI.REQUEST_NULL`): false, already
+    complete, and ignored by `Waitany`."""
 
     __slots__ = ("_done", "_error", "_value", "name")
 
-    def __init__(self, name="request"):
+    def __init__(self, name=None):
         self._done = threading.Event()
         self._error = None
         self._value = None
         self.name = name
+        if name is None:
+            self._done.set()
+
+    def __bool__(self):
+        return self.name is not None
 
     # --- completion, called by the engine -------------------------------------
     def _finish(self, value=None, error=None):
@@ -86,17 +94,18 @@ class Request:
     def Waitany(requests, status=None):
         """Index of a completed request (blocks until one is done); UNDEFINED when there is
         none to wait for, as in MPI."""
+        requests = [(i, req) for i, req in enumerate(requests) if req]
         if not requests:
             return _UNDEFINED
         timeout = config.TIMEOUT.get()
         deadline = time.monotonic() + timeout
         while True:
-            for i, req in enumerate(requests):
-                if req._done.wait(0 if i else 0.0005):
+            for n, (i, req) in enumerate(requests):
+                if req._done.wait(0 if n else 0.0005):
                     req.Wait(status)
                     return i
             if time.monotonic() > deadline:
-                names = ", ".join(sorted({req.name for req in requests}))
+                names = ", ".join(sorted({req.name for _, req in requests}))
                 raise GpucollTimeout(f"Waitany: none of {len(requests)} requests ({names}) completed within "
                                      f"{timeout:g} s (GPUCOLL_TIMEOUT)")
 
@@ -105,6 +114,8 @@ class Request:
         return [req.wait(statuses[i] if statuses is not None else None) for i, req in enumerate(requests)]
 
     def __repr__(self):
+        if self.name is None:
+            return "<Request null>"
         return f"<Request {self.name} {'done' if self._done.is_set() else 'pending'}>"
 
 
@@ -113,6 +124,6 @@ class CompletedRequest(Request):
 
     __slots__ = ()
 
-    def __init__(self, name="request", value=None):
+    def __init__(self, name="completed", value=None):
         super().__init__(name)
         self._finish(value)

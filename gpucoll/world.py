@@ -2,6 +2,9 @@
 
 `init()` runs the bootstrap once, exchanges what every rank needs to reach every
 other (host, pid, point-to-point and transport addresses) and builds COMM_WORLD.
+The listeners (point-to-point inbox, TCP endpoint) bind to loopback when every rank
+is on this host, else to the interface that GPUCOLL_SOCKET_IFNAME selects or the one
+that reaches the store; only peers that prove the job's secret get through them.
 """
 import atexit
 import json
@@ -22,9 +25,10 @@ class Context:
         self._connect_to = connect_to
         self.boot = boot
         self.rank, self.size, self.job_id = boot.rank, boot.size, boot.job_id
-        self.secret = boot.info.secret or b""
+        self.secret = boot.info.secret or _fresh_secret(boot)
         self.hosts = boot.hosts
-        self.inbox = Inbox(self.secret, _advertised_host())
+        self.interface = _listen_interface(boot)
+        self.inbox = Inbox(self.secret, self.rank, self.size, self.interface.address)
         self.p2p_connections = {}
         self._p2p_lock = threading.Lock()
         self._tcp = None
@@ -57,15 +61,15 @@ class Context:
         if self._tcp is None:
             from .transports.tcp import TcpEndpoint
 
-            self._tcp = TcpEndpoint(self.rank)
+            self._tcp = TcpEndpoint(self.rank, self.secret, interface=self.interface)
         return self._tcp
 
     def connect_p2p(self, world_rank):
         with self._p2p_lock:
             conn = self.p2p_connections.get(world_rank)
             if conn is None:
-                conn = self._connect_to(self.p2p_addresses[world_rank], self.rank,
-                                        self.inbox.proof(self.rank), config.INIT_TIMEOUT.get())
+                conn = self._connect_to(self.p2p_addresses[world_rank], self.secret, self.rank, world_rank,
+                                        config.INIT_TIMEOUT.get())
                 self.p2p_connections[world_rank] = conn
             return conn
 
@@ -78,10 +82,19 @@ def _pid_namespace():
         return 0
 
 
-def _advertised_host():
+def _fresh_secret(boot):
+    """The secret of a job whose launcher hands out none (MPI, a singleton): rank 0 draws
+    one and the bootstrap's own exchange (MPI's, for mpiexec) gives it to the others."""
+    mine = os.urandom(16) if boot.rank == 0 else b""
+    return boot.allgather(mine)[0]
+
+
+def _listen_interface(boot):
+    """Loopback when every rank runs on this host, else the chosen interface."""
     from .transports import ifaces
 
-    return ifaces.select_interface().address
+    single_host = len(set(boot.hosts)) == 1
+    return ifaces.listen_interface(single_host, getattr(boot.info, "store_host", None))
 
 
 _lock = threading.Lock()
@@ -112,7 +125,7 @@ def _finalize():
     """At exit: rank 0 of a job whose store lives in rank 0 waits until the others are
     done with it, so no rank loses the store while still shutting down."""
     world = _world
-    if world is None:
+    if world is None or world._pid != os.getpid():  # a forked child: the job's store is the parent's
         return
     boot = world._ctx.boot
     if not getattr(boot, "info", None) or not boot.info.host_store or world.size == 1:

@@ -21,8 +21,8 @@ import time
 
 from . import env as envmod
 from . import wire
-from .job import Job, Options
-from .output import Sink
+from .job import Job, Options, remove_shared_memory
+from .output import Sink, make_output_dir
 from .signals import SignalInbox
 from .spawn import LaunchError, become_subreaper, program_argv, start_rank
 
@@ -117,7 +117,7 @@ def run_agent(master, node, secret, slots=None, host=None):
     try:
         sock = wire.connect(master, time.monotonic() + CONNECT_TIMEOUT_S, time.monotonic)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        wire.agent_handshake(sock, secret)
+        wire.agent_handshake(sock, secret, node)
         wire.send(sock, {"type": "hello", "node": node, "host": host, "pid": os.getpid(), "slots": slots})
         start = wire.recv(sock)
     except (wire.WireError, OSError) as exc:
@@ -132,6 +132,7 @@ def run_agent(master, node, secret, slots=None, host=None):
                    grace=start.get("grace", 3.0), exports=start.get("exports", {}))
     try:
         argv = program_argv(opts.command, opts.module)
+        make_output_dir(opts.output_dir)
     except LaunchError as exc:
         wire.send(sock, {"type": "launch-error", "message": str(exc), "code": exc.exit_code})
         return exc.exit_code
@@ -139,8 +140,6 @@ def run_agent(master, node, secret, slots=None, host=None):
     common = envmod.common_environ(os.environ, start["size"], len(start["ranks"]), store_host,
                                    int(store_port), secret.hex(), start["job_id"])
     ngpus = envmod.count_gpus(os.environ)
-    if opts.output_dir:
-        os.makedirs(opts.output_dir, exist_ok=True)
     become_subreaper()
     inbox = SignalInbox()
     job = AgentJob(opts, inbox, sock, host)
@@ -160,15 +159,7 @@ def run_agent(master, node, secret, slots=None, host=None):
         job.close()
         inbox.close()
         sock.close()
-        _remove_shared_memory(start["job_id"])
-
-
-def _remove_shared_memory(job_id):
-    try:
-        from gpucoll.transports.shm import unlink_job
-    except ImportError:
-        return
-    unlink_job(job_id)
+        remove_shared_memory(start["job_id"], secret.hex())
 
 
 def main(argv=None):

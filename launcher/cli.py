@@ -10,7 +10,9 @@ HELP = """Run PROGRAM as N ranks of one gpucoll job on this host, or across host
 \b
 PROGRAM is a Python script (run with the interpreter that runs gpurun),
 `-m MODULE`, or any executable (`python -c ...`, `hostname`, ...).
-Options go before PROGRAM; everything after it is PROGRAM's own.
+Options go before PROGRAM; everything after it is PROGRAM's own. A file
+without the execute bit runs with Python only if it is Python; a shell
+script without it is refused (exit 126: chmod +x, or `gpurun ... bash X`).
 
 \b
   gpurun -np 4 train.py --epochs 3
@@ -47,13 +49,14 @@ stdin; the other ranks read /dev/null.
 Signals: SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 are forwarded to every
 rank's process group. After SIGINT, SIGTERM or SIGHUP gpurun ends the job:
 ranks still alive --grace seconds later get SIGKILL (a second signal kills
-at once).
+at once). If gpurun is killed outright (SIGKILL), the kernel kills its ranks.
 
 \b
 Fail-fast: when a rank exits non-zero or is killed by a signal, gpurun sends
 SIGTERM to every rank's process group, SIGKILL after --grace seconds, and
-reports the rank that failed first: host, exit code or signal, and the last
-20 lines of its stderr (the traceback). Ranks that exit 0 early are fine.
+reports the rank that failed first: host, exit code or signal, and its
+traceback without the frames inside gpucoll (else the last 20 lines of its
+stderr). Ranks that exit 0 early are fine.
 Processes that ranks leave behind are ended when the job ends.
 
 \b
@@ -62,12 +65,32 @@ Exit code:
   N       the first rank to fail exited with code N
   128+S   the first rank to fail was killed by signal S (SIGKILL: 137)
   124     --timeout expired (the ranks still running are named)
-  125     a host was lost (its agent's connection dropped) or its agent
+  125     gpurun could not set the job up (no free port for its store),
+          a host was lost (its agent's connection dropped), or its agent
           could not start
   130/143/129  gpurun got SIGINT / SIGTERM / SIGHUP
-  126/127 PROGRAM could not be run / was not found
-  2       bad command line
+  126/127 PROGRAM could not be run / was not found (nor its #! interpreter)
+  2       bad command line (also an --output-dir that cannot be created)
 """
+
+
+class RankCount(click.ParamType):
+    """A number of ranks, >= 1. Written `-np4`, it reaches click as -n with "p4": read as 4."""
+
+    name = "N"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        text = str(value).strip()
+        digits = text[1:] if text.startswith("p") else text
+        if not digits.isdigit() or int(digits) < 1:
+            shown = f"-n{text}" if text.startswith("p") else repr(value)
+            self.fail(f"{shown} is not a number of ranks: give a whole number >= 1, as in -np 4", param, ctx)
+        return int(digits)
+
+
+RANK_COUNT = RankCount()
 
 
 @click.command(help=HELP, context_settings={
@@ -75,8 +98,8 @@ Exit code:
     "help_option_names": ["-h", "--help"],
     "max_content_width": 100,
 })
-@click.option("-np", "-n", "--np", "nprocs", type=click.IntRange(min=1), metavar="N",
-              help="Number of ranks to start (with --hosts/--hostfile: default every slot; "
+@click.option("-np", "-n", "--np", "nprocs", type=RANK_COUNT, metavar="N",
+              help="Number of ranks to start, also written -np4 (with --hosts/--hostfile: default every slot; "
                    "with --nnodes: ranks on this host).")
 @click.option("--hosts", metavar="H1:N,H2:N", help="Run across these hosts, N ranks on each (host order, "
               "then local rank); one agent per host.")

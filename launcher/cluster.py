@@ -8,9 +8,12 @@ command), waits for each to connect and prove the job's secret, then tells each 
 forwards signals, and ends the job when a rank fails, when a host is lost (its agent's
 connection drops), on --timeout, or on SIGINT/SIGTERM/SIGHUP, naming the cause.
 
-One thread, one selector: signals, the listener, the agents' control connections and the
-agents' stdout/stderr pipes.
+One thread, one selector: signals, the agents that passed the handshake, the agents'
+control connections and their stdout/stderr pipes. The handshakes themselves (the job's,
+gpucoll/transports/handshake.py) run concurrently on the listener's own thread, so no
+client that stays silent or fails them delays an agent.
 """
+import collections
 import os
 import secrets
 import selectors
@@ -21,12 +24,14 @@ import subprocess
 import sys
 import time
 
+from gpucoll.transports import handshake
+
 from . import report, wire
 from .output import RankStream, Sink
 from .signals import ENDING, FORWARDED, SignalInbox
 from .spawn import LaunchError, program_argv
 
-EXIT_LOST_HOST = 125
+EXIT_LOST_HOST = report.EXIT_SETUP
 AGENT_MODULE = "gpucoll.launcher.agent"
 SSH_TEMPLATE = "ssh -T -o BatchMode=yes {host}"
 # After a stop, how long agents get beyond --grace to report before the head gives up on them.
@@ -63,10 +68,11 @@ class HostsOptions:
 
 def _bind_address(master):
     """(address to bind, address to advertise, port) for the listener and the store."""
+    from gpucoll.transports import ifaces
+
     if master:
         host, port = wire.split_address(master)
-        return "0.0.0.0", host, port
-    from gpucoll.transports import ifaces
+        return ifaces.server_address(host, single_host=False), host, port
 
     addr = ifaces.select_interface().address
     return addr, addr, 0
@@ -82,7 +88,7 @@ def agent_argv(template, host, master, node, python=None, slots=None):
 
 def launch_hosts(opts, hopts):
     """Run the job across hosts; return gpurun's exit code."""
-    from gpucoll.bootstrap.store import StoreServer
+    from .job import open_store
 
     err = Sink(2)
     try:
@@ -101,11 +107,17 @@ def launch_hosts(opts, hopts):
     try:
         listener.bind((bind, port))
     except OSError as exc:
+        listener.close()
         err.write(f"gpurun: cannot listen on {bind}:{port} for the agents: {exc.strerror}\n".encode())
-        return 1
+        return report.EXIT_SETUP
     listener.listen(64)
     master = f"{advertise}:{listener.getsockname()[1]}"
-    store = StoreServer(host=bind, port=0, secret=secret).start()
+    try:
+        store = open_store(bind, secret).start()
+    except LaunchError as exc:
+        listener.close()
+        err.write(f"gpurun: {exc}\n".encode())
+        return exc.exit_code
     inbox = SignalInbox()
     head = Head(opts, hopts, inbox, listener, secret_hex, f"{advertise}:{store.port}", master)
     try:
@@ -126,12 +138,14 @@ class Head:
         self.store_address = store_address
         self.master = master
         self.job_id = secrets.token_hex(6)
-        self.listener = listener
-        listener.setblocking(False)
         self.stdout, self.stderr = Sink(1), Sink(2)
         self.selector = selectors.DefaultSelector()
         self.selector.register(inbox.fileno(), selectors.EVENT_READ, "signals")
-        self.selector.register(listener.fileno(), selectors.EVENT_READ, "listener")
+        self.arrived = collections.deque()   # (socket, claim) of agents that proved the secret
+        self.arrived_r, self.arrived_w = os.pipe()
+        self.selector.register(self.arrived_r, selectors.EVENT_READ, "listener")
+        self.listener = handshake.PeerListener(listener, self.secret, handshake.Purpose.AGENT, -1,
+                                               self._authenticated, f"gpurun's agent listener at {master}")
         if hopts.hosts is not None:
             self.nodes = [Node(i, h.name, h.slots) for i, h in enumerate(hopts.hosts)]
         else:
@@ -239,23 +253,29 @@ class Head:
             elif signum in FORWARDED:
                 self._broadcast({"type": "signal", "signal": int(signum)})
 
+    def _authenticated(self, sock, claim):
+        """An agent proved the job's secret (called on the listener's thread)."""
+        self.arrived.append((sock, claim))
+        os.write(self.arrived_w, b"a")
+
     def _accept(self):
+        os.read(self.arrived_r, 4096)
+        while self.arrived:
+            self._join(*self.arrived.popleft())
+
+    def _join(self, sock, claim):
         try:
-            sock, addr = self.listener.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        try:
-            sock.setblocking(True)
-            wire.head_handshake(sock, self.secret)
+            addr = sock.getpeername()
             sock.settimeout(10.0)
             hello = wire.recv(sock)
             sock.settimeout(None)
         except (wire.WireError, OSError, ValueError) as exc:
-            self.stderr.write(f"gpurun: refused an agent connection from {addr[0]}: {exc}\n".encode())
+            self.stderr.write(f"gpurun: dropped the agent of node {claim.sender}: {exc}\n".encode())
             sock.close()
             return
         index = hello.get("node")
-        if not isinstance(index, int) or not 0 <= index < len(self.nodes) or self.nodes[index].connected:
+        if (index != claim.sender or not isinstance(index, int) or not 0 <= index < len(self.nodes)
+                or self.nodes[index].connected):
             self.stderr.write(f"gpurun: refused an agent from {addr[0]} claiming node {index!r} "
                               f"(the job has {len(self.nodes)} nodes)\n".encode())
             sock.close()
@@ -401,15 +421,9 @@ class Head:
         elif self.first_failure is not None:
             f = self.first_failure
             code = report.exit_code_of(f["returncode"])
-            lines = [f"gpurun: rank {f['rank']} (host {f['host']}, pid {f['pid']}) failed first: "
-                     f"{report.how_it_ended(f['returncode'])}"]
-            if f.get("tail"):
-                lines.append(f"gpurun: last {len(f['tail'])} lines of rank {f['rank']}'s stderr:")
-                lines.extend(f"    {line}" for line in f["tail"])
             stopped = [r for r in self.still_running_at_stop if r != f["rank"]]
-            if stopped:
-                lines.append(f"gpurun: stopped {len(stopped)} other rank(s): {report.ranks_text(stopped)}")
-            lines.append(f"gpurun: exiting with {code}")
+            lines = report.failure_report(f["rank"], f["host"], f["pid"], f["returncode"], f.get("tail") or [],
+                                          stopped, code)
         else:
             codes = [n.done for n in self.nodes if n.done]
             return codes[0] if codes else 0
@@ -431,6 +445,11 @@ class Head:
 
     def close(self):
         self._kill_agents()
+        self.listener.close()
+        while self.arrived:
+            self.arrived.popleft()[0].close()
+        os.close(self.arrived_r)
+        os.close(self.arrived_w)
         for node in self.nodes:
             if node.conn is not None:
                 node.conn.sock.close()

@@ -19,10 +19,9 @@ import time
 
 from . import env as envmod
 from . import report
-from .output import RankStream, Sink
+from .output import RankStream, Sink, make_output_dir, open_output_file
 from .signals import ENDING, FORWARDED, SignalInbox
-from .spawn import (LaunchError, become_subreaper, kill_orphans, program_argv, reap_orphans,
-                    start_rank)
+from .spawn import LaunchError, become_subreaper, kill_orphans, program_argv, reap_orphans, start_rank
 
 # After the ranks are gone, how long a pipe that some escaped process holds open may
 # delay the end of the job.
@@ -50,32 +49,34 @@ def launch(opts):
     """Run the job that `opts` describes; return gpurun's exit code."""
     try:
         argv = program_argv(opts.command, opts.module)
+        make_output_dir(opts.output_dir)
     except LaunchError as exc:
         Sink(2).write(f"gpurun: {exc}\n".encode())
         return exc.exit_code
-    if opts.output_dir:
-        os.makedirs(opts.output_dir, exist_ok=True)
     become_subreaper()
     inbox = SignalInbox()  # before any rank exists, so no signal or exit goes unseen
     store = None
     job = None
     job_id = None
     try:
-        store, host, secret_hex = _start_store()
+        store, host, secret_hex = _open_store()
         job_id = secrets.token_hex(6)
         common = envmod.common_environ(
             os.environ, opts.nprocs, opts.nprocs, host, store.port, secret_hex, job_id)
         ngpus = envmod.count_gpus(os.environ)
         job = Job(opts, inbox)
-        try:
-            for r in range(opts.nprocs):
-                env = envmod.rank_environ(common, r, r, ngpus, opts.exports)
-                job.add(start_rank(r, argv, env, stdin_inherit=(r == 0)))
-        except LaunchError as exc:
-            job.abort()
-            Sink(2).write(f"gpurun: {exc}\n".encode())
-            return exc.exit_code
+        # The ranks start while gpurun has one thread (see start_rank); the store serves
+        # from its own thread once they are all started, answering those that came early.
+        for r in range(opts.nprocs):
+            env = envmod.rank_environ(common, r, r, ngpus, opts.exports)
+            job.add(start_rank(r, argv, env, stdin_inherit=(r == 0)))
+        store.start()
         return job.run()
+    except LaunchError as exc:
+        if job is not None:
+            job.abort()
+        Sink(2).write(f"gpurun: {exc}\n".encode())
+        return exc.exit_code
     finally:
         if job is not None:
             job.close()
@@ -83,28 +84,39 @@ def launch(opts):
             store.close()
         inbox.close()
         if job_id is not None:
-            _remove_shared_memory(job_id)
+            remove_shared_memory(job_id, secret_hex)
 
 
-def _remove_shared_memory(job_id):
+def remove_shared_memory(job_id, secret_hex):
     """Shared-memory segments are unlinked as soon as every rank mapped them; a rank that
-    died before that leaves a name under /dev/shm, which the end of the job removes."""
+    died before that leaves a name under /dev/shm, which the end of the job removes (the
+    names derive from the job's secret: gpucoll/transports/shm_segment.py)."""
     try:
-        from gpucoll.transports.shm import unlink_job
+        from gpucoll.transports.shm_segment import JobSegments
     except ImportError:  # the native extension is not built: no segment can exist either
         return
-    unlink_job(job_id)
+    JobSegments(job_id, bytes.fromhex(secret_hex)).unlink_all()
 
 
-def _start_store():
+def _open_store():
     """Our rendezvous store on a free port of the loopback interface (all ranks are local),
-    guarded by a fresh secret. It lives in gpurun, so it outlives any rank."""
-    from gpucoll.bootstrap.store import StoreServer  # lazily: keep `gpurun --help` quick
-
+    guarded by a fresh secret, listening but not serving yet (start() it). It lives in
+    gpurun, so it outlives any rank."""
     secret_hex = secrets.token_hex(16)
     host = "127.0.0.1"
-    store = StoreServer(host=host, port=0, secret=bytes.fromhex(secret_hex)).start()
-    return store, host, secret_hex
+    return open_store(host, bytes.fromhex(secret_hex)), host, secret_hex
+
+
+def open_store(host, secret):
+    """A StoreServer listening on a free port of `host` (start() serves it). No port to be
+    had is a LaunchError (exit 125) that says so, not a traceback."""
+    from gpucoll.bootstrap.store import StoreServer  # lazily: keep `gpurun --help` quick
+    from gpucoll.errors import StoreError
+
+    try:
+        return StoreServer(host=host, port=0, secret=secret).listen()
+    except StoreError as exc:
+        raise LaunchError(str(exc), report.EXIT_SETUP) from None
 
 
 class Job:
@@ -135,10 +147,10 @@ class Job:
         r = rank.rank
         prefix = f"[{r}] ".encode() if self.opts.tag_output else b""
         for name, pipe, sink, tail in (("out", rank.proc.stdout, self.stdout, 0),
-                                       ("err", rank.proc.stderr, self.stderr, report.TAIL_LINES)):
+                                       ("err", rank.proc.stderr, self.stderr, report.KEPT_LINES)):
             tee = None
             if self.opts.output_dir:
-                tee = open(os.path.join(self.opts.output_dir, f"rank.{r}.{name}"), "wb")
+                tee = open_output_file(self.opts.output_dir, f"rank.{r}.{name}")
             stream = RankStream(r, name, pipe, sink, prefix, tee, keep_tail=tail)
             self.streams.append(stream)
             self.selector.register(stream.fd, selectors.EVENT_READ, stream)
@@ -271,7 +283,7 @@ class Job:
             code = report.exit_code_of(rank.returncode)
             tail = self.stderr_tail(rank.rank)
             stopped = [r for r in self.still_running_at_stop if r != rank.rank]
-            lines = report.failure_report(rank, self.host, tail, stopped, code)
+            lines = report.failure_report(rank.rank, self.host, rank.pid, rank.returncode, tail, stopped, code)
         else:
             return 0
         self.report(lines)

@@ -10,6 +10,9 @@ import collections
 import os
 import select
 
+from .report import EXIT_USAGE
+from .spawn import LaunchError
+
 
 class Sink:
     """One of gpurun's own file descriptors (1 or 2), written with whole buffers.
@@ -51,6 +54,8 @@ class RankStream:
     """
 
     READ_SIZE = 1 << 16
+    #: Kept lines are clipped to this many bytes: the report wants tracebacks, not data.
+    TAIL_WIDTH = 2000
 
     def __init__(self, rank, name, pipe, sink, prefix=b"", tee=None, keep_tail=0):
         self.rank = rank
@@ -105,7 +110,7 @@ class RankStream:
             self.sink.write(lines)
         if self.tail is not None:
             keep = self.tail.maxlen
-            self.tail.extend(bytes(body).rsplit(b"\n", keep)[-keep:])
+            self.tail.extend(line[:self.TAIL_WIDTH] for line in bytes(body).rsplit(b"\n", keep)[-keep:])
 
     def close(self):
         """Flush a last line that has no newline, and close the pipe and the tee file."""
@@ -127,3 +132,26 @@ class RankStream:
         if not self.tail:
             return []
         return [line.decode("utf-8", "replace") for line in self.tail]
+
+
+def make_output_dir(path):
+    """Create --output-dir (parents too) if it is given; a LaunchError (exit 2) that says
+    why when it cannot be created or written."""
+    if not path:
+        return
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise LaunchError(f"--output-dir {path}: cannot create it ({exc.strerror or exc})", EXIT_USAGE) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise LaunchError(f"--output-dir {path}: cannot write files in it (permission denied)", EXIT_USAGE)
+
+
+def open_output_file(directory, name):
+    """DIR/NAME for a rank's raw output, or a LaunchError (exit 2) that says why not."""
+    path = os.path.join(directory, name)
+    try:
+        return open(path, "wb")
+    except OSError as exc:
+        raise LaunchError(f"--output-dir {directory}: cannot write {path} ({exc.strerror or exc})",
+                          EXIT_USAGE) from None

@@ -7,13 +7,34 @@ Exit-code policy (also in `gpurun --help`):
     128+S     the first rank to fail was killed by signal S (SIGKILL: 137, SIGSEGV: 139)
     124       --timeout expired
     128+S     gpurun itself got SIGINT (130), SIGTERM (143) or SIGHUP (129)
+    125       gpurun could not set the job up (no free port for its store), or a host
+              was lost / its agent could not start
     126, 127  the program could not be run / was not found
     2         bad command line
 """
+import os
+import re
+
+import gpucoll  # cheap: names inside it load on first use
+
 from .signals import name as signal_name
 
+EXIT_USAGE = 2            # a bad command line
 EXIT_TIMEOUT = 124
+EXIT_SETUP = 125          # gpurun could not set the job up (no free port, a lost host...)
+EXIT_CANNOT_RUN = 126     # PROGRAM exists but cannot be run
+EXIT_NOT_FOUND = 127      # PROGRAM (or the interpreter its #! line names) does not exist
+#: Lines of a rank's stderr kept for the report (output.RankStream clips each line).
+KEPT_LINES = 200
+#: Lines shown when the kept stderr holds no traceback.
 TAIL_LINES = 20
+#: At most this many lines of the user's frames, and of the exception's message, are shown.
+SHOWN_FRAME_LINES = 30
+SHOWN_MESSAGE_LINES = 12
+
+_TRACEBACK = "Traceback (most recent call last):"
+_FRAME = re.compile(r'^  File "(?P<file>[^"]*)", line \d+, in (?P<func>.*)$')
+_GPUCOLL_DIR = os.path.dirname(os.path.abspath(gpucoll.__file__)) + os.sep
 
 
 def how_it_ended(returncode):
@@ -30,20 +51,72 @@ def exit_code_of(returncode):
     return 128 - returncode if returncode < 0 else returncode
 
 
-def failure_report(rank, host, stderr_tail, stopped, exit_code):
-    """The lines printed when rank `rank` failed first. `stopped` lists the ranks that
-    gpurun had to stop because of it."""
-    lines = [f"gpurun: rank {rank.rank} (host {host}, pid {rank.pid}) failed first: "
-             f"{how_it_ended(rank.returncode)}"]
-    if stderr_tail:
-        lines.append(f"gpurun: last {len(stderr_tail)} lines of rank {rank.rank}'s stderr:")
-        lines.extend(f"    {line}" for line in stderr_tail)
+def failure_report(rank, host, pid, returncode, stderr_lines, stopped, exit_code):
+    """The lines printed when rank `rank` failed first: how it ended, its traceback (or the
+    last lines of its stderr), and the ranks that gpurun had to stop because of it."""
+    lines = [f"gpurun: rank {rank} (host {host}, pid {pid}) failed first: {how_it_ended(returncode)}"]
+    traceback, hidden = user_traceback(stderr_lines)
+    if traceback:
+        left_out = f"; {hidden} frame(s) inside gpucoll left out" if hidden else ""
+        lines.append(f"gpurun: rank {rank}'s traceback (the last in its stderr{left_out}):")
+        lines.extend(f"    {line}" for line in traceback)
+    elif stderr_lines:
+        tail = stderr_lines[-TAIL_LINES:]
+        lines.append(f"gpurun: last {len(tail)} lines of rank {rank}'s stderr:")
+        lines.extend(f"    {line}" for line in tail)
     else:
-        lines.append(f"gpurun: rank {rank.rank} wrote nothing to stderr")
+        lines.append(f"gpurun: rank {rank} wrote nothing to stderr")
     if stopped:
         lines.append(f"gpurun: stopped {len(stopped)} other rank(s): {ranks_text(stopped)}")
     lines.append(f"gpurun: exiting with {exit_code}")
     return lines
+
+
+def user_traceback(lines):
+    """The last Python traceback in `lines` with the frames inside gpucoll left out, so that
+    the user's own file and line show however deep gpucoll's part of it was, and the number
+    of frames left out; ([], 0) when there is no traceback. Bounded: at most
+    SHOWN_FRAME_LINES lines of frames and SHOWN_MESSAGE_LINES of the exception."""
+    starts = [i for i, line in enumerate(lines) if line.rstrip() == _TRACEBACK]
+    if not starts:
+        return [], 0
+    block = lines[starts[-1] + 1:]
+    frames, i = [], 0
+    while i < len(block) and _FRAME.match(block[i]):
+        end = i + 1
+        # Source, position markers and "[Previous line repeated N more times]" lines.
+        while end < len(block) and (block[end].startswith("    ") or block[end].startswith("  [")):
+            end += 1
+        frames.append(block[i:end])
+        i = end
+    shown, hidden, run = [], 0, 0
+    for frame in frames:
+        if _inside_gpucoll(frame[0]):
+            hidden, run = hidden + 1, run + 1
+            continue
+        if run:
+            shown.append(f"  ... {run} frame(s) inside gpucoll ...")
+            run = 0
+        shown.extend(frame)
+    if run:
+        shown.append(f"  ... {run} frame(s) inside gpucoll ...")
+    message = block[i:]
+    return [_TRACEBACK] + _bounded(shown, SHOWN_FRAME_LINES) + _bounded(message, SHOWN_MESSAGE_LINES), hidden
+
+
+def _inside_gpucoll(frame_line):
+    m = _FRAME.match(frame_line)
+    path, func = m.group("file"), m.group("func")
+    return (path.startswith(_GPUCOLL_DIR) or func.startswith("gpucoll.")
+            or any(f"{os.sep}{d}{os.sep}gpucoll{os.sep}" in path for d in ("site-packages", "dist-packages")))
+
+
+def _bounded(lines, most):
+    """`lines`, or their first and last parts around a line that counts the rest."""
+    if len(lines) <= most:
+        return list(lines)
+    head, tail = most // 3, most - most // 3 - 1
+    return lines[:head] + [f"  ... {len(lines) - head - tail} more line(s) ..."] + lines[-tail:]
 
 
 def timeout_report(timeout, still_running):

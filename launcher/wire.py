@@ -1,8 +1,9 @@
 """The control connection between the head gpurun and its agents (one per host).
 
 Messages are JSON objects, each framed by a 4-byte big-endian length. The connection
-opens with a mutual challenge-response on the job's secret (HMAC-SHA256 of the other
-side's nonce), so neither a stray client nor a stray head can join a job; after that:
+opens with the job's handshake (gpucoll/transports/handshake.py: both sides prove the
+job's secret over fresh nonces, and the agent's node index is bound to its proof), so
+neither a stray client nor a stray head can join a job; after that:
 
     agent -> head   hello {node, host, pid, slots}       once, after the handshake
     head -> agent   start {job_id, size, ranks, store, command, module, exports, ...}
@@ -15,23 +16,18 @@ Output does not travel here: an agent's ranks write to the agent's stdout and st
 which reach the head through whatever started the agent (ssh, srun, a local pipe).
 """
 import hashlib
-import hmac
 import json
-import os
 import socket
 import struct
 
+from gpucoll.transports import handshake
+
 _LEN = struct.Struct("!I")
 MAX_MESSAGE = 16 << 20
-_HEAD, _AGENT = b"gpucoll-head", b"gpucoll-agent"
 
 
 class WireError(Exception):
     """The peer broke the protocol, failed the handshake or went away."""
-
-
-def _proof(secret, role, nonce):
-    return hmac.new(secret, role + nonce, hashlib.sha256).hexdigest()
 
 
 def send(sock, msg):
@@ -57,37 +53,15 @@ def recv(sock):
     return json.loads(_recv_exact(sock, n))
 
 
-def head_handshake(sock, secret, timeout=10.0):
-    """Prove the head and check the agent; raises WireError when the agent fails."""
-    sock.settimeout(timeout)
+def agent_handshake(sock, secret, node, timeout=handshake.HANDSHAKE_TIMEOUT):
+    """Prove that this agent (of node `node`) holds the job's secret, and check that the
+    head does; raises WireError when the head fails or refuses. The head's side is a
+    handshake.PeerListener (launcher/cluster.py)."""
+    claim = handshake.Claim(handshake.Purpose.AGENT, node, -1)
     try:
-        nonce = os.urandom(16)
-        send(sock, {"type": "challenge", "nonce": nonce.hex()})
-        reply = recv(sock)
-        if not hmac.compare_digest(str(reply.get("proof", "")), _proof(secret, _AGENT, nonce)):
-            raise WireError("the agent does not know the job's secret")
-        send(sock, {"type": "proof", "proof": _proof(secret, _HEAD, bytes.fromhex(reply["nonce"]))})
-    except (OSError, ValueError, KeyError) as exc:
-        raise WireError(f"handshake failed: {exc}") from None
-    finally:
-        sock.settimeout(None)
-
-
-def agent_handshake(sock, secret, timeout=10.0):
-    """Prove the agent and check the head; raises WireError when the head fails."""
-    sock.settimeout(timeout)
-    try:
-        challenge = recv(sock)
-        nonce = os.urandom(16)
-        send(sock, {"type": "answer", "proof": _proof(secret, _AGENT, bytes.fromhex(challenge["nonce"])),
-                    "nonce": nonce.hex()})
-        reply = recv(sock)
-        if not hmac.compare_digest(str(reply.get("proof", "")), _proof(secret, _HEAD, nonce)):
-            raise WireError("the head does not know the job's secret")
-    except (OSError, ValueError, KeyError) as exc:
-        raise WireError(f"handshake failed: {exc}") from None
-    finally:
-        sock.settimeout(None)
+        handshake.connect(sock, secret, claim, timeout)
+    except (handshake.HandshakeError, OSError) as exc:
+        raise WireError(f"handshake with the head failed: {exc}") from None
 
 
 class Reader:

@@ -6,12 +6,18 @@
 #   - .venv-mpich: MPICH and mpi4py from PyPI wheels, beside the Open MPI of .venv.
 #
 # Idempotent and quick once done. Without root or apt it does what it can and says what it
-# skipped; the tests that need a missing piece skip with the reason.
+# skipped; the tests that need a missing piece skip with the reason. GPUCOLL_TEST_REQUIRE
+# (a comma list, as for the tests: mpich, slurm, pmix, multihost or netns, sshd, mpi4py)
+# names the pieces that must work here: the script checks each at the end and exits 1,
+# saying why, when one does not (the tests would fail on it anyway, later and less clearly).
 set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 STATE=/run/gpucoll-test
 say() { echo "setup-test-system: $*"; }
+REQUIRE=",$(echo "${GPUCOLL_TEST_REQUIRE:-}" | tr 'A-Z' 'a-z' | tr -d ' ' | sed 's/netns/multihost/g'),"
+# Slurm's clients retry for a long time when slurmctld is unreachable: bound every query.
+node_state() { timeout 5 sinfo -h -N -o %t 2>/dev/null | head -1; }
 
 # --- MPICH beside Open MPI (no root needed) -------------------------------------------------
 if [ ! -x .venv-mpich/bin/mpiexec ] || ! .venv-mpich/bin/python -c "import mpi4py, numpy, click" 2>/dev/null; then
@@ -22,8 +28,7 @@ fi
 
 if [ "$(id -u)" != 0 ]; then
     say "not root: skipping Debian packages, Slurm and munge (those tests will skip)"
-    exit 0
-fi
+else
 
 # --- Debian packages ------------------------------------------------------------------------
 need=""
@@ -102,18 +107,60 @@ EOF
     else
         rm -f $conf.new
     fi
-    if ! (sinfo -h >/dev/null 2>&1 && [ -f $STATE/slurmctld.pid ] && kill -0 "$(cat $STATE/slurmctld.pid)" 2>/dev/null); then
+    if ! (timeout 5 sinfo -h >/dev/null 2>&1 && [ -f $STATE/slurmctld.pid ] && kill -0 "$(cat $STATE/slurmctld.pid)" 2>/dev/null); then
         /usr/sbin/slurmctld -i 2>/dev/null || /usr/sbin/slurmctld || say "slurmctld did not start"
     fi
     if ! ([ -f $STATE/slurmd.pid ] && kill -0 "$(cat $STATE/slurmd.pid)" 2>/dev/null); then
         /usr/sbin/slurmd || say "slurmd did not start"
     fi
-    for _ in $(seq 1 40); do
-        state=$(sinfo -h -N -o %t 2>/dev/null | head -1)
+    deadline=$((SECONDS + 15))
+    while [ $SECONDS -lt $deadline ]; do
+        state=$(node_state)
         case "$state" in idle*|mix*|alloc*) break ;; esac
-        [ "$state" = "down" ] || [ "$state" = "drain" ] && scontrol update nodename="$node" state=resume 2>/dev/null
+        [ "$state" = "down" ] || [ "$state" = "drain" ] && timeout 5 scontrol update nodename="$node" state=resume 2>/dev/null
         sleep 0.25
     done
-    say "slurm node $node: $(sinfo -h -N -o %t 2>/dev/null | head -1)"
+    say "slurm node $node: $(node_state)"
 fi
-exit 0
+fi  # root
+
+# --- what GPUCOLL_TEST_REQUIRE asks for must work now ----------------------------------------
+why_missing() {  # piece -> prints why it does not work here; nothing when it does
+    case "$1" in
+    mpich)
+        [ -x .venv-mpich/bin/mpiexec ] && .venv-mpich/bin/python -c "import mpi4py, numpy, click" 2>/dev/null \
+            || echo ".venv-mpich has no working MPICH + mpi4py" ;;
+    mpi4py)
+        [ -x .venv/bin/mpiexec ] && .venv/bin/python -c "import mpi4py" 2>/dev/null \
+            || echo ".venv has no mpiexec + mpi4py (make install installs the [test] extras)" ;;
+    slurm)
+        case "$(node_state)" in
+            idle*|mix*|alloc*) ;;
+            *) echo "no Slurm node is up (see /var/log/slurm/slurmctld.log and slurmd.log)" ;;
+        esac ;;
+    pmix)
+        timeout 10 srun --mpi=list 2>&1 | grep -q pmix || echo "Slurm has no pmix plugin"
+        ls /usr/lib/*/pmix2/lib/libpmix.so >/dev/null 2>&1 || echo "libpmix is missing (libpmix-dev)" ;;
+    multihost)
+        if [ "$(id -u)" != 0 ]; then echo "network namespaces need root"
+        elif ! command -v ip >/dev/null || ! command -v unshare >/dev/null; then echo "ip or unshare is missing"
+        elif ! ip netns add "gcsetup$$" 2>/dev/null; then echo "cannot create a network namespace"
+        else ip netns del "gcsetup$$"; fi ;;
+    sshd)
+        { command -v sshd >/dev/null || [ -x /usr/sbin/sshd ]; } && command -v ssh >/dev/null \
+            && command -v ssh-keygen >/dev/null || echo "openssh-server or openssh-client is missing" ;;
+    gpu|torch) ;;  # not this script's to provide; the tests check them
+    *) echo "is not a piece this script knows (mpich, mpi4py, slurm, pmix, multihost, sshd)" ;;
+    esac
+}
+failed=0
+for piece in $(echo "$REQUIRE" | tr ',' ' '); do
+    why=$(why_missing "$piece")
+    if [ -n "$why" ]; then
+        echo "setup-test-system: FAILED: GPUCOLL_TEST_REQUIRE asks for $piece, but $why" >&2
+        failed=1
+    else
+        say "$piece: ready"
+    fi
+done
+exit $failed

@@ -8,6 +8,15 @@
 Rank scripts live in tests/scripts/; a bare file name is looked up there. Every job runs
 with a wall-clock limit (the subprocess timeout, and gpurun's own --timeout a little
 earlier, so a hung job still ends with gpurun's report of which ranks were running).
+
+A test that needs a piece of the machine (a GPU, Slurm, MPICH, ...) skips through one helper,
+so that GPUCOLL_TEST_REQUIRE can turn the skip into a failure where the piece must be there:
+
+    @requires("gpu", None if have_gpu else "needs a CUDA GPU and CuPy")   # a mark
+    def test_x(): ...
+    unavailable("slurm", "no Slurm node is up")      # inside a test or fixture: skip, or fail
+
+    GPUCOLL_TEST_REQUIRE=slurm,mpich,multihost make test     # those skips now fail
 """
 import json
 import os
@@ -95,3 +104,63 @@ def run_job(np_, script, *args, env=None, timeout=60, launcher_args=()):
 def gpurun_job():
     """run_job, as a fixture: gpurun_job(np, script, *args, env=..., timeout=...) -> Job."""
     return run_job
+
+
+# --- skips that GPUCOLL_TEST_REQUIRE turns into failures ------------------------------------------
+# The pieces a test may find missing, and what provides them.
+PIECES = {
+    "gpu": "a CUDA GPU and CuPy (make test-gpu on a GPU machine)",
+    "mpi4py": "mpi4py and Open MPI's mpiexec in this Python (pip install '.[test]')",
+    "mpich": "MPICH and mpi4py in .venv-mpich (scripts/setup-test-system.sh)",
+    "slurm": "a running single-node Slurm (scripts/setup-test-system.sh, as root)",
+    "pmix": "Slurm's pmix plugin and libpmix (scripts/setup-test-system.sh, as root)",
+    "multihost": "network namespaces: root, iproute2 (scripts/setup-test-system.sh)",
+    "sshd": "openssh-server and openssh-client (scripts/setup-test-system.sh, as root)",
+    "torch": "torch (a CPU build is enough), for the gloo comparisons",
+}
+_ALIASES = {"netns": "multihost"}
+REQUIRE_VAR = "GPUCOLL_TEST_REQUIRE"
+
+
+def required_pieces(text=None):
+    """The pieces GPUCOLL_TEST_REQUIRE names (a comma list); a name not in PIECES is an error."""
+    text = os.environ.get(REQUIRE_VAR, "") if text is None else text
+    names = {_ALIASES.get(t.strip().lower(), t.strip().lower()) for t in text.split(",") if t.strip()}
+    unknown = sorted(names - set(PIECES))
+    if unknown:
+        raise pytest.UsageError(f"{REQUIRE_VAR}={text!r}: {', '.join(unknown)} is not a piece the tests know; "
+                                f"use a comma list of {', '.join(sorted(PIECES))} (netns = multihost)")
+    return frozenset(names)
+
+
+def unavailable(piece, reason):
+    """Skip the calling test because `piece` is missing, or fail it when GPUCOLL_TEST_REQUIRE
+    names that piece (the machine was meant to have it: a skip would hide a broken set-up)."""
+    if piece not in PIECES:
+        raise ValueError(f"unknown piece {piece!r}; add it to conftest.PIECES")
+    if piece in required_pieces():
+        pytest.fail(f"{reason}\n{REQUIRE_VAR} requires {piece} ({PIECES[piece]}), so this is a failure, "
+                    "not a skip", pytrace=False)
+    pytest.skip(reason)
+
+
+def requires(piece, reason, broken=None):
+    """A mark: the test runs when `reason` is None, else unavailable(piece, reason) at set-up.
+    `broken` (a message) fails the test whatever GPUCOLL_TEST_REQUIRE says: the piece is
+    there but does not work, which no skip may hide."""
+    return pytest.mark.requires(piece, reason, broken)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "requires(piece, reason, broken): skip (or fail, when GPUCOLL_TEST_REQUIRE "
+                                       "names the piece) with the reason unless it is None")
+    required_pieces()  # a typo in the variable stops the run at once
+
+
+def pytest_runtest_setup(item):
+    for mark in item.iter_markers("requires"):
+        piece, reason, broken = mark.args
+        if broken:
+            pytest.fail(f"{broken} ({PIECES[piece]})", pytrace=False)
+        if reason is not None:
+            unavailable(piece, reason)

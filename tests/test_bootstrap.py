@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from conftest import unavailable
 from gpucoll.bootstrap import hostlist
 
 BIN = os.path.dirname(sys.executable)
@@ -67,7 +68,7 @@ def test_plain_python_is_a_singleton():
 def test_mpiexec_one_liner():
     mpiexec = os.path.join(BIN, "mpiexec")
     if not os.path.exists(mpiexec):
-        pytest.skip("Open MPI is not installed in this environment (pip install 'gpucoll[mpi]')")
+        unavailable("mpi4py", "Open MPI is not installed in this environment (pip install 'gpucoll[mpi]')")
     env = _clean_env(OMPI_ALLOW_RUN_AS_ROOT=1, OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)
     out = subprocess.run([mpiexec, "--oversubscribe", "-n", "4", sys.executable, "-c", HELLO], env=env,
                          capture_output=True, text=True, timeout=120)
@@ -100,8 +101,20 @@ def test_torchrun_style_single_rank_needs_no_address():
     assert out.stdout.strip() == "0 1 0 1"
 
 
+def _port_is_free(port):
+    with socket.socket() as s:
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+        return True
+
+
 def test_slurm_step_environment_with_real_hostlist():
-    job = 4242 + os.getpid() % 1000
+    # The store's port derives from the job id; take a job id whose port no other process holds
+    # (the derived ports overlap the ephemeral range, where other jobs' sockets live).
+    from gpucoll.bootstrap.environment import slurm_store_port
+    job = next(j for j in range(4242 + os.getpid() % 1000, 10**6) if _port_is_free(slurm_store_port(j, 0)))
     host = socket.gethostname()
     envs = [_clean_env(SLURM_PROCID=r, SLURM_NTASKS=2, SLURM_LOCALID=r, SLURM_NODEID=0, SLURM_JOB_ID=job,
                        SLURM_STEP_ID=0, SLURM_STEP_NODELIST=f"{host},nodeb[01-03]",

@@ -146,12 +146,16 @@ def test_host_allreduce_fast_path_matches_the_general_one(gpurun_job, size):
     job = gpurun_job(size, "host_fast.py").check()
     res = job.json_lines()
     assert sorted(res) == list(range(size)), job.describe()
-    total = size * (size - 1) / 2
     for rank, got in res.items():
         assert got["installed"] is True
         assert got["failures"] == [], got["failures"]
         assert got["avg"] == (size + 1) / 2
         assert got["bool"] == [True, False, True]
+        # every valid call after the first ran on the fast path, none on the general one
+        assert got["valid"]["fast, general"] == [got["valid"]["calls"], 0], got["valid"]
         assert set(got["errors"].values()) == {"InvalidUsageError"}, got["errors"]
-        assert got["ordered"] == [total, total]
-        assert got["seq_step"] == 10
+        assert got["bad"] == [0, 0], "bad arguments are refused before either path runs"
+        assert got["ordered"] is True, f"the blocking call overtook the queued one: {got['ordered_head']}"
+        assert got["repeated"] == [10, 0] and got["seq_step"] == 10, got
+    # rank 0's Iallreduce waited for the late last rank: the blocking call behind it took the general path
+    assert res[0]["behind_queued"] == [0, 2], res[0]

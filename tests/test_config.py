@@ -69,6 +69,29 @@ def test_gpucoll_info_lists_variables_and_gpus():
     assert "GPUs:" in out.stdout and ("no GPU" in out.stdout or "GPU 0:" in out.stdout)
 
 
+def test_gpucoll_info_under_gpurun_never_prints_the_secret():
+    # What a user does to see the settings of a job: its output must not carry the secret.
+    script = "gpucoll info; echo \"THE SECRET IS $GPUCOLL_STORE_SECRET\""
+    env = dict(os.environ, PATH=os.pathsep.join([BIN, os.environ.get("PATH", "")]))
+    out = subprocess.run([os.path.join(BIN, "gpurun"), "-np", "1", "sh", "-c", script], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    secret = re.search(r"THE SECRET IS ([0-9a-f]{32})$", out.stdout, re.M).group(1)
+    assert out.stdout.count(secret) == 1 and secret not in out.stderr
+    assert re.search(r"GPUCOLL_STORE_SECRET\s+<set, 32 chars>", out.stdout), out.stdout
+
+
+def test_log_lines_mask_the_secret():
+    secret = "0123456789abcdef" * 2
+    code = ("import os; from gpucoll import log; "
+            "log.warn('ENV', 'environment: %s', dict(os.environ)); log.warn('NET', 'plain line')")
+    env = dict(os.environ, GPUCOLL_STORE_SECRET=secret)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert secret not in out.stderr
+    assert "'GPUCOLL_STORE_SECRET': '<GPUCOLL_STORE_SECRET>'" in out.stderr and "plain line" in out.stderr
+
+
 def test_debug_info_lines_are_shaped_and_name_algorithm_and_transport():
     script = ("import numpy as np, gpucoll; c = gpucoll.COMM_WORLD; x = np.ones(1024, np.float32); "
               "c.Allreduce(gpucoll.IN_PLACE, x)")

@@ -18,9 +18,11 @@ import pytest
 
 from gpucoll.errors import GpucollError, LostPeerError, TimeoutError
 from gpucoll.transports import shm_direct
+from gpucoll.transports.shm_segment import JobSegments
 
 CTX = multiprocessing.get_context("spawn")
 SMALL_SLOT = 64 << 10  # forces rounds at modest counts
+SECRET = b"test-direct-secret"
 
 # gc_dtype / gc_op codes (cython_src/include/gc_types.h)
 DT = {"int32": 4, "int64": 6, "float16": 8, "float32": 10, "float64": 11, "uint8": 1}
@@ -40,7 +42,8 @@ NP_OP = {SUM: np.add, PROD: np.multiply, MAX: np.maximum, MIN: np.minimum, AVG: 
 
 def _entry(fn, job, rank, nranks, slot, queue, args, attached):
     try:
-        group = shm_direct.create_or_attach(job, "w", rank, nranks, timeout=30, slot_bytes=slot)
+        group = shm_direct.create_or_attach(JobSegments(job, SECRET), "w", rank, nranks, timeout=30,
+                                            slot_bytes=slot)
         # Every rank has attached before any starts: ranks that fail early (a mismatch found
         # between two of them) must not end before a slow-starting one has attached, which
         # would then wait for a creator that is gone and leave the segment's name behind.
@@ -72,7 +75,7 @@ def run_ranks(nranks, fn, *args, slot=SMALL_SLOT, expect=None, timeout=60):
             if p.is_alive():
                 p.kill()
                 p.join()
-    assert not glob.glob(f"/dev/shm/gpucoll-{job}-*"), "the segment name was left behind"
+    assert not glob.glob(f"/dev/shm/{JobSegments(job, SECRET).prefix}*"), "the segment name was left behind"
     return results
 
 

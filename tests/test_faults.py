@@ -91,6 +91,10 @@ def test_skipped_collective_times_out_naming_call_and_rank(gpurun_job, path):
         assert re.search(r"\b2(\.\d+)? s\b", msg) and info["ranks"] == [2], msg
         assert "rank(s) 2" in msg, msg
         assert 1.9 <= info["elapsed"] < 8, info
+        # The times the message gives add up to when the error came (a check for late ranks
+        # may follow the timeout itself).
+        told = sum(float(t) for t in re.findall(r"(\d+(?:\.\d+)?) s\b", msg))
+        assert abs(told - info["elapsed"]) < 0.75, (msg, info["elapsed"])
 
 
 def test_mismatched_calls_raise_on_every_rank(gpurun_job):

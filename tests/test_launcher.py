@@ -1,6 +1,7 @@
 """gpurun, tested as users run it: real gpurun processes, real ranks, no mocks."""
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -256,12 +257,16 @@ def test_leftover_children_are_ended_after_a_clean_exit(tmp_path):
     assert_all_gone(job_pids(tmp_path, 2))
 
 
-def test_timeout_names_ranks_still_running(tmp_path):
-    code = "import os, time; r = int(os.environ['RANK']); time.sleep(0 if r == 1 else 30)"
-    proc, took = gpurun("-np", 3, "--timeout", 1, *python_c(code))
-    assert proc.returncode == 124
-    assert took < 5
+def test_timeout_names_ranks_still_running_and_ends_them(tmp_path):
+    # Each rank starts a `sleep` child and records both pids; rank 1 exits at once, leaving its child.
+    code = ("import os, subprocess, sys, time; r = int(os.environ['RANK']); c = subprocess.Popen(['sleep', '100']); "
+            "p = os.path.join(sys.argv[1], f'rank.{r}'); open(p + '.tmp', 'w').write(f'{os.getpid()} {c.pid}'); "
+            "os.rename(p + '.tmp', p); time.sleep(0 if r == 1 else 30)")
+    proc, took = gpurun("-np", 3, "--timeout", 2, *python_c(code), tmp_path)
+    assert proc.returncode == 124, proc.stderr
+    assert took < 6
     assert "ranks still running: 0, 2" in proc.stderr
+    assert_all_gone(job_pids(tmp_path, 3))
 
 
 # --- signals --------------------------------------------------------------------------
@@ -270,8 +275,8 @@ def start_gpurun(*args):
                             stderr=subprocess.PIPE, text=True)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_sigint_and_sigterm_end_every_rank(tmp_path, sig):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_sigint_sigterm_and_sighup_end_every_rank(tmp_path, sig):
     proc = start_gpurun("-np", 3, BEHAVE, "wait", tmp_path)
     try:
         pids = wait_for_pids(tmp_path, 3)
@@ -296,6 +301,76 @@ def test_rank_that_ignores_sigterm_is_killed_after_grace():
     assert "failed first: exit code 5" in proc.stderr
 
 
+def test_a_second_signal_kills_at_once():
+    # The ranks ignore SIGTERM and --grace is long: only the second signal can end them soon.
+    code = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+            "time.sleep(60)")
+    proc = start_gpurun("-np", 2, "--grace", 60, *python_c(code))
+    try:
+        assert proc.stdout.readline().endswith("ready\n")
+        assert proc.stdout.readline().endswith("ready\n")
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert proc.poll() is None, "gpurun ended before the grace period was over"
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert time.monotonic() - start < 3
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "got SIGTERM" in err
+
+
+SPIN = ("import os, sys; d = sys.argv[1]; "
+        "open(os.path.join(d, '.pid.' + os.environ['RANK']), 'w').write(str(os.getpid())); "
+        "os.rename(os.path.join(d, '.pid.' + os.environ['RANK']), os.path.join(d, 'pid.' + os.environ['RANK']))\n"
+        "while True: pass")
+
+
+def test_ranks_die_with_a_killed_gpurun(tmp_path):
+    # SIGKILL leaves gpurun no chance to stop anything: the kernel ends the ranks
+    # (their parent-death signal), busy as they are.
+    proc = start_gpurun("-np", 2, sys.executable, "-c", SPIN, tmp_path)
+    try:
+        deadline = time.monotonic() + 20
+        while len(list(tmp_path.glob("pid.*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        pids = [int(p.read_text()) for p in tmp_path.glob("pid.*")]
+        assert len(pids) == 2, "the ranks did not start"
+        proc.kill()
+        proc.wait(timeout=5)
+        deadline = time.monotonic() + 3
+        while not all(gone(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        proc.kill()
+    left = [p for p in pids if not gone(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"ranks still running 3 s after gpurun was killed: {left}"
+
+
+def test_ranks_start_while_gpurun_has_one_thread():
+    # The parent-death signal is set by code that runs in the child between fork and exec,
+    # which is only safe when the parent has one thread: the store's thread starts later.
+    code = """
+import sys, threading
+from gpucoll.launcher import job, cli
+seen, start_rank = [], job.start_rank
+def counting(*args, **kw):
+    seen.append(threading.active_count())
+    return start_rank(*args, **kw)
+job.start_rank = counting
+try:
+    cli.main(["-np", "3", "true"])
+except SystemExit as exc:
+    print(exc.code, seen)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert proc.stdout.split("\n")[-2] == "0 [1, 1, 1]", proc.stdout + proc.stderr
+
+
 def test_sigusr1_is_forwarded(tmp_path):
     proc = start_gpurun("-np", 2, BEHAVE, "usr1", tmp_path)
     try:
@@ -308,3 +383,28 @@ def test_sigusr1_is_forwarded(tmp_path):
     assert proc.returncode == 0, err
     assert "[0] rank 0 got SIGUSR1" in out and "[1] rank 1 got SIGUSR1" in out
     assert_all_gone(pids)
+
+
+# --- the store under a flood of strangers ---------------------------------------------
+def test_flood_of_idle_connections_to_the_store(tmp_path):
+    # Rank 0 opens 3000 connections to gpurun's store that never authenticate (gpurun with
+    # the usual 1024 descriptors), then the ranks join: quickly, and gpurun's stderr holds
+    # a summary line or two, not a traceback per connection.
+    count = 3000
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < count + 100:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard} is below the {count + 100} descriptors the flood needs")
+
+    def cramped():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    proc, took = gpurun("-np", 2, os.path.join(SCRIPTS, "store_flood.py"), count, timeout=60, preexec_fn=cramped)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"[0] opened {count}" in proc.stdout
+    joined = [float(t) for t in re.findall(r"joined in ([\d.]+) s", proc.stdout)]
+    assert len(joined) == 2 and max(joined) < 8, proc.stdout
+    assert "Traceback" not in proc.stderr and "Invalid file descriptor" not in proc.stderr, proc.stderr[:3000]
+    own = [line for line in proc.stderr.splitlines() if not line.startswith("[")]
+    assert 1 <= len(own) <= 3, proc.stderr[:3000]
+    for line in own:
+        assert re.search(r"gpucoll WARN \[BOOTSTRAP\] store 127\.0\.0\.1:\d+ turned away \d+ connection\(s\) "
+                         r"that had not authenticated: \d+ over the limit of 256 waiting to authenticate", line), line

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import _SCRUB
+from conftest import _SCRUB, unavailable
 
 pytestmark = pytest.mark.mpi
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,20 +25,21 @@ HELLO = ("import numpy as np, gpucoll; from mpi4py import MPI; c = gpucoll.COMM_
 
 
 # How each MPI runs here: its venv, mpiexec's extra arguments and environment.
+# The piece names what GPUCOLL_TEST_REQUIRE calls it (tests/conftest.py).
 MPIS = {
-    "mpich": (os.path.join(ROOT, ".venv-mpich"), (), {"PYTHONPATH": ROOT}),
+    "mpich": (os.path.join(ROOT, ".venv-mpich"), (), {"PYTHONPATH": ROOT}, "mpich"),
     "open-mpi": (os.path.dirname(os.path.dirname(sys.executable)), ("--oversubscribe",),
-                 {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}),
+                 {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}, "mpi4py"),
 }
 
 
 def _mpiexec(mpi, nranks, program, extra_env=None, timeout=120):
     """Run `mpiexec -n nranks python PROGRAM...` with that MPI; the CompletedProcess."""
-    venv, args, mpi_env = MPIS[mpi]
+    venv, args, mpi_env, piece = MPIS[mpi]
     mpiexec = os.path.join(venv, "bin", "mpiexec")
     python = os.path.join(venv, "bin", "python")
     if not os.path.exists(mpiexec):
-        pytest.skip(f"{mpiexec} is missing (scripts/setup-test-system.sh makes it)")
+        unavailable(piece, f"{mpiexec} is missing (scripts/setup-test-system.sh makes it)")
     env = {k: v for k, v in os.environ.items() if k not in _SCRUB and not k.startswith(("SLURM_", "PMI", "OMPI_"))}
     env.update(mpi_env, **(extra_env or {}))
     try:

@@ -7,6 +7,7 @@ Select with `pytest -m multihost`. Needs root and iproute2 (scripts/setup-test-s
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import GPURUN, SCRIPTS, _SCRUB
+from conftest import GPURUN, SCRIPTS, _SCRUB, unavailable
 from netns import NSEXEC, TestHosts, missing_requirement
 
 CASES = os.path.join(SCRIPTS, "multihost_cases.py")
@@ -25,7 +26,7 @@ LOCAL = ["--launcher", "local", "--launcher-cmd", f"{NSEXEC} {{host}}"]
 def hosts():
     why = missing_requirement()
     if why:
-        pytest.skip(why)
+        unavailable("multihost", why)
     with TestHosts(2, networks=("eth", "data")) as h:
         yield h
 
@@ -53,13 +54,24 @@ def results(stdout):
     return out
 
 
-def check_exact(res, hosts, per_host):
+def check_exact(res, hosts, per_host, network="eth"):
+    """Exact results, ranks in host order, and every rank's listeners bound to its address on
+    `network` (the one that reaches the store, or GPUCOLL_SOCKET_IFNAME's), never a wildcard."""
     assert sorted(res) == list(range(2 * per_host))
+    layout = [hosts.names[rank // per_host] for rank in range(2 * per_host)]
     for rank, r in res.items():
         assert r["size"] == 2 * per_host
-        assert r["host"] == hosts.names[rank // per_host], "ranks are numbered in host order"
+        assert r["host"] == layout[rank], "ranks are numbered in host order"
         assert (r["local_rank"], r["local_size"]) == (rank % per_host, per_host)
         assert all(r["ok"].values()), f"rank {rank}: wrong results {r['ok']}"
+        mine = hosts.address(rank // per_host, network)
+        assert all(a.rpartition(":")[0] == mine for a in r["listen"]), f"rank {rank} listens on {r['listen']}"
+        assert r["hosts_seen"] == layout, f"rank {rank}: object allgather of host names gave {r['hosts_seen']}"
+
+
+def tcp_reasons(err):
+    """The reason each rank logged for carrying traffic between hosts over TCP (subsystem NET)."""
+    return re.findall(r"gpucoll INFO \[NET\] between hosts: TCP sockets \((.*)\)$", err, re.M)
 
 
 # --- host lists (no namespaces needed) -----------------------------------------------------------
@@ -110,8 +122,8 @@ def test_socket_ifname_chooses_the_data_network(hosts):
     code, out, err, _ = gpurun_on(hosts, 0, ["--hosts", f"{a}:2,{b}:2", *LOCAL, sys.executable, CASES,
                                              "--bytes", 16 << 20], env=env)
     assert code == 0, err
-    check_exact(results(out), hosts, 2)
-    listens = [line for line in err.splitlines() if "listens on" in line]
+    check_exact(results(out), hosts, 2, network="data")
+    listens = [line for line in err.splitlines() if "TCP endpoint" in line and "listens on" in line]
     assert len(listens) == 4 and all(" 10.78.1." in line and "(data0)" in line for line in listens), listens
     d_rx = hosts.counters(1, "data")[0] - data0[0]
     e_rx = hosts.counters(1, "eth")[0] - eth0[0]
@@ -129,11 +141,19 @@ def test_hierarchical_allreduce_is_chosen_and_logged(hosts):
     assert code == 0, err
     check_exact(results(out), hosts, 2)
     assert "allreduce #0 8 B int64 SUM hierarchical via SHM+TCP" in err
-    assert "between hosts: TCP sockets (no RDMA device" in err or "GPUCOLL_IB_DISABLE" in err
+    # why TCP: what this machine has (the namespaces share its /sys), said once by each TCP rank
+    from gpucoll.transports import verbs
+
+    found = verbs.devices()
+    why = (f"no RDMA device ({verbs.SYSFS} is empty or absent)" if not found else
+           f"RDMA device(s) {', '.join(d.describe() for d in found)} found, but this build has no verbs transport")
+    assert set(tcp_reasons(err)) == {why}, tcp_reasons(err)
     leaders = [line for line in err.splitlines() if "allreduce #0 8 B" in line and " via TCP" in line]
     assert leaders and {line[1] for line in leaders} == {"0", "2"}, "only the leaders talk across hosts"
-    code, out, err, _ = gpurun_on(hosts, 0, ["--hosts", f"{a},{b}", *LOCAL, sys.executable, CASES], env=env)
+    code, out, err, _ = gpurun_on(hosts, 0, ["--hosts", f"{a},{b}", *LOCAL, sys.executable, CASES],
+                                  env={**env, "GPUCOLL_IB_DISABLE": "1"})
     assert code == 0 and "hierarchical" not in err
+    assert tcp_reasons(err) == ["GPUCOLL_IB_DISABLE=1"] * 2, err
 
 
 @pytest.mark.multihost
@@ -184,7 +204,7 @@ def test_gpurun_started_by_hand_on_each_host(hosts):
 def sshd(hosts, tmp_path_factory):
     for tool in ("sshd", "ssh", "ssh-keygen"):
         if not (shutil.which(tool) or os.path.exists(f"/usr/sbin/{tool}")):
-            pytest.skip(f"{tool} is missing (apt-get install openssh-server openssh-client)")
+            unavailable("sshd", f"{tool} is missing (apt-get install openssh-server openssh-client)")
     d = tmp_path_factory.mktemp("ssh")
     os.chmod(d, 0o700)
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", d / "id"], check=True)

@@ -5,6 +5,7 @@ with run_schedule; each rank reports its result or the exception it raised.
 """
 import multiprocessing as mp
 import os
+import re
 import signal
 import time
 import uuid
@@ -14,7 +15,8 @@ import pytest
 
 from gpucoll import errors
 from gpucoll._native import core
-from gpucoll.transports.shm import SHM_DIR, ShmChannels, segment_name, unlink_job
+from gpucoll.transports.shm import ShmChannels
+from gpucoll.transports.shm_segment import SHM_DIR, JobSegments
 
 # gc_types.h codes
 DT = dict(int8=0, uint8=1, int16=2, uint16=3, int32=4, uint32=5, int64=6, uint64=7, float16=8,
@@ -24,6 +26,7 @@ SEND, RECV, REDUCE, COPY = core.SEND, core.RECV, core.REDUCE, core.COPY
 INTS = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
 COMPLEX = ["complex64", "complex128"]
+SECRET = b"test-native-core-secret"
 
 
 # ---- reductions ----------------------------------------------------------------------------
@@ -190,13 +193,13 @@ def addr(a):
 @pytest.fixture
 def pair():
     """Both ends of one channel in this process: rank 0 holds `a`, rank 1 holds `b`."""
-    name = f"gpucoll-test{uuid.uuid4().hex[:8]}-c-0-1"
-    a = core.ShmChannel.create(name, 4096, 1)
-    b = core.ShmChannel.attach(name, os.getpid(), 0)
-    b.unlink()
+    segs = JobSegments(f"t{uuid.uuid4().hex[:10]}", SECRET)
+    lo = ShmChannels(segs, "c", 0, [os.getpid()] * 2, capacity=4096)
+    hi = ShmChannels(segs, "c", 1, [os.getpid()] * 2)
+    a, b = lo.channel(1), hi.channel(0)      # the attacher unlinks the name
     yield a, b, np.array([0, a.ptr], np.uint64), np.array([b.ptr, 0], np.uint64)
-    a.close()
-    b.close()
+    lo.close()
+    hi.close()
 
 
 def test_channel_wraps_and_frames(pair):
@@ -254,7 +257,7 @@ def _rank_main(rank, size, job, cap, plan, inputs, results):
     """One rank: run each (schedule, dtype, op, timeout) of plan over lazily made channels."""
     t0 = time.monotonic()
     try:
-        chans = ShmChannels(job, "world", rank, capacity=cap, timeout=10)
+        chans = ShmChannels(JobSegments(job, SECRET), "world", rank, capacity=cap, timeout=10)
         out = []
         for item in plan[rank]:
             if item == "ready":            # tell the parent we are connected, then idle
@@ -309,7 +312,7 @@ def run_ranks(size, plan, inputs, cap=4096, kill=None, timeout=30):
             if p.is_alive():
                 p.kill()
                 p.join()
-        assert not [n for n in os.listdir(SHM_DIR) if n.startswith(f"gpucoll-{job}-")]
+        assert not [n for n in os.listdir(SHM_DIR) if n.startswith(JobSegments(job, SECRET).prefix)]
     return got
 
 
@@ -416,18 +419,30 @@ def test_timeout_names_the_missing_rank():
 
 
 def test_segment_names_and_cleanup():
-    name = segment_name("job/1", "comm 7/coll", 5, 2)
-    assert name == "gpucoll-job_1-comm_7_coll-2-5"
+    segs = JobSegments("job/1", SECRET)
+    name = ShmChannels(segs, "comm 7/coll", 5).path(2)
+    # Secret-derived: nothing of the job id or communicator shows, and another secret (another
+    # job) gets other names; the same job always the same one.
+    assert re.fullmatch(r"/dev/shm/gpucoll-[0-9a-f]{12}-[0-9a-f]{32}", name), name
+    assert name == ShmChannels(JobSegments("job/1", SECRET), "comm 7/coll", 2).path(5)
+    assert name != ShmChannels(JobSegments("job/1", b"other"), "comm 7/coll", 5).path(2)
+    assert os.path.basename(name).startswith(segs.prefix)
     job = f"t{uuid.uuid4().hex[:10]}"
-    lo = ShmChannels(job, "c", 0, [os.getpid(), os.getpid()], capacity=8192, timeout=2)
+    segs = JobSegments(job, SECRET)
+    lo = ShmChannels(segs, "c", 0, [os.getpid(), os.getpid()], capacity=8192, timeout=2)
     assert lo.channel(1).capacity == 8192
-    assert os.path.exists(os.path.join(SHM_DIR, segment_name(job, "c", 0, 1)))
-    hi = ShmChannels(job, "c", 1, [os.getpid(), os.getpid()], timeout=2)
+    assert os.path.exists(lo.path(1))
+    assert os.stat(lo.path(1)).st_mode & 0o777 == 0o600
+    hi = ShmChannels(segs, "c", 1, [os.getpid(), os.getpid()], timeout=2)
     assert hi.channel(0).capacity == 8192          # the creator's size wins
-    assert not os.path.exists(os.path.join(SHM_DIR, segment_name(job, "c", 0, 1)))
+    assert not os.path.exists(lo.path(1))
     assert hi.channel(0) is hi.channel(0)
     hi.close()
     assert not lo.channel(1).alive()               # a closed end reads as gone
     lo.close()
     with pytest.raises(errors.TimeoutError, match="rank 0 did not create"):
-        ShmChannels(job, "other", 1, timeout=0.2).channel(0)
+        ShmChannels(segs, "other", 1, timeout=0.2).channel(0)
+    # what a job leaves is removed by the launcher's unlink_all (which knows job id and secret)
+    ShmChannels(segs, "left", 0, [os.getpid(), 0], capacity=4096).channel(1)
+    assert segs.unlink_all() == 1
+    assert not [n for n in os.listdir(SHM_DIR) if n.startswith(segs.prefix)]

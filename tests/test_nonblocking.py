@@ -8,7 +8,8 @@ import gpucoll
 
 @pytest.mark.parametrize("size", [3])
 def test_nonblocking(gpurun_job, size):
-    job = gpurun_job(size, "nonblocking.py").check()
+    # A receive that never matches fails after GPUCOLL_TIMEOUT instead of hanging the job.
+    job = gpurun_job(size, "nonblocking.py", env={"GPUCOLL_TIMEOUT": 15}).check()
     res = job.json_lines()
     assert sorted(res) == list(range(size)), job.describe()
     for r, got in res.items():

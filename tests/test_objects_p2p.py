@@ -88,10 +88,14 @@ def test_a_silent_client_does_not_hold_up_delivery(gpurun_job):
 
 @pytest.mark.parametrize("size", [2, 3])
 def test_group_completes_send_recv_at_its_end(gpurun_job, size):
-    job = gpurun_job(size, "group_host.py").check()
+    # Every rank receives before it sends: only a group that starts the Recv without blocking
+    # lets this finish (a blocking Recv fails after GPUCOLL_TIMEOUT).
+    job = gpurun_job(size, "group_host.py", env={"GPUCOLL_TIMEOUT": 10}, timeout=40).check()
     res = job.json_lines()
     assert sorted(res) == list(range(size)), job.describe()
     for r, got in res.items():
         assert got["ring"] is True
         assert got["sendrecv"] == [(r - 1) % size] * 4
         assert got["allreduce_inside"] == size * (size + 1) // 2
+        assert got["groups"] == [0, 1], "one group, completed at the end of the outer block"
+        assert got["completed_at_end"] == 4, "Recv, Send and Sendrecv's two halves wait for the end"

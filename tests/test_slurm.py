@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import _SCRUB
+from conftest import _SCRUB, unavailable
 
 pytestmark = pytest.mark.slurm
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,7 +35,7 @@ def _slurm_ready():
 def slurm():
     why = _slurm_ready()
     if why:
-        pytest.skip(why)
+        unavailable("slurm", why)
 
 
 def _env():
@@ -59,11 +59,11 @@ def test_srun_four_ranks_bootstrap_from_slurm():
 def test_srun_mpi_pmix_with_open_mpi():
     listed = subprocess.run(["srun", "--mpi=list"], capture_output=True, text=True)
     if "pmix" not in listed.stdout + listed.stderr:
-        pytest.skip("this Slurm has no pmix plugin")
+        unavailable("pmix", "this Slurm has no pmix plugin (apt-get install slurm-wlm with pmix)")
     proc = subprocess.run(["srun", "--mpi=pmix", "-n", "4", "--time=2", sys.executable, "-c", HELLO],
                           capture_output=True, text=True, timeout=120, env=_env())
     if "can not load PMIx library" in proc.stderr:
-        pytest.skip("Slurm's pmix plugin cannot load libpmix (apt-get install libpmix-dev)")
+        unavailable("pmix", "Slurm's pmix plugin cannot load libpmix (apt-get install libpmix-dev)")
     assert proc.returncode == 0, proc.stderr
     assert _hellos(proc.stdout) == [(r, 4, "mpi", "True") for r in range(4)], proc.stdout
 

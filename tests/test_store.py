@@ -1,6 +1,7 @@
 """The rendezvous store: a real server and real clients on 127.0.0.1."""
 import json
 import os
+import re
 import resource
 import secrets
 import socket
@@ -511,3 +512,81 @@ def test_thousand_concurrent_clients(server):
         assert c.get("counter") == b"1000"
         assert c.num_keys() == total + 2            # rank/*, counter, all-set
     assert elapsed < 20
+
+
+# --- strangers: connections that never authenticate -------------------------------------
+
+# A server with few file descriptors and no cap of its own on pending connections, so that a
+# flood makes accept() fail with EMFILE; it prints its port, serves until stdin closes.
+CRAMPED_SERVER = r"""
+import resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+from gpucoll.bootstrap.store import StoreServer
+with StoreServer("127.0.0.1", 0, bytes.fromhex(sys.argv[2]), max_pending=1 << 20) as srv:
+    srv.start()
+    print(srv.port, flush=True)
+    sys.stdin.read()
+"""
+
+
+def flood(port, count):
+    """`count` connections to the store that never say a word (the caller closes them)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = count + 100
+    if soft < need:
+        if hard != resource.RLIM_INFINITY and hard < need:
+            pytest.skip(f"RLIMIT_NOFILE hard limit {hard} is below the {need} descriptors needed")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    socks = []
+    for _ in range(count):
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex((HOST, port))
+        socks.append(s)
+    return socks
+
+
+def test_idle_strangers_are_capped_and_ranks_still_get_in():
+    with StoreServer(HOST, 0, SECRET, max_pending=64).start() as srv:
+        strangers = flood(srv.port, 1000)
+        try:
+            start = time.monotonic()
+            with connect(srv, connect_timeout=10) as c:   # retried while the store is busy
+                c.set("in", b"1")
+            assert time.monotonic() - start < 5
+            deadline = time.monotonic() + 5
+            while len(srv.gate.pending) > 64 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(srv.gate.pending) <= 64
+            assert srv.gate.refused.total >= 1000 - 64 - 1
+        finally:
+            for s in strangers:
+                s.close()
+
+
+def test_out_of_file_descriptors_is_one_summary_line_not_tracebacks():
+    server = subprocess.Popen([sys.executable, "-c", CRAMPED_SERVER, "128", SECRET.hex()], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        port = int(server.stdout.readline())
+        strangers = flood(port, 600)
+        try:
+            start = time.monotonic()
+            with StoreClient(HOST, port, SECRET, connect_timeout=10) as c:   # room is made for it
+                c.set("in", b"1")
+                assert c.get("in") == b"1"
+            assert time.monotonic() - start < 5
+        finally:
+            for s in strangers:
+                s.close()
+        _, err = server.communicate("", timeout=10)
+    finally:
+        server.kill()
+    assert server.returncode == 0, err
+    assert "Traceback" not in err and "Invalid file descriptor" not in err, err[:3000]
+    lines = err.splitlines()
+    assert 1 <= len(lines) <= 3, err[:3000]
+    for line in lines:
+        assert re.search(r"gpucoll WARN \[BOOTSTRAP\] store 127\.0\.0\.1:\d+ turned away \d+ connection\(s\) "
+                         r"that had not authenticated: ", line), line
+    assert "Too many open files" in err and "closed to free file descriptors" in err, err

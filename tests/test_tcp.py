@@ -23,6 +23,7 @@ from gpucoll.transports.tcp import TcpEndpoint
 from gpucoll._native.sock import TcpChannel, chan_recv_exact, chan_send_all, chan_sendrecv
 
 SIZES = [0, 1, (1 << 20) + 3, 64 << 20]
+SECRET = b"test-job-secret"
 _ctx = multiprocessing.get_context("spawn")
 
 
@@ -62,7 +63,7 @@ def _recv_then_die(ch):
 
 def _child(scenario, args, channel_kw, to_parent, to_child):
     try:
-        with TcpEndpoint(1, ifname="lo") as ep:
+        with TcpEndpoint(1, SECRET, ifname="lo") as ep:
             to_parent.put(ep.address)
             ch = ep.channel(0, to_child.get(timeout=30), comm_id="test", timeout=30, **channel_kw)
             to_parent.put(("done", globals()[scenario](ch, *args)))
@@ -78,7 +79,7 @@ class Pair:
         self.proc = _ctx.Process(target=_child, args=(scenario, args, channel_kw, self.to_parent,
                                                       self.to_child), daemon=True)
         self.proc.start()
-        self.ep = TcpEndpoint(0, ifname="lo")
+        self.ep = TcpEndpoint(0, SECRET, ifname="lo")
         self.peer_address = self.to_parent.get(timeout=30)
         self.to_child.put(self.ep.address)
         self.ch = self.ep.channel(1, self.peer_address, comm_id="test", timeout=30, **channel_kw)
@@ -189,7 +190,7 @@ def _both(fn0, fn1):
 
 
 def test_channels_are_cached_per_communicator_and_peer():
-    with TcpEndpoint(0, ifname="lo") as ep0, TcpEndpoint(1, ifname="lo") as ep1:
+    with TcpEndpoint(0, SECRET, ifname="lo") as ep0, TcpEndpoint(1, SECRET, ifname="lo") as ep1:
         a0, a1 = _both(lambda: ep0.channel(1, ep1.address, "world", nsocks=2, timeout=10),
                        lambda: ep1.channel(0, ep0.address, "world", nsocks=2, timeout=10))
         assert ep0.channel(1, ep1.address, "world", nsocks=2) is a0
@@ -207,7 +208,7 @@ def test_channels_are_cached_per_communicator_and_peer():
 
 
 def test_nsocks_must_agree():
-    with TcpEndpoint(0, ifname="lo") as ep0, TcpEndpoint(1, ifname="lo") as ep1:
+    with TcpEndpoint(0, SECRET, ifname="lo") as ep0, TcpEndpoint(1, SECRET, ifname="lo") as ep1:
         _, r1 = _both(lambda: ep0.channel(1, ep1.address, "c", nsocks=2, timeout=5),
                       lambda: ep1.channel(0, ep0.address, "c", nsocks=4, timeout=5))
         assert isinstance(r1, ConfigError), r1
@@ -218,7 +219,7 @@ def test_connect_timeout_names_the_peer():
     with socket.socket() as hole:            # a bound port where nobody listens
         hole.bind(("127.0.0.1", 0))
         address = "127.0.0.1:%d" % hole.getsockname()[1]
-        with TcpEndpoint(0, ifname="lo") as ep:
+        with TcpEndpoint(0, SECRET, ifname="lo") as ep:
             start = time.monotonic()
             with pytest.raises(TimeoutError) as info:
                 ep.channel(3, address, "c", nsocks=2, timeout=0.5)
@@ -227,14 +228,14 @@ def test_connect_timeout_names_the_peer():
 
 
 def test_accept_timeout_names_the_peer():
-    with TcpEndpoint(5, ifname="lo") as ep:
+    with TcpEndpoint(5, SECRET, ifname="lo") as ep:
         with pytest.raises(TimeoutError) as info:
             ep.channel(2, "127.0.0.1:9", "c", nsocks=2, timeout=0.3)
         assert "rank 2 at 127.0.0.1:9" in str(info.value)
 
 
 def test_channel_arguments_are_checked():
-    with TcpEndpoint(0, ifname="lo") as ep:
+    with TcpEndpoint(0, SECRET, ifname="lo") as ep:
         with pytest.raises(InvalidUsageError):
             ep.channel(0, ep.address)
     with pytest.raises(InvalidUsageError):

@@ -4,7 +4,9 @@
  * Segment layout (offsets from the base, all set by gc_direct_format):
  *
  *   0        gc_direct_hdr       magic, version, nranks, slot size, creator pid, attach count,
- *                                first lost rank (so that one rank's discovery reaches all)
+ *                                first lost rank (so that one rank's discovery reaches all), and
+ *                                a token derived from the job secret (a file of the right name
+ *                                that another job made is refused, see gc_direct_probe)
  *   64       procs[nranks]       each rank's process id and pid namespace, for liveness checks
  *   F        flags[nranks]       one 64-byte line per rank, so that a rank's posts never
  *                                invalidate the line another rank polls: its epoch, the count of
@@ -78,7 +80,7 @@
 #include "gc_reduce.h"
 
 #define GC_DIRECT_MAGIC 0x7463657269646367ULL /* "gcdirect" read as little-endian bytes */
-#define GC_DIRECT_VERSION 1u
+#define GC_DIRECT_VERSION 2u
 #define GC_DIRECT_LINE 64u
 #define GC_DIRECT_PAGE 4096u
 #define GC_DIRECT_LINE_PAD_ (GC_DIRECT_LINE - 48u)
@@ -102,7 +104,9 @@ typedef struct {
     int32_t lost;         /* 1 + the first rank found dead, 0 while none (atomic) */
     int32_t mismatch;     /* 1 + the first rank that found mismatched calls, 0 while none */
     uint64_t creator_pidns;
+    uint64_t token;       /* from the job secret and the segment's name (shm_segment.py) */
 } gc_direct_hdr;
+typedef char gc__hdr_fits_a_line[sizeof(gc_direct_hdr) <= GC_DIRECT_LINE ? 1 : -1];
 
 /* Who a rank is, as seen by the others. A pid only means something inside its pid namespace
  * (ranks in different containers may share /dev/shm): peers in another namespace are never
@@ -217,7 +221,7 @@ static inline size_t gc_direct_segment_size(int nranks, size_t slot_bytes)
 
 /* Creator: lay out a zero-filled segment. */
 static inline int gc_direct_format(void *base, size_t size, int nranks, size_t slot_bytes,
-                                   int32_t creator_pid)
+                                   int32_t creator_pid, uint64_t token)
 {
     gc_direct_hdr *h = (gc_direct_hdr *)base;
     slot_bytes = gc_direct_slot_size(slot_bytes, nranks);
@@ -229,23 +233,56 @@ static inline int gc_direct_format(void *base, size_t size, int nranks, size_t s
     h->total_bytes = size;
     h->creator_pid = creator_pid;
     h->creator_pidns = gc__pidns();
+    h->token = token;
     __atomic_store_n(&h->magic, GC_DIRECT_MAGIC, __ATOMIC_RELEASE);
     return GC_OK;
 }
 
 
-/* Attacher: GC_OK when base holds a formatted segment for nranks, GC_ERR_PEER when it is a
- * leftover whose creator is gone (retry: the creator replaces it), GC_ERR_USAGE on a mismatch. */
-static inline int gc_direct_probe(const void *base, size_t size, int nranks)
+/* The creator is known to be gone: nobody can join the segment any more. A pid only means
+ * something in its own pid namespace; a creator in another one is never judged gone. */
+static inline int gc__creator_gone(const gc_direct_hdr *h)
+{
+    return h->creator_pidns == gc__pidns() && gc__pid_dead(h->creator_pid);
+}
+
+/* Attacher's verdict on a mapped segment file that passed the owner and mode checks
+ * (shm_direct.py). creator_pid > 0 is the pid the job's table gives local rank 0: a segment
+ * that another process made is a leftover of an earlier run with the same name (retry: local
+ * rank 0 replaces it, or says why it cannot). The token is compared before any other field is
+ * trusted. */
+enum {
+    GC_DIRECT_READY = 0,
+    GC_DIRECT_NOT_READY = 1,     /* not formatted yet, or made by another creator: retry */
+    GC_DIRECT_FOREIGN = 2,       /* another token: not made by this job */
+    GC_DIRECT_CREATOR_GONE = 3,  /* made by creator_pid, which has died since */
+    GC_DIRECT_MISMATCH = 4       /* this job's, but for another version or number of ranks */
+};
+static inline int gc_direct_probe(const void *base, size_t size, int nranks, uint64_t token,
+                                  int32_t creator_pid)
 {
     const gc_direct_hdr *h = (const gc_direct_hdr *)base;
     if (size < sizeof *h || __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != GC_DIRECT_MAGIC)
-        return GC_ERR_PEER;
+        return GC_DIRECT_NOT_READY;
+    if (h->token != token)
+        return GC_DIRECT_FOREIGN;
     if (h->version != GC_DIRECT_VERSION || h->nranks != (uint32_t)nranks || h->total_bytes > size)
-        return GC_ERR_USAGE;
-    if (h->creator_pidns == gc__pidns() && gc__pid_dead(h->creator_pid))
-        return GC_ERR_PEER;
-    return GC_OK;
+        return GC_DIRECT_MISMATCH;
+    if (creator_pid > 0 && h->creator_pid != creator_pid)
+        return GC_DIRECT_NOT_READY;
+    return gc__creator_gone(h) ? GC_DIRECT_CREATOR_GONE : GC_DIRECT_READY;
+}
+
+/* GC_SEG_* of the first `size` bytes of a segment file (token 0: any token). A segment is a
+ * leftover once its creator is gone: ranks that have not attached by then never can. */
+static inline int gc_direct_examine(const void *hdr, size_t size, uint64_t token)
+{
+    const gc_direct_hdr *h = (const gc_direct_hdr *)hdr;
+    if (size < sizeof *h || __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != GC_DIRECT_MAGIC)
+        return GC_SEG_UNKNOWN;
+    if (token && h->token != token)
+        return GC_SEG_FOREIGN;
+    return gc__creator_gone(h) ? GC_SEG_LEFTOVER : GC_SEG_IN_USE;
 }
 
 /* Map this rank into a formatted segment. *nattached receives how many ranks have attached,

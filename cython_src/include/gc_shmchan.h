@@ -4,7 +4,8 @@
  * ("side 0") creates it, the higher rank ("side 1") attaches. It holds two single-producer
  * single-consumer byte rings, ring 0 carrying side 0 -> side 1 and ring 1 the other way:
  *
- *   [0, 4096)        header: magic, version, capacity, and per side: pid and state
+ *   [0, 4096)        header: magic, version, capacity, a token derived from the job secret, the
+ *                    pid the job expects on side 1, and per side: pid, pid namespace and state
  *   ring r control   head (written by the producer) and tail (written by the consumer), each a
  *                    free-running 64-bit byte counter on its own 128-byte block (two lines:
  *                    the adjacent-line prefetcher would otherwise make them share)
@@ -22,13 +23,20 @@
  * bootstrap gave, for a peer in this pid namespace), so a peer that ended before attaching is
  * noticed instead of waited for until the deadline.
  *
- *   gc_shmchan *gc_shmchan_create(name, cap, &err)   side 0: O_EXCL create, size, map, init
- *   gc_shmchan *gc_shmchan_attach(name, creator_pid, &err)
- *                      side 1: map an existing segment; err = GC_SHM_NOT_READY while the
- *                      creator has not finished (retry), or one that belongs to another
- *                      creator (a stale name) is found
+ * Files: gpucoll/transports/shm_segment.py creates the file exclusively (mode 0600) or opens it
+ * after checking its owner and mode, and passes the descriptor; the token written by the
+ * creator lets the attacher refuse a segment that another job made under the same name.
+ *
+ *   gc_shmchan *gc_shmchan_create(fd, cap, token, pidns, expect_pid, &err)
+ *                      side 0: size the new file, map, init (magic last)
+ *   gc_shmchan *gc_shmchan_attach(fd, creator_pid, token, pidns, &err)
+ *                      side 1: map the segment; err = GC_SHM_NOT_READY while the creator has
+ *                      not finished (retry), or when the segment belongs to another creator
+ *                      (a stale name); GC_SHM_FOREIGN when its token is not ours
+ *   gc_shmchan_examine(hdr, size, token, pidns)   GC_SEG_* of a segment file's header
  *   gc_shmchan_unlink(name)      remove the name (mappings stay valid)
- *   gc_shmchan_close(ch)         mark our side closed (the peer's alive() turns false), unmap
+ *   gc_shmchan_close(ch)         mark our side closed (the peer's alive() turns false), unmap;
+ *                                in a forked child only unmap: the channel is the parent's
  *   gc_shmchan_peer_state(ch)    the other side's GC_SHM_STATE_* (NONE: not attached yet)
  *   &ch->chan                    the gc_chan to hand to the executor
  */
@@ -46,21 +54,24 @@
 #include "gc_chan.h"
 
 #define GC_SHM_MAGIC      0x676370756368616eULL   /* "gcpuchan" */
-#define GC_SHM_VERSION    1u
+#define GC_SHM_VERSION    2u
 #define GC_SHM_HDR_BYTES  4096u
 #define GC_SHM_MIN_CAP    4096u
 #define GC_SHM_MAX_CAP    (1u << 30)
 #define GC_SHM_NOT_READY  1     /* attach: not created (or not initialised) yet; try again */
+#define GC_SHM_FOREIGN    2     /* attach: the segment's token is not ours (another job made it) */
 
 enum { GC_SHM_STATE_NONE = 0, GC_SHM_STATE_OPEN = 1, GC_SHM_STATE_CLOSED = 2 };
 
 typedef struct {
     uint64_t magic;          /* written last by the creator (release): the segment is ready */
     uint32_t version;
-    uint32_t pad0;
+    int32_t expect_pid;      /* side 1's pid as the job's table says (0: unknown) */
     uint64_t cap;            /* bytes per ring */
     int32_t pid[2];          /* each side's pid, written by that side */
     uint32_t state[2];       /* GC_SHM_STATE_*, written by that side */
+    uint64_t pidns[2];       /* each side's pid namespace (0: unknown), written by that side */
+    uint64_t token;          /* from the job secret and the segment's name (shm_segment.py) */
 } gc_shm_header;
 
 typedef struct {
@@ -85,6 +96,7 @@ typedef struct gc_shmchan {
     uint64_t tx_head, tx_tail_seen;   /* our counter and the last tail we read */
     uint64_t rx_tail, rx_head_seen;
     int32_t peer_pid;        /* the peer's pid until it attaches (0: unknown), see alive() */
+    pid_t owner;             /* the process that opened it: a forked child must not close it */
 } gc_shmchan;
 
 static inline uint64_t gc__load_acq(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
@@ -176,7 +188,8 @@ static inline uint64_t gc_shm_round_cap(uint64_t cap)
     return (cap + 4095u) & ~(uint64_t)4095u;
 }
 
-static gc_shmchan *gc__shmchan_wire(unsigned char *base, size_t map_bytes, int side, int *err)
+static gc_shmchan *gc__shmchan_wire(unsigned char *base, size_t map_bytes, int side, uint64_t pidns,
+                                    int *err)
 {
     gc_shmchan *ch = (gc_shmchan *)calloc(1, sizeof *ch);
     if (!ch) {
@@ -207,100 +220,107 @@ static gc_shmchan *gc__shmchan_wire(unsigned char *base, size_t map_bytes, int s
     ch->chan.fd = -1;
     ch->chan.peer = -1;
     ch->chan.impl = ch;
-    __atomic_store_n(&ch->hdr->pid[side], (int32_t)getpid(), __ATOMIC_RELEASE);
+    ch->owner = getpid();
+    ch->hdr->pidns[side] = pidns;
+    __atomic_store_n(&ch->hdr->pid[side], (int32_t)ch->owner, __ATOMIC_RELEASE);
     __atomic_store_n(&ch->hdr->state[side], GC_SHM_STATE_OPEN, __ATOMIC_RELEASE);
     *err = GC_OK;
     return ch;
 }
 
-/* Side 0: create the segment `name` ("/gpucoll-..."), replacing a stale one left by a crash. */
-static gc_shmchan *gc_shmchan_create(const char *name, uint64_t cap, int *err)
+/* Side 0: lay out the new, empty file `fd` (created exclusively by the caller). */
+static gc_shmchan *gc_shmchan_create(int fd, uint64_t cap, uint64_t token, uint64_t pidns,
+                                     int32_t expect_pid, int *err)
 {
     cap = gc_shm_round_cap(cap);
     size_t bytes = GC_SHM_HDR_BYTES + 2 * (size_t)cap;
-    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0 && errno == EEXIST) {
-        shm_unlink(name);
-        fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
-    }
-    if (fd < 0)
+    if (ftruncate(fd, (off_t)bytes) != 0)
         goto io_error;
-    if (ftruncate(fd, (off_t)bytes) != 0) {
-        int e = errno;
-        close(fd);
-        shm_unlink(name);
-        errno = e;
-        goto io_error;
-    }
     /* MAP_POPULATE: take the page faults now, not in the first timed collective */
     unsigned char *base = (unsigned char *)mmap(NULL, bytes, PROT_READ | PROT_WRITE,
                                                 MAP_SHARED | MAP_POPULATE, fd, 0);
-    close(fd);
-    if (base == MAP_FAILED) {
-        int e = errno;
-        shm_unlink(name);
-        errno = e;
+    if (base == MAP_FAILED)
         goto io_error;
-    }
     gc_shm_header *h = (gc_shm_header *)base;
     h->version = GC_SHM_VERSION;
     h->cap = cap;
+    h->expect_pid = expect_pid;
+    h->token = token;
     h->pid[0] = (int32_t)getpid();
     h->state[0] = GC_SHM_STATE_OPEN;
-    gc_shmchan *ch = gc__shmchan_wire(base, bytes, 0, err);
+    gc_shmchan *ch = gc__shmchan_wire(base, bytes, 0, pidns, err);
     if (ch)
         __atomic_store_n(&h->magic, GC_SHM_MAGIC, __ATOMIC_RELEASE);
-    else
-        shm_unlink(name);
     return ch;
 io_error:
     *err = GC_ERR_IO;
     return NULL;
 }
 
-/* Side 1: attach to `name`. creator_pid > 0 rejects a segment made by another process (a
- * stale name from a crashed job) as not ready, so that the caller retries until the real
- * creator has replaced it. */
-static gc_shmchan *gc_shmchan_attach(const char *name, pid_t creator_pid, int *err)
+/* Side 1: attach to the segment file `fd`. creator_pid > 0 rejects a segment made by another
+ * process (a stale name from a crashed job) as not ready, so that the caller retries until the
+ * real creator has replaced it; a segment with another token is refused (GC_SHM_FOREIGN)
+ * before anything else in it is believed. */
+static gc_shmchan *gc_shmchan_attach(int fd, pid_t creator_pid, uint64_t token, uint64_t pidns,
+                                     int *err)
 {
-    int fd = shm_open(name, O_RDWR, 0600);
-    if (fd < 0) {
-        *err = errno == ENOENT ? GC_SHM_NOT_READY : GC_ERR_IO;
-        return NULL;
-    }
     struct stat st;
     if (fstat(fd, &st) != 0) {
-        close(fd);
         *err = GC_ERR_IO;
         return NULL;
     }
     if ((size_t)st.st_size < GC_SHM_HDR_BYTES + 2 * GC_SHM_MIN_CAP) {
-        close(fd);                     /* created, not yet sized */
-        *err = GC_SHM_NOT_READY;
+        *err = GC_SHM_NOT_READY;       /* created, not yet sized */
         return NULL;
     }
     size_t bytes = (size_t)st.st_size;
     unsigned char *base = (unsigned char *)mmap(NULL, bytes, PROT_READ | PROT_WRITE,
                                                 MAP_SHARED | MAP_POPULATE, fd, 0);
-    close(fd);
     if (base == MAP_FAILED) {
         *err = GC_ERR_IO;
         return NULL;
     }
     gc_shm_header *h = (gc_shm_header *)base;
-    if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != GC_SHM_MAGIC
-        || (creator_pid > 0 && h->pid[0] != (int32_t)creator_pid)
-        || h->state[1] != GC_SHM_STATE_NONE) {
+    int verdict = GC_OK;
+    if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != GC_SHM_MAGIC)
+        verdict = GC_SHM_NOT_READY;
+    else if (h->token != token)
+        verdict = GC_SHM_FOREIGN;
+    else if (h->version != GC_SHM_VERSION || bytes < GC_SHM_HDR_BYTES + 2 * h->cap)
+        verdict = GC_ERR_USAGE;
+    else if ((creator_pid > 0 && h->pid[0] != (int32_t)creator_pid)
+             || h->state[1] != GC_SHM_STATE_NONE)
+        verdict = GC_SHM_NOT_READY;
+    if (verdict != GC_OK) {
         munmap(base, bytes);
-        *err = GC_SHM_NOT_READY;
+        *err = verdict;
         return NULL;
     }
-    if (h->version != GC_SHM_VERSION || bytes < GC_SHM_HDR_BYTES + 2 * h->cap) {
-        munmap(base, bytes);
-        *err = GC_ERR_USAGE;
-        return NULL;
-    }
-    return gc__shmchan_wire(base, bytes, 1, err);
+    return gc__shmchan_wire(base, bytes, 1, pidns, err);
+}
+
+/* GC_SEG_* of the first `size` bytes of a channel segment file (token 0: any token), as seen
+ * from pid namespace `pidns`. A leftover: its creator is gone, and its peer too (the one that
+ * attached, or the one expected while none has). Pids of another namespace are not judged. */
+static inline int gc_shmchan_examine(const void *hdr, size_t size, uint64_t token, uint64_t pidns)
+{
+    const gc_shm_header *h = (const gc_shm_header *)hdr;
+    if (size < sizeof *h || __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != GC_SHM_MAGIC ||
+        h->version != GC_SHM_VERSION)
+        return GC_SEG_UNKNOWN;
+    if (token && h->token != token)
+        return GC_SEG_FOREIGN;
+    if (!pidns || h->pidns[0] != pidns || gc_pid_alive((pid_t)h->pid[0]))
+        return GC_SEG_IN_USE;
+    uint32_t peer_state = __atomic_load_n(&h->state[1], __ATOMIC_ACQUIRE);
+    if (peer_state == GC_SHM_STATE_CLOSED)
+        return GC_SEG_LEFTOVER;
+    /* side 1 has not attached: the one the job expects may still come (judged in the
+     * creator's namespace, where the job's ranks of one host normally all live) */
+    int32_t peer = peer_state == GC_SHM_STATE_NONE ? h->expect_pid : h->pid[1];
+    if (peer_state != GC_SHM_STATE_NONE && h->pidns[1] != pidns)
+        return GC_SEG_IN_USE;
+    return peer > 0 && !gc_pid_alive((pid_t)peer) ? GC_SEG_LEFTOVER : GC_SEG_IN_USE;
 }
 
 static inline int gc_shmchan_unlink(const char *name)
@@ -318,7 +338,8 @@ static inline void gc_shmchan_close(gc_shmchan *ch)
 {
     if (!ch)
         return;
-    __atomic_store_n(&ch->hdr->state[ch->side], GC_SHM_STATE_CLOSED, __ATOMIC_RELEASE);
+    if (ch->owner == getpid())
+        __atomic_store_n(&ch->hdr->state[ch->side], GC_SHM_STATE_CLOSED, __ATOMIC_RELEASE);
     munmap(ch->base, ch->map_bytes);
     free(ch);
 }

@@ -30,4 +30,13 @@ typedef enum {
 #define GC_ERR_NOMEM    -5
 #define GC_ERR_MISMATCH -6   /* ranks called the same collective with different counts, dtypes, ops or roots */
 
+/* What a shared-memory segment file holds, judged from its header by the creator that finds its
+ * name taken and by the clean-up of leftovers (gpucoll/transports/shm_segment.py). */
+enum {
+    GC_SEG_UNKNOWN = 0,   /* not a segment of this format, or not formatted yet */
+    GC_SEG_FOREIGN = 1,   /* a segment whose token is not the one expected: another job made it */
+    GC_SEG_IN_USE = 2,    /* a process that may still use it is alive (or cannot be judged) */
+    GC_SEG_LEFTOVER = 3   /* every process that could use it is gone */
+};
+
 #endif

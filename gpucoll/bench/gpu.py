@@ -4,14 +4,22 @@ Used when CuPy and a GPU are present (-g/--gpu, the default there). Every rank u
 GPUCOLL_DEVICE (gpurun gives local rank k GPU k). The input and the check are the host
 runner's (runner.Case), copied to and from the GPU around the timed calls.
 
-Timing: -w warm-up calls, a barrier, then -n calls launched eagerly from Python on one stream
-between two CUDA events, or with -G N the same call captured N times in one CUDA graph and
-the graph replayed (time per call = elapsed / calls, the slowest rank's). The peers run in the
-same job, on the same stream and buffers' sizes, right after gpucoll's rows:
+Timing: -w warm-up calls, the buffers refilled (fresh input, cleared output), a barrier, then
+-n calls launched eagerly from Python on one stream between two CUDA events, or with -G N the
+same call captured N times in one CUDA graph and the graph replayed (time per call = elapsed /
+calls, the slowest rank's). The check reads the output those timed calls left. The peers run
+in the same job, on the same stream and buffers' sizes, right after gpucoll's rows:
 
-    nccl    NCCL through cupy.cuda.nccl; the unique id travels by gpucoll's own bcast
+    nccl    NCCL through cupy.cuda.nccl; the unique id travels by gpucoll's own bcast. CuPy
+            does not bind ncclCommRegister, and NCCL registers only VMM (cuMem) allocations
+            by default, so NCCL copies through its own buffers; gpucoll registers the caller's
+            buffers above GPUCOLL_GPU_STAGE_MAX (its `direct` algorithms). For a comparison
+            on equal terms at large sizes run with GPUCOLL_ALGO=two-shot (all-reduce) or
+            staged, and GPUCOLL_GPU_STAGE_MAX at least the largest size: the table's
+            preamble and the JSON list these settings.
     torch   torch.distributed's nccl backend (its TCPStore on a free port that rank 0 picks;
-            gpurun's MASTER_ADDR/MASTER_PORT point at gpucoll's store, not a torch one)
+            gpurun's MASTER_ADDR/MASTER_PORT point at gpucoll's store, not a torch one),
+            with the benchmark's stream made torch's current stream once, at set-up
 
     gpucoll-bench -np 2 -b 8 -e 512M -f 4 --vs nccl
     gpucoll-bench -np 2 -b 8 -e 64K -f 8 -G 100 --vs nccl
@@ -23,9 +31,16 @@ import numpy as np
 
 from . import runner, table
 
-# NVLink multicast stays off in everything this starts (NCCL, torch, NVSHMEM).
-for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
-    os.environ.setdefault(_k, _v)
+# NVLink multicast stays off in everything a GPU run starts (NCCL, torch, NVSHMEM); the
+# table's preamble and the JSON show these settings.
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def multicast_off():
+    """Set MULTICAST_OFF in this process's environment (the job's ranks inherit it); a value
+    the caller set already is kept, and shown."""
+    for key, value in MULTICAST_OFF.items():
+        os.environ.setdefault(key, value)
 
 
 def available():
@@ -66,10 +81,11 @@ class GpuCase:
             self.recv.set(self.host.recv)
         self.cp.cuda.Device().synchronize()
 
-    def wrong(self):
+    def wrong(self, calls=1):
+        """runner.Case.wrong on a host copy of recv (after the device finished)."""
         self.cp.cuda.Device().synchronize()
         self.host.recv[...] = self.recv.get()
-        return self.host.wrong()
+        return self.host.wrong(calls)
 
 
 class _GpuTiming:
@@ -78,13 +94,14 @@ class _GpuTiming:
 
     make_case = GpuCase
 
-    def time_per_call(self, call, plan):
+    def time_per_call(self, call, plan, refill):
+        """(seconds per call, timed calls): warm-up, refill() (it synchronizes the device),
+        then the timed calls between two events on self.stream."""
         cp = self.cp
         s = self.stream
         for _ in range(plan.warmup):
             call()
         s.synchronize()
-        self.barrier()
         start, end = cp.cuda.Event(), cp.cuda.Event()
         if self.graphs:
             try:
@@ -99,6 +116,7 @@ class _GpuTiming:
                 raise runner.Unsupported(f"{self.name}: capture in a CUDA graph failed: {exc}") from None
             graph.launch(s)
             s.synchronize()
+            refill()
             self.barrier()
             reps = max(1, -(-plan.iters // self.graphs))
             start.record(s)
@@ -108,13 +126,15 @@ class _GpuTiming:
             end.synchronize()
             calls = reps * self.graphs
         else:
+            refill()
+            self.barrier()
             start.record(s)
             for _ in range(plan.iters):
                 call()
             end.record(s)
             end.synchronize()
             calls = plan.iters
-        return cp.cuda.get_elapsed_time(start, end) * 1e-3 / calls
+        return cp.cuda.get_elapsed_time(start, end) * 1e-3 / calls, calls
 
     def _setup_gpu(self, graphs):
         import cupy as cp
@@ -252,7 +272,11 @@ class TorchNcclBackend(_GpuTiming, _HostChannel):
         port = self.comm.bcast(_free_port() if self.rank == 0 else None)
         dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=self.rank,
                                 world_size=self.size, device_id=torch.device("cuda", self.device))
+        # The benchmark's stream becomes torch's current stream once, here: every call (and the
+        # in-place all-reduce's input copy) is issued on it without a context switch per call.
         self.tstream = torch.cuda.ExternalStream(self.stream.ptr, device=torch.device("cuda", self.device))
+        self._previous_stream = torch.cuda.current_stream(self.device)
+        torch.cuda.set_stream(self.tstream)
         R = dist.ReduceOp
         self._ops = {"sum": R.SUM, "prod": R.PRODUCT, "max": R.MAX, "min": R.MIN, "avg": R.AVG}
 
@@ -262,10 +286,6 @@ class TorchNcclBackend(_GpuTiming, _HostChannel):
 
         return metadata.version("torch")
 
-    def _on_stream(self, fn, *args):
-        with self.torch.cuda.stream(self.tstream):
-            fn(*args)
-
     def prepare(self, collective, send, recv, redop, root):
         torch, dist = self.torch, self.dist
         if send.dtype in (np.uint16, np.uint32, np.uint64):
@@ -273,28 +293,24 @@ class TorchNcclBackend(_GpuTiming, _HostChannel):
         st, rt = torch.as_tensor(send, device="cuda"), torch.as_tensor(recv, device="cuda")
         op = self._ops.get(redop)
         if collective == "allreduce":
-            # torch's all_reduce is in place: the timed call reduces recv; the checked call
-            # first copies the input in (runner's prime step).
-            return runner_primed(functools.partial(self._on_stream, dist.all_reduce, rt, op),
-                                 functools.partial(self._on_stream, rt.copy_, st))
+            # torch's all_reduce is in place: the timed calls reduce recv, after the runner's
+            # prime step copied the input in (the check counts the calls).
+            from .peers import _Primed
+
+            return _Primed(functools.partial(dist.all_reduce, rt, op), functools.partial(rt.copy_, st))
         if collective == "reduce_scatter":
-            return functools.partial(self._on_stream, dist.reduce_scatter_tensor, rt, st, op)
+            return functools.partial(dist.reduce_scatter_tensor, rt, st, op)
         if collective == "allgather":
-            return functools.partial(self._on_stream, dist.all_gather_into_tensor, rt, st)
+            return functools.partial(dist.all_gather_into_tensor, rt, st)
         if collective == "alltoall":
-            return functools.partial(self._on_stream, dist.all_to_all_single, rt, st)
+            return functools.partial(dist.all_to_all_single, rt, st)
         if collective == "bcast":
-            return functools.partial(self._on_stream, dist.broadcast, st, root)
+            return functools.partial(dist.broadcast, st, root)
         raise runner.Unsupported(collective)
 
     def close(self):
         self.dist.destroy_process_group()
-
-
-def runner_primed(call, prime):
-    from .peers import _Primed
-
-    return _Primed(call, prime)
+        self.torch.cuda.set_stream(self._previous_stream)
 
 
 PEERS = {"nccl": NcclBackend, "torch": TorchNcclBackend}

@@ -5,8 +5,9 @@
     nccl   NCCL through CuPy, and torch: torch.distributed's nccl backend (GPU buffers only)
 
 `python -m gpucoll.bench.peers mpi|gloo --plan JSON [--rows-out FILE]` is the job each rank
-runs: rank 0 writes the records as JSON to FILE, or prints them one per line to stdout.
-`run_peer` starts that job from gpucoll-bench and returns the records.
+runs: rank 0 writes {"library": the library's own version string, "records": [...]} as JSON
+to FILE, or prints the records one per line to stdout. `run_peer` starts that job from
+gpucoll-bench and returns the records and the version string.
 """
 import functools
 import json
@@ -45,6 +46,10 @@ class MpiBackend(MpiStyleBackend):
         if send.dtype == np.float16:
             raise Unsupported("MPI has no half-precision type")
         return super().prepare(collective, send, recv, redop, root)
+
+    def library(self):
+        """'Open MPI v5.0.11' (the library's own words, up to its first comma)."""
+        return self.MPI.Get_library_version().replace("\x00", "").strip().split(",")[0].splitlines()[0]
 
 
 class GlooBackend:
@@ -98,6 +103,9 @@ class GlooBackend:
         if collective == "bcast":
             return functools.partial(dist.broadcast, st, root)
         raise Unsupported(collective)
+
+    def library(self):
+        return f"torch {self.torch.__version__} gloo"
 
     def close(self):
         self.dist.destroy_process_group()
@@ -177,7 +185,7 @@ def label(peer):
 
 
 def run_peer(peer, nranks, plan, timeout=None):
-    """Run the plan as a peer job of nranks ranks; its records (rank 0's)."""
+    """Run the plan as a peer job of nranks ranks: (rank 0's records, the library's version)."""
     check_available(peer)
     env = _clean_env()
     fd, rows = tempfile.mkstemp(prefix=f"gpucoll-bench-{peer}-", suffix=".json")
@@ -203,7 +211,8 @@ def run_peer(peer, nranks, plan, timeout=None):
             tail = "\n".join(proc.stdout.strip().splitlines()[-20:])
             raise PeerError(f"the {peer} job ({' '.join(argv[:4])} ...) exited with {proc.returncode}:\n{tail}")
         with open(rows) as f:
-            return json.load(f)
+            out = json.load(f)
+        return out["records"], out["library"]
     finally:
         os.unlink(rows)
 
@@ -222,7 +231,7 @@ def main(argv=None):
     if backend.rank == 0:
         if args.rows_out:
             with open(args.rows_out, "w") as f:
-                json.dump(records, f)
+                json.dump({"library": backend.library(), "records": records}, f)
         else:
             for r in records:
                 print(json.dumps(r), flush=True)

@@ -12,6 +12,7 @@ import time
 
 from .. import config, log
 from ..errors import BootstrapError, StoreError
+from ..transports.ifaces import server_address
 from ..errors import TimeoutError as GpucollTimeout
 from .environment import LaunchInfo, detect
 
@@ -156,7 +157,8 @@ class StoreBootstrap(Bootstrap):
     @staticmethod
     def _serve(StoreServer, info):
         try:
-            return StoreServer("0.0.0.0", info.store_port, info.secret).start()
+            return StoreServer(server_address(info.store_host, info.one_host), info.store_port,
+                               info.secret).start()
         except StoreError as exc:
             raise BootstrapError(
                 f"rank 0 could not serve the rendezvous store on port {info.store_port}: {exc}. "

@@ -38,6 +38,7 @@ class LaunchInfo:
     store_port: Optional[int] = None
     secret: Optional[bytes] = None
     host_store: bool = False  # this process (rank 0) must serve the store itself
+    one_host: bool = False    # the launcher says every rank runs on this host
     job_id: str = "local"
 
 
@@ -145,7 +146,7 @@ def _from_slurm(environ):
         local_size = counts[int(node_id)]
     identity = f"slurm:{job_id}.{step_id}"
     return LaunchInfo("slurm", rank, size, local_rank, local_size, host, port,
-                      _secret(environ, identity), host_store, f"{job_id}.{step_id}")
+                      _secret(environ, identity), host_store, f"{job_id}.{step_id}", len(set(nodes)) == 1)
 
 
 def _torchrun_present(environ):
@@ -177,7 +178,7 @@ def _from_torchrun(environ):
     local_size = int(environ["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in environ else None
     identity = f"torchrun:{host}:{port}:{environ.get('TORCHELASTIC_RUN_ID', '')}"
     return LaunchInfo("torchrun", rank, size, local_rank, local_size, host, port,
-                      _secret(environ, identity), host_store, f"{host}-{port}")
+                      _secret(environ, identity), host_store, f"{host}-{port}", local_size == size)
 
 
 def _singleton(environ):

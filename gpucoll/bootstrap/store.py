@@ -14,7 +14,9 @@ The server runs one asyncio event loop in a daemon thread. A get or wait for a k
 that does not exist yet parks that connection (no thread, no loop iteration is
 spent on it) and is answered when the key is set or its deadline passes. Frames
 are checked before anything is buffered for them; a connection that breaks the
-protocol is dropped alone. The wire format is in store_protocol.py.
+protocol is dropped alone. Connections that have not authenticated are capped and
+turned away in one summary log line (store_gate.py). The wire format is in
+store_protocol.py.
 
 Run a server in the foreground (the secret comes from GPUCOLL_STORE_SECRET)::
 
@@ -32,6 +34,7 @@ from .. import config, log
 from ..errors import AuthenticationError, ConfigError, InvalidUsageError, StoreError
 from ..errors import TimeoutError as GpucollTimeout
 from . import store_protocol as wire
+from .store_gate import Gate
 
 __all__ = ["StoreServer", "StoreClient", "PrefixStore", "StoreUnreachableError",
            "DEFAULT_MAX_VALUE_SIZE"]
@@ -82,6 +85,16 @@ def as_secret(secret):
     return bytes(secret)
 
 
+def _ephemeral_ports():
+    """'32768-60999': the range the kernel picks free ports from."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = f.read().split()
+        return f"{low}-{high}"
+    except (OSError, ValueError):
+        return "of ephemeral ports"
+
+
 def _somaxconn():
     try:
         with open("/proc/sys/net/core/somaxconn") as f:
@@ -105,12 +118,15 @@ class StoreServer:
     """
 
     def __init__(self, host="0.0.0.0", port=0, secret=None, max_value_size=DEFAULT_MAX_VALUE_SIZE,
-                 handshake_timeout=HANDSHAKE_TIMEOUT):
+                 handshake_timeout=HANDSHAKE_TIMEOUT, max_pending=None):
         self.host = host
         self.port = int(port)
         self.secret = as_secret(secret)
         self.max_value_size = int(max_value_size)
         self.handshake_timeout = float(handshake_timeout)
+        # Connections not yet authenticated that are kept at once (None: from the fd limit).
+        self.max_pending = max_pending
+        self.gate = None
         # CompareSet carries two values; anything larger than this is not a request.
         self.max_frame = 2 * self.max_value_size + wire.MAX_KEY_SIZE + 64
         self.data = {}
@@ -127,12 +143,19 @@ class StoreServer:
         host = socket.gethostname() if self.host in ("", "0.0.0.0", "::") else self.host
         return format_address(host, self.port)
 
+    def listen(self):
+        """Bind and listen, without serving yet: `.port` is known, and clients that connect
+        wait in the backlog until start(). Returns self."""
+        if self._sock is None:
+            self._sock = self._listen()
+            self.port = self._sock.getsockname()[1]
+        return self
+
     def start(self):
-        """Bind, listen and start serving in a daemon thread; returns self."""
+        """Bind and listen (unless listen() did), and serve in a daemon thread; returns self."""
         if self._thread is not None:
             return self
-        self._sock = self._listen()
-        self.port = self._sock.getsockname()[1]
+        self.listen()
         self._loop = asyncio.new_event_loop()
         ready = threading.Event()
         failure = []
@@ -162,6 +185,11 @@ class StoreServer:
             sock.listen(self._backlog())
         except OSError as exc:
             sock.close()
+            if exc.errno == errno.EADDRINUSE and self.port == 0:
+                raise StoreError(
+                    f"cannot serve the store on {self.host or 'any address'}: no free port is left "
+                    f"(every port of the range {_ephemeral_ports()} is in use). End the programs "
+                    f"that hold them, or widen net.ipv4.ip_local_port_range.") from None
             if exc.errno == errno.EADDRINUSE:
                 raise StoreError(
                     f"cannot serve the store on {where}: port {self.port} is already in use. Pick "
@@ -179,8 +207,8 @@ class StoreServer:
         loop = self._loop
         asyncio.set_event_loop(loop)
         try:
-            server = loop.run_until_complete(loop.create_server(
-                lambda: _Connection(self), sock=self._sock, backlog=self._backlog()))
+            self.gate = Gate(loop, self._sock, lambda: _Connection(self), self.address, self.max_pending)
+            self.gate.start()
         except Exception as exc:  # reported by start() in the caller's thread
             failure.append(exc)
             loop.close()
@@ -190,10 +218,10 @@ class StoreServer:
         try:
             loop.run_forever()
         finally:
-            server.close()
+            self.gate.close()
             for conn in list(self.connections):
                 conn.transport.abort()
-            # Let the transports finish closing before the loop goes away.
+            # Let the transports finish closing (and cancelled accepts end) before the loop goes.
             loop.run_until_complete(asyncio.sleep(0))
             loop.close()
 
@@ -285,6 +313,7 @@ class _Connection(asyncio.Protocol):
         self.loop = server._loop
         self.transport = None
         self.peer = "?"
+        self.peer_host = "?"
         self.buffer = bytearray()
         self.authenticated = False
         self.nonce = wire.new_nonce()
@@ -298,7 +327,10 @@ class _Connection(asyncio.Protocol):
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = format_address(*peer[:2]) if peer else "?"
+        self.peer_host = peer[0] if peer else "?"
         self.server.connections.add(self)
+        if not self.server.gate.admit(self):
+            return
         transport.write(wire.hello(self.nonce, self.server.max_value_size))
         self.deadline = self.loop.call_later(self.server.handshake_timeout, self._handshake_expired)
 
@@ -315,6 +347,7 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc):
         self.closing = True
         self.server.connections.discard(self)
+        self.server.gate.settled(self)
         if self.deadline is not None:
             self.deadline.cancel()
         if self.parked is not None:
@@ -335,16 +368,32 @@ class _Connection(asyncio.Protocol):
                 del self.buffer[:end]
                 self._dispatch(wire.Fields(body))
             except wire.ProtocolError as exc:
-                self._drop(str(exc))
+                if self.authenticated:
+                    self._drop(str(exc))
+                else:
+                    self.turn_away("broke the protocol before authenticating", str(exc))
                 return
             limit = self.server.max_frame if self.authenticated else wire.HANDSHAKE_FRAME_LIMIT
 
     def _drop(self, reason, opcode=wire.CLOSING):
-        """Tell the peer why (it may not be a gpucoll client at all) and hang up."""
+        """Tell an authenticated peer why, and hang up (logged: a rank misbehaved)."""
         if self.closing:
             return
         log.info("BOOTSTRAP", "store %s dropped the connection from %s: %s",
                  self.server.address, self.peer, reason)
+        self._hang_up(reason, opcode)
+
+    def turn_away(self, category, reason, opcode=wire.CLOSING):
+        """Refuse a client that has not authenticated: tell it why (it may be a rank that
+        retries, or not a gpucoll client at all), hang up, and count it under `category`
+        in the gate's summary line instead of logging each one."""
+        if self.closing:
+            return
+        self.server.gate.turned_away(category, self.peer_host)
+        self.server.gate.settled(self)
+        self._hang_up(reason, opcode)
+
+    def _hang_up(self, reason, opcode):
         self.transport.write(wire.frame(opcode, reason.encode()))
         self.transport.close()
         self.closing = True
@@ -352,7 +401,8 @@ class _Connection(asyncio.Protocol):
     def _handshake_expired(self):
         self.deadline = None
         if not self.authenticated:
-            self._drop(f"no handshake within {self.server.handshake_timeout:g} s")
+            limit = f"no handshake within {self.server.handshake_timeout:g} s"
+            self.turn_away(limit, limit)
 
     def _reply(self, data):
         self.transport.write(data)
@@ -391,10 +441,9 @@ class _Connection(asyncio.Protocol):
         fields.end()
         secret = self.server.secret
         if not wire.proofs_match(proof, wire.client_proof(secret, self.nonce, client_nonce)):
-            log.warn("BOOTSTRAP", "store %s refused a client from %s: wrong secret",
-                     self.server.address, self.peer)
-            return self._drop("the secret does not match", wire.AUTH_FAILED)
+            return self.turn_away("with the wrong secret", "the secret does not match", wire.AUTH_FAILED)
         self.authenticated = True
+        self.server.gate.settled(self)
         self.deadline.cancel()
         self.deadline = None
         self._reply(wire.frame(wire.WELCOME, wire.server_proof(secret, self.nonce, client_nonce)))
@@ -501,6 +550,10 @@ class _Retry(Exception):
     """The connection attempt failed in a way worth trying again."""
 
 
+class _HungUp(StoreError):
+    """The server closed the connection and said why (a CLOSING frame)."""
+
+
 class _Refused(Exception):
     """The server answered ERROR: this request failed, the connection is fine."""
 
@@ -592,7 +645,9 @@ class StoreClient:
             sock.settimeout(min(budget, 30.0) + 5.0)
             self._handshake(sock)
             return sock
-        except (OSError, EOFError) as exc:
+        except (OSError, EOFError, _HungUp) as exc:
+            # _HungUp here: the server is busy (too many connections waiting to
+            # authenticate) or found this attempt too slow; a new attempt may get in.
             sock.close()
             raise _Retry() from exc
         except BaseException:
@@ -633,7 +688,7 @@ class StoreClient:
         size = wire.frame_size(_recv_exact(sock, wire.HEADER_SIZE), limit)
         fields = wire.Fields(_recv_exact(sock, size))
         if fields.op == wire.CLOSING:
-            raise StoreError(f"the store at {self.address} closed this connection: {fields.text()}")
+            raise _HungUp(f"the store at {self.address} closed this connection: {fields.text()}")
         return fields.op, fields
 
     # --- requests ---------------------------------------------------------------------

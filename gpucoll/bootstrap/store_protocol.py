@@ -17,18 +17,20 @@ and answers WELCOME carrying its own proof, or AUTH_FAILED and closes. The
 secret itself never crosses the wire. After that the client sends one request
 at a time and reads one reply.
 
+Instead of HELLO, a server that is busy (too many connections waiting to
+authenticate) sends CLOSING with its reason and hangs up; a CLOSING frame during
+the handshake means "try again", and the client does, until its connect timeout.
+
 Anything that does not parse is a ProtocolError: the side that sees it drops
 that connection and nothing else.
 """
-import hashlib
-import hmac
-import os
 import struct
+
+# The MAC primitives are the ones every gpucoll handshake uses (re-exported here).
+from ..transports.handshake import MAC_SIZE, NONCE_SIZE, mac, new_nonce, proofs_match  # noqa: F401
 
 MAGIC = b"GCSTORE"
 VERSION = 1
-NONCE_SIZE = 32
-MAC_SIZE = 32
 MAX_KEY_SIZE = 4096
 # HELLO and AUTH are tiny; before a peer has authenticated it may not make the
 # other side buffer more than this.
@@ -183,20 +185,12 @@ class Fields:
 
 # --- authentication -------------------------------------------------------------------
 
-def new_nonce():
-    return os.urandom(NONCE_SIZE)
-
-
 def client_proof(secret, server_nonce, client_nonce):
     """What the client sends to show it knows the secret."""
-    return hmac.new(secret, b"client" + server_nonce + client_nonce, hashlib.sha256).digest()
+    return mac(secret, b"client", server_nonce, client_nonce)
 
 
 def server_proof(secret, server_nonce, client_nonce):
     """What the server sends back; a different label, so neither proof can be replayed
     as the other."""
-    return hmac.new(secret, b"server" + server_nonce + client_nonce, hashlib.sha256).digest()
-
-
-def proofs_match(a, b):
-    return hmac.compare_digest(a, b)
+    return mac(secret, b"server", server_nonce, client_nonce)

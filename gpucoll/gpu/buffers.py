@@ -2,7 +2,7 @@
 
 `maybe_gpu_buffer(obj)` returns a GpuBuffer (device pointer, element count, dtype code,
 device, the object) for GPU objects and None for everything else; host buffers pay one
-type lookup. Contiguous buffers only.
+type lookup. Contiguous buffers only, in C or Fortran order (the elements in memory order).
 """
 import numpy as np
 
@@ -61,13 +61,28 @@ def _code(dtype, what):
                                 f"{', '.join(dtypes.NAMES)}") from None
 
 
+def _dense(shape, strides, unit):
+    """True when `strides` (in multiples of `unit`) are those of a C- or Fortran-ordered
+    array of `shape`; dimensions of extent 1 have no say."""
+    dims = [(d, s) for d, s in zip(shape, strides) if d > 1]
+    for order in (dims[::-1], dims):  # C: the last dimension varies fastest; Fortran: the first
+        step = unit
+        for d, s in order:
+            if s != step:
+                break
+            step *= d
+        else:
+            return True
+    return False
+
+
 def _noncontiguous(what, shape):
     return InvalidUsageError(f"{what} is not contiguous (shape {tuple(shape)}); pass a contiguous copy "
                              "(x.copy() / x.contiguous()) or a contiguous slice")
 
 
 def _from_cupy(obj, what):
-    if not obj._c_contiguous:  # obj.flags and obj.device build objects on every access
+    if not (obj._c_contiguous or obj._f_contiguous):  # obj.flags builds objects on every access
         raise _noncontiguous(what, obj.shape)
     data = obj.data
     return GpuBuffer(data.ptr, obj.size, _code(obj.dtype, what), data.device_id, obj, "cupy")
@@ -93,7 +108,7 @@ def _torch_code(dtype, what):
 def _from_torch(obj, what):
     if not obj.is_cuda:
         return None  # a CPU tensor: the host path decides
-    if not obj.is_contiguous():
+    if not obj.is_contiguous() and not _dense(obj.shape, obj.stride(), 1):
         raise _noncontiguous(what, obj.shape)
     return GpuBuffer(obj.data_ptr(), obj.numel(), _torch_code(obj.dtype, what), obj.device.index, obj, "torch")
 
@@ -104,14 +119,8 @@ def _from_cai(obj, what):
     dt = np.dtype(cai["typestr"])
     count = int(np.prod(shape)) if shape else 1
     strides = cai.get("strides")
-    if strides is not None:
-        expect, step = [], dt.itemsize
-        for dim in reversed(shape):
-            expect.append(step)
-            step *= dim
-        if count > 1 and tuple(s for s, d in zip(strides, shape) if d > 1) != \
-                tuple(s for s, d in zip(reversed(expect), shape) if d > 1):
-            raise _noncontiguous(what, shape)
+    if strides is not None and count > 1 and not _dense(shape, strides, dt.itemsize):
+        raise _noncontiguous(what, shape)
     ptr = int(cai["data"][0])
     from .._native import cuda
 
@@ -129,12 +138,11 @@ def _from_dlpack(obj, what):
     return buf
 
 
-def _dlpack_if_gpu(obj, what):
+def _dlpack_on_gpu(obj):
     try:
-        on_gpu = obj.__dlpack_device__()[0] in (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+        return obj.__dlpack_device__()[0] in (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
     except Exception:
-        on_gpu = False
-    return _from_dlpack(obj, what) if on_gpu else None
+        return False
 
 
 def _adapter(t):
@@ -147,7 +155,7 @@ def _adapter(t):
     if hasattr(t, "__cuda_array_interface__"):
         return _from_cai
     if hasattr(t, "__dlpack_device__"):
-        return _dlpack_if_gpu
+        return _from_dlpack
     return None
 
 
@@ -161,7 +169,8 @@ def maybe_gpu_buffer(obj, what="buffer"):
         adapt = _ADAPTERS[t]
     except KeyError:
         adapt = _ADAPTERS[t] = _adapter(t)
-    if adapt is None or (adapt is _from_torch and not obj.is_cuda):
-        return None
+    if (adapt is None or (adapt is _from_torch and not obj.is_cuda)
+            or (adapt is _from_dlpack and not _dlpack_on_gpu(obj))):
+        return None  # host memory (a CPU tensor, a CPU DLPack producer): the host path decides
     _require_cupy(what)
     return adapt(obj, what)

@@ -69,6 +69,7 @@ def _native_form(call):
 class GpuDispatcher:
     def __init__(self, comm, host):
         self.comm, self.host = comm, host
+        self.stats = comm._stats  # which path each call took (Communicator.stats())
         self.device = config.DEVICE.get()
         self.forced = config.ALGO.get()
         self.maxblocks = min(config.GPU_BLOCKS.get() or 64, 256)          # kernels through staging
@@ -272,6 +273,8 @@ class GpuDispatcher:
             entries.append((send, recv, count, offset, op))
             offset += _round_up(nbytes, 256)
             total += nbytes
+        self.stats.fused_launches += 1
+        self.stats.fused_calls += len(items)
         if self.verbose:
             log.info("COLL", "allreduce #%d-#%d (%d fused) %d B %s one-shot fused via P2P/IPC", items[0][1],
                      items[-1][1], len(items), total, dtypes.name(code))
@@ -328,6 +331,7 @@ class GpuDispatcher:
         seq = host.seq
         host.seq = seq + 1
         self._kinds[seq & 255] = "allreduce"
+        self.stats.gpu_fast += 1
         try:
             prep.go(stream, seq)
         except cuda.DeviceTimeout as exc:
@@ -366,6 +370,8 @@ class GpuDispatcher:
         self.comm._gpu_fast = self.fast_allreduce
 
     def _log(self, call, seq, nbytes, algo, via="P2P/IPC"):
+        """Count the path a call takes (Communicator.stats()) and log it at INFO."""
+        self.stats.gpu[algo] += 1
         if self.verbose:
             log.info("COLL", "%s #%d %d B %s%s%s %s via %s", call.kind, seq, nbytes, dtypes.name(call.code),
                      f" {call.op.name}" if call.op else "",

@@ -220,6 +220,11 @@ class GpuPointToPoint:
         self._progress(self._pull, posted, source, tag, offer)
 
     def _pull(self, posted, source, tag, offer):
+        if len(offer) != _OFFER.size:  # the inbox bounds an offer's size; its layout is checked here
+            self._answer(source, ("error", "malformed offer"))
+            posted.request._finish(error=GpucollError(
+                f"rank {source} sent a malformed GPU offer ({len(offer)} bytes instead of {_OFFER.size})"))
+            return
         handle, offset, nbytes, event_handle = _OFFER.unpack(offer)
         target = posted.gpu
         status = posted.status

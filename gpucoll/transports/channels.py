@@ -29,9 +29,11 @@ class ChannelSet:
     def _shm_factory(self):
         if self._shm is None:
             from .shm import ShmChannels
+            from .shm_segment import JobSegments
 
             comm, ctx = self._comm, self._ctx
-            self._shm = ShmChannels(ctx.job_id, self._id, comm.rank, [ctx.pids[w] for w in comm.world_ranks],
+            self._shm = ShmChannels(JobSegments(ctx.job_id, ctx.secret), self._id, comm.rank,
+                                    [ctx.pids[w] for w in comm.world_ranks],
                                     watch=[ctx.watch_pid(w) for w in comm.world_ranks], timeout=self._timeout)
         return self._shm
 

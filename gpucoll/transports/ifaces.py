@@ -10,6 +10,7 @@ loopback. Only interfaces with an IPv4 address are candidates::
     iface = ifaces.select_interface()             # reads GPUCOLL_SOCKET_IFNAME
     iface = ifaces.select_interface("=eth0")      # or an explicit spec
     ifaces.match("^docker,lo", ifaces.list_interfaces())   # pure: testable on any list
+    iface = ifaces.listen_interface(single_host=True)       # where a rank's listeners bind
 
 The functions that take the list of interfaces are pure, so the rules can be tested on
 synthetic lists; `list_interfaces` is the only one that asks the kernel.
@@ -121,3 +122,65 @@ def select_interface(spec=None, interfaces=None, source=None) -> Interface:
         f"interfaces on this host: {existing}. Use prefixes (eth,ens), ^ to exclude "
         f"(^docker,lo) or = for exact names (=eth0)."
     )
+
+
+def listen_interface(single_host, reach=None, interfaces=None) -> Interface:
+    """The interface a rank's listeners bind to (never a wildcard address).
+
+    GPUCOLL_SOCKET_IFNAME, when set, decides. Otherwise a job whose ranks all run on this
+    host listens on loopback, where no other host can reach it; a job across hosts on
+    the interface that this host's routes use to reach `reach` (the store's host), so
+    that the ranks listen where they can reach each other, else on the default choice.
+    """
+    spec = config.SOCKET_IFNAME.get()
+    if spec is not None and spec.strip():
+        return select_interface(spec)
+    if interfaces is None:
+        interfaces = list_interfaces()
+    usable = [i for i in interfaces if i.up and i.address]
+    if single_host:
+        loopback = [i for i in usable if i.loopback]
+        if loopback:
+            return loopback[0]
+    elif reach:
+        source = route_source(reach)
+        found = [i for i in usable if i.address == source and not i.loopback]
+        if found:
+            return found[0]
+    return select_interface(interfaces=interfaces)
+
+
+def server_address(host, single_host, interfaces=None):
+    """Where a server that clients reach by the name `host` listens: rank 0's store under
+    Slurm or torchrun-style starts, the head of `gpurun --master`.
+
+    GPUCOLL_SOCKET_IFNAME, when set, decides. Otherwise the address `host` resolves to when
+    it is one of this host's (loopback only for a one-host job). A name that resolves to
+    loopback here although other hosts join (a Debian-style `127.0.1.1 node` line) or to no
+    address of this host gives the wildcard: the ranks of other hosts reach it by an
+    address this host cannot know. Every connection is authenticated either way."""
+    spec = config.SOCKET_IFNAME.get()
+    if spec is not None and spec.strip():
+        return select_interface(spec).address
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        return "0.0.0.0"
+    if address.startswith("127."):
+        return address if single_host else "0.0.0.0"
+    if interfaces is None:
+        interfaces = list_interfaces()
+    if any(i.up and i.address == address for i in interfaces):
+        return address
+    return "0.0.0.0"
+
+
+def route_source(host):
+    """The local IPv4 address this host's routes use to reach `host`, or None (asks the
+    kernel with an unsent UDP connect: no packet leaves)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))
+            return s.getsockname()[0]
+    except OSError:
+        return None

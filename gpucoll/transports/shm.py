@@ -4,67 +4,35 @@ One segment per unordered pair of ranks (a < b) of a communicator, holding a rin
 direction (layout and protocol: cython_src/include/gc_shmchan.h). Channels are made on first
 use, so a communicator pays only for the pairs its algorithms talk over::
 
-    chans = ShmChannels(job_id, comm_id, rank, pids)   # pids[r]: process id of rank r
+    chans = ShmChannels(JobSegments(job_id, secret), comm_id, rank, pids)  # pids[r]: pid of rank r
     ptr = chans.channel(peer).ptr                       # gc_chan address for run_schedule
     chans.close()
 
+Names, exclusive creation and the checks made before attaching: shm_segment.py (a file of the
+right name that this job did not make raises SharedMemoryError on both ranks of the pair).
+
 Life cycle, chosen so that a crash leaves nothing in /dev/shm:
 
-- the lower rank of the pair creates ``/dev/shm/gpucoll-<job>-<comm>-<a>-<b>`` (replacing a
-  stale one of that name) and goes on at once: its sends wait in the ring;
+- the lower rank of the pair creates the segment (replacing a leftover of an earlier run whose
+  processes are gone) and goes on at once: its sends wait in the ring;
 - the higher rank attaches, retrying until the segment is there and initialised or the
   timeout passes, and then unlinks the name straight away. From then on the memory lives only
   in the two mappings and the kernel frees it when both processes are gone, however they end;
 - the window between create and attach is the only one in which a name can be left behind:
   a creator that closes before its peer attached keeps the name, because the peer may still
   come for messages already waiting in the ring (a Send that returned before the receiver
-  arrived); ``unlink_job(job_id)`` removes whatever a job left (a launcher calls it when the
-  job ends).
+  arrived). The launcher removes what a job left when it ends (JobSegments.unlink_all), and a
+  later job removes segments whose processes are all gone (shm_segment.remove_leftovers).
 
 Ring size: GPUCOLL_BUFFSIZE bytes per direction (rounded up to pages, clamped to 4 KiB..1 GiB),
 chosen by the creator and read from the segment by the attacher, so the two always agree.
 """
 import os
-import re
 import time
 
 from .. import config, errors, log
 from .._native import core
-
-SHM_DIR = "/dev/shm"
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
-
-
-def _part(text):
-    """A piece of a segment name: only characters that are safe in a file name."""
-    return _UNSAFE.sub("_", str(text)) or "_"
-
-
-def segment_name(job_id, comm_id, a, b):
-    """The name (no leading slash) of the segment of ranks a and b of a communicator."""
-    lo, hi = min(a, b), max(a, b)
-    name = f"gpucoll-{_part(job_id)}-{_part(comm_id)}-{lo}-{hi}"
-    if len(name) > 250:                      # NAME_MAX is 255: keep the distinctive tail
-        name = f"gpucoll-{_part(job_id)[:40]}-{abs(hash(comm_id)):x}-{lo}-{hi}"
-    return name
-
-
-def unlink_job(job_id):
-    """Remove every pair segment that a job left under /dev/shm; returns how many."""
-    prefix = f"gpucoll-{_part(job_id)}-"
-    removed = 0
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return 0
-    for name in names:
-        if name.startswith(prefix):
-            try:
-                os.unlink(os.path.join(SHM_DIR, name))
-                removed += 1
-            except OSError:
-                pass
-    return removed
+from . import shm_segment
 
 
 def pid_alive(pid):
@@ -87,6 +55,7 @@ def pid_alive(pid):
 class ShmChannels:
     """The shared-memory channels of one rank of a communicator toward its on-host peers.
 
+    segments (a shm_segment.JobSegments) names the job's segment files and their tokens.
     pids[r] is the process id of rank r (or None/0 when unknown): the attaching side uses it
     to tell a live creator from a stale segment of the same name. watch[r] (default: pids)
     is the pid to watch for liveness, 0 where it means nothing here (another host or pid
@@ -95,8 +64,8 @@ class ShmChannels:
     to GPUCOLL_BUFFSIZE, timeout (seconds to wait for a peer's segment) to GPUCOLL_TIMEOUT.
     """
 
-    def __init__(self, job_id, comm_id, rank, pids=None, capacity=None, timeout=None, watch=None):
-        self.job_id = job_id
+    def __init__(self, segments, comm_id, rank, pids=None, capacity=None, timeout=None, watch=None):
+        self.segments = segments
         self.comm_id = comm_id
         self.rank = rank
         self.pids = list(pids) if pids is not None else []
@@ -110,8 +79,10 @@ class ShmChannels:
         table = self.pids if table is None else table
         return table[r] if 0 <= r < len(table) and table[r] else 0
 
-    def name(self, peer):
-        return segment_name(self.job_id, self.comm_id, self.rank, peer)
+    def path(self, peer):
+        """The segment file of the channel between this rank and `peer`."""
+        lo, hi = min(self.rank, peer), max(self.rank, peer)
+        return self.segments.path(f"pair:{self.comm_id}:{lo}-{hi}")
 
     def channel(self, peer):
         """The ShmChannel to `peer`, created (lower rank) or attached (higher rank) on first use."""
@@ -120,34 +91,53 @@ class ShmChannels:
             return chan
         if peer == self.rank:
             raise errors.InvalidUsageError(f"rank {peer} has no shared-memory channel to itself")
-        name = self.name(peer)
+        path = self.path(peer)
+        name, token = os.path.basename(path), self.segments.token(path)
         if self.rank < peer:
-            chan = core.ShmChannel.create(name, self.capacity, peer)
+            fd = shm_segment.create(path, 0, token)
+            try:
+                chan = core.ShmChannel.create(fd, name, self.capacity, token, shm_segment.PIDNS,
+                                              self._pid(peer), peer)
+            except BaseException:
+                shm_segment.unlink_quietly(path)
+                raise
+            finally:
+                os.close(fd)
             chan.watch_peer(self._pid(peer, self.watch))
             self._created[peer] = name
-            log.info("SHM", "created %s (%d B per ring) for rank %d", name, chan.capacity, peer)
+            log.info("SHM", "created %s (%s, %d B per ring) for rank %d", name, self.comm_id,
+                     chan.capacity, peer)
         else:
-            chan = self._attach(name, peer)
+            chan = self._attach(path, token, peer)
             chan.unlink()           # both ends are mapped: the name is no longer needed
-            log.info("SHM", "attached %s (%d B per ring) from rank %d", name, chan.capacity, peer)
+            log.info("SHM", "attached %s (%s, %d B per ring) from rank %d", name, self.comm_id,
+                     chan.capacity, peer)
         self._chans[peer] = chan
         return chan
 
-    def _attach(self, name, peer):
+    def _attach(self, path, token, peer):
         creator, watched = self._pid(peer), self._pid(peer, self.watch)
+        name = os.path.basename(path)
         deadline = time.monotonic() + self.timeout
         delay = 0.0005
         while True:
-            chan = core.ShmChannel.attach(name, creator, peer)
-            if chan is not None:
-                return chan
+            fd = shm_segment.open_checked(path)
+            if fd is not None:
+                try:
+                    chan = core.ShmChannel.attach(fd, name, creator, token, shm_segment.PIDNS, peer)
+                finally:
+                    os.close(fd)
+                if isinstance(chan, core.ShmChannel):
+                    return chan
+                if chan == core.SHM_FOREIGN:
+                    raise shm_segment.squatted(path, "holds a segment with another job's token")
             if watched and not pid_alive(watched):
                 raise errors.LostPeerError(
-                    f"rank {peer} (pid {watched}) died before creating shared memory {name}",
+                    f"rank {peer} (pid {watched}) died before creating shared memory {path}",
                     ranks=(peer,))
             if time.monotonic() >= deadline:
                 raise errors.TimeoutError(
-                    f"rank {peer} did not create shared memory {SHM_DIR}/{name} within "
+                    f"rank {peer} did not create shared memory {path} within "
                     f"{self.timeout:g} s")
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
@@ -181,5 +171,5 @@ class ShmChannels:
         self.close()
 
     def __repr__(self):
-        return (f"<ShmChannels job={self.job_id} comm={self.comm_id} rank={self.rank} "
+        return (f"<ShmChannels job={self.segments.job_id} comm={self.comm_id} rank={self.rank} "
                 f"peers={sorted(self._chans)}>")

@@ -3,38 +3,35 @@
 Each process opens a `TcpEndpoint`, publishes `endpoint.address` ("ip:port") through the
 bootstrap, and asks for a channel per (communicator, peer) when it needs one. Of two
 peers, the lower world rank connects its GPUCOLL_NSOCKS sockets and the higher one
-accepts them; a short hello on each socket tells the acceptor who is calling and which
-stripe the socket carries. The channel (`gpucoll._native.sock.TcpChannel`) then owns the
-sockets and the executor drives it without the GIL through `channel.ptr`::
+accepts them. Every socket starts with the job's handshake (handshake.py): both sides
+prove the job's secret, and the connector's claim (its rank, the target rank, the
+communicator, the stripe and the stripe count) is bound to that proof, so the acceptor
+files the socket under what it proved. The channel (`gpucoll._native.sock.TcpChannel`)
+then owns the sockets and the executor drives it without the GIL through `channel.ptr`::
 
-    ep = TcpEndpoint(rank)                       # binds the GPUCOLL_SOCKET_IFNAME interface
+    ep = TcpEndpoint(rank, secret)               # binds the GPUCOLL_SOCKET_IFNAME interface
     store.set(f"tcp/{rank}", ep.address)
     ch = ep.channel(peer, store.get(f"tcp/{peer}"), comm_id="world")
     sock.chan_send_all(ch.ptr, b"...")
 """
 import errno
 import socket
-import struct
 import threading
 import time
 
 from .. import config, log
 from .._native import sock as _sock
 from ..errors import ConfigError, InvalidUsageError, LostPeerError, TimeoutError
-from . import ifaces
+from . import handshake, ifaces
+from .handshake import Claim, HandshakeError, Purpose
 
-# Hello: magic, version, stripe index, stripe count, sender world rank, target world rank,
-# length of the communicator id that follows (utf-8).
-_HELLO = struct.Struct("!4sHHHIIH")
-_MAGIC = b"GCTC"
-_VERSION = 1
 # The stripe unit: large enough that a syscall moves a lot, small enough that several
 # sockets share a medium message.
 CHUNK_BYTES = 512 << 10
 # 0 keeps Linux's buffer autotuning, which grows past what an explicit SO_SNDBUF/SO_RCVBUF
 # may (net.core.[rw]mem_max caps those, and setting them switches autotuning off).
 SOCKBUF = 0
-_HELLO_TIMEOUT = 10.0
+_HELLO_TIMEOUT = handshake.HANDSHAKE_TIMEOUT
 
 
 def _split(address):
@@ -45,66 +42,57 @@ def _split(address):
 
 
 class TcpEndpoint:
-    """This process's TCP presence: a listener on the selected interface, an accept thread
-    that files incoming sockets by (communicator, peer), and a cache of channels.
+    """This process's TCP presence: a listener on one interface, whose connections are
+    authenticated concurrently (handshake.PeerListener) and filed by (communicator, peer),
+    and a cache of channels.
 
-    rank: this process's world rank. ifname: an interface spec in GPUCOLL_SOCKET_IFNAME's
-    syntax (``"lo"``, ``"=eth0"``, ``"^docker"``); None reads the variable.
+    rank: this process's world rank. secret: the job's secret (bytes). interface: the
+    ifaces.Interface to listen on; else ifname, an interface spec in
+    GPUCOLL_SOCKET_IFNAME's syntax (``"lo"``, ``"=eth0"``, ``"^docker"``); else the
+    variable decides.
     """
 
-    def __init__(self, rank, ifname=None):
+    def __init__(self, rank, secret, ifname=None, interface=None):
         self.rank = int(rank)
-        source = "ifname" if ifname is not None else None
-        self.interface = ifaces.select_interface(ifname, source=source)
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        _sock.tune_socket(self._listener.fileno(), SOCKBUF)   # accepted sockets inherit it
-        self._listener.bind((self.interface.address, 0))
-        self._listener.listen(128)
-        host, port = self._listener.getsockname()
-        self.address = f"{host}:{port}"
+        self._secret = bytes(secret)
+        if interface is None:
+            source = "ifname" if ifname is not None else None
+            interface = ifaces.select_interface(ifname, source=source)
+        self.interface = interface
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            _sock.tune_socket(listener.fileno(), SOCKBUF)   # accepted sockets inherit it
+            listener.bind((self.interface.address, 0))
+            listener.listen(128)
+        except BaseException:
+            listener.close()
+            raise
         self._cond = threading.Condition()
         self._filed = {}        # (comm_id, peer) -> {stripe index: (socket, nsocks)}
         self._channels = {}     # (comm_id, peer) -> TcpChannel
         self._closed = False
-        self._thread = threading.Thread(target=self._accept_loop, daemon=True,
-                                        name=f"gpucoll-tcp-accept-{self.rank}")
-        self._thread.start()
+        host, port = listener.getsockname()
+        self.address = f"{host}:{port}"
+        self._listener = handshake.PeerListener(listener, self._secret, Purpose.TCP, self.rank, self._file,
+                                                f"the TCP listener of rank {self.rank} at {self.address}")
         log.info("NET", "TCP endpoint of rank %d listens on %s (%s)", self.rank, self.address,
                  self.interface.name)
 
     # -- accepting ---------------------------------------------------------------------
-    def _accept_loop(self):
-        while not self._closed:
-            try:
-                conn, addr = self._listener.accept()
-            except OSError:
-                if self._closed:
-                    return
-                time.sleep(0.01)    # EMFILE and friends: do not spin
-                continue
-            try:
-                self._file(conn, addr)
-            except Exception as exc:   # a stray or broken client must not stop the endpoint
-                log.warn("NET", "rank %d: dropped a connection from %s:%d: %s", self.rank, addr[0],
-                         addr[1], exc)
-                conn.close()
-
-    def _file(self, conn, addr):
-        conn.settimeout(_HELLO_TIMEOUT)
-        head = _recv_exact(conn, _HELLO.size)
-        magic, version, index, nsocks, sender, target, idlen = _HELLO.unpack(head)
-        if magic != _MAGIC or version != _VERSION:
-            raise ValueError(f"not a gpucoll TCP hello (magic {magic!r}, version {version})")
-        comm_id = _recv_exact(conn, idlen).decode()
-        if target != self.rank:
-            raise ValueError(f"hello from rank {sender} was meant for rank {target}")
-        conn.settimeout(None)
+    def _file(self, conn, claim):
+        """A peer proved the secret and its claim (on the listener's thread)."""
+        if claim.sender == self.rank or claim.sender < 0:
+            raise ValueError(f"a channel from rank {claim.sender} to rank {self.rank} makes no sense")
+        if not 1 <= claim.nsocks <= _sock.MAX_SOCKS or claim.stripe >= claim.nsocks:
+            raise ValueError(f"stripe {claim.stripe} of {claim.nsocks} is not a valid stripe")
         with self._cond:
-            slots = self._filed.setdefault((comm_id, sender), {})
-            old = slots.get(index)
+            if self._closed:
+                raise ValueError("the endpoint is closed")
+            slots = self._filed.setdefault((claim.comm_id, claim.sender), {})
+            old = slots.get(claim.stripe)
             if old is not None:
                 old[0].close()
-            slots[index] = (conn, nsocks)
+            slots[claim.stripe] = (conn, claim.nsocks)
             self._cond.notify_all()
 
     # -- channels ----------------------------------------------------------------------
@@ -154,17 +142,16 @@ class TcpEndpoint:
     def _connect(self, peer, address, comm_id, nsocks, timeout, check=None):
         host, port = _split(address)
         deadline = time.monotonic() + timeout
-        ident = comm_id.encode()
         socks = []
         try:
             for index in range(nsocks):
                 s = _connect_retrying(host, port, deadline, peer, address, self.rank, timeout, check)
                 socks.append(s)
-                hello = _HELLO.pack(_MAGIC, _VERSION, index, nsocks, self.rank, peer, len(ident)) + ident
+                claim = Claim(Purpose.TCP, self.rank, peer, comm_id, index, nsocks)
                 try:
-                    s.sendall(hello)
-                except OSError as exc:
-                    raise _lost(self.rank, peer, address, f"the hello failed: {exc}") from exc
+                    handshake.connect(s, self._secret, claim, _HELLO_TIMEOUT)
+                except (HandshakeError, OSError) as exc:
+                    raise _lost(self.rank, peer, address, f"the handshake failed: {exc}") from None
             return [s.detach() for s in socks]
         finally:
             for s in socks:
@@ -199,13 +186,9 @@ class TcpEndpoint:
         """Close every channel, the listener and the sockets not yet claimed."""
         if self._closed:
             return
-        self._closed = True
-        try:
-            self._listener.shutdown(socket.SHUT_RDWR)   # wakes the blocked accept()
-        except OSError:
-            pass
+        with self._cond:
+            self._closed = True
         self._listener.close()
-        self._thread.join(timeout=2)
         for ch in self._channels.values():
             ch.close()
         self._channels.clear()
@@ -223,16 +206,6 @@ class TcpEndpoint:
 
     def __repr__(self):
         return f"<TcpEndpoint rank={self.rank} {self.address} ({self.interface.name})>"
-
-
-def _recv_exact(conn, n):
-    data = b""
-    while len(data) < n:
-        part = conn.recv(n - len(data))
-        if not part:
-            raise ConnectionError("closed during the hello")
-        data += part
-    return data
 
 
 def _lost(rank, peer, address, why):

@@ -5,13 +5,14 @@
 Every rank builds every rank's input from (seed, rank) and computes the expected result
 with NumPy in rank order (float16/bfloat16 accumulate in float32 and round once, as the
 kernels do), so every comparison is exact. Results every rank holds (allreduce, bcast,
-allgather) are hashed and compared across ranks. Paths: "world" (defaults), "small-stage"
+allgather) are hashed and compared across ranks, pass by pass. Paths: "world" (defaults), "small-stage"
 (GPUCOLL_GPU_STAGE_MAX=1M, GPUCOLL_GPU_COPY=sm: many staged pieces, direct kernels at small
 sizes) and
 "p2p-off" (GPUCOLL_P2P_DISABLE=1: staged through host memory). Then stream semantics,
 nonblocking requests and CUDA-graph capture (CuPy and torch).
 
-Output: "RESULT {json}" on every rank: {"checked": n, "failures": [...], "paths": {...}}.
+Output: "RESULT {json}" on every rank: {"checked": n, "failures": [...], "paths": {path: comparisons},
+"stats": {path: comm.stats() of that pass's communicator}}: which algorithms really ran.
 """
 import faulthandler
 import hashlib
@@ -45,6 +46,7 @@ OPS = {"SUM": gpucoll.SUM, "PROD": gpucoll.PROD, "MAX": gpucoll.MAX, "MIN": gpuc
 INTS = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 failures, digests, checked = [], [], [0]
+current = ["world"]  # the pass (path) being run, named in every case's key
 
 
 # --- data ----------------------------------------------------------------------------------
@@ -164,7 +166,7 @@ def compare(key, got, want, dtype, digest=False):
 
 
 def run_case(lib, coll, dtype, count, op="SUM", inplace=False, root=0, seed=1):
-    key = f"{lib.name} {coll} {dtype} {op} n={count} {'inplace' if inplace else 'out'} root={root}"
+    key = f"[{current[0]}] {lib.name} {coll} {dtype} {op} n={count} {'inplace' if inplace else 'out'} root={root}"
     if os.environ.get("GPU_CASES_TRACE"):
         print("CASE", key, file=sys.stderr, flush=True)
     try:
@@ -404,39 +406,68 @@ def check_errors():
                 fail("errors: wrong device", f"message does not name the GPU: {exc}")
 
 
+def check_fortran():
+    """Fortran-ordered arrays are contiguous buffers too: their elements go in memory order."""
+    base = np.arange(12, dtype=np.float32).reshape(3, 4)
+    want = sum(base + q for q in range(N))
+    for _ in range(3):  # repeated: the packed fast path leaves them to the general path
+        x = cp.asfortranarray(cp.asarray(base + RANK))
+        y = cp.empty((3, 4), cp.float32, order="F")
+        comm.Allreduce(x, y)
+        compare("fortran: cupy allreduce", cp.asnumpy(y), want, "float32")
+        comm.Allreduce(IN_PLACE, x)
+        compare("fortran: cupy in place", cp.asnumpy(x), want, "float32")
+    b = cp.asfortranarray(cp.asarray(base * (RANK + 1)))
+    comm.Bcast(b, root=0)
+    compare("fortran: cupy bcast", cp.asnumpy(b), base, "float32")
+    if torch is not None:
+        t = torch.tensor(base + RANK, device=f"cuda:{DEV}").t()  # strides (1, 4): Fortran order
+        comm.Allreduce(IN_PLACE, t)
+        compare("fortran: torch transposed", t.cpu().numpy(), want.T, "float32")
+
+
 def main():
     global comm
     world = comm
-    paths = {}
+    paths, stats = {}, {}
     libs = [CupyLib()] + ([TorchLib()] if torch is not None else [])
     for lib in libs:
         collective_suite(lib)
     paths["world"] = checked[0]
+    stats["world"] = comm.stats()
     for name, env in (("small-stage", {"GPUCOLL_GPU_STAGE_MAX": "1M", "GPUCOLL_GPU_ONESHOT_MAX": "16K",
                                       "GPUCOLL_GPU_COPY": "sm"}),
                       ("p2p-off", {"GPUCOLL_P2P_DISABLE": "1"})):
         os.environ.update(env)
+        current[0] = name
         comm = world.Dup()
         before = checked[0]
         collective_suite(CupyLib(), big=False)
         if torch is not None and name == "p2p-off":
             run_case(TorchLib(), "allreduce", "bfloat16", 1001, "SUM")
         paths[name] = checked[0] - before
+        stats[name] = comm.stats()
         for k in env:
             del os.environ[k]
     comm = world
+    current[0] = "world"
     try:
         check_streams()
     except Exception as exc:
         fail("streams", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}")
     check_errors()
+    check_fortran()
+    # Every rank ran the same cases in the same order: the digests must agree entry by entry.
     table = comm.allgather(digests)
-    for key, dig in digests:
-        others = {r: dict(t).get(key) for r, t in enumerate(table)}
-        if len(set(others.values())) != 1:
-            fail(key, f"results differ across ranks: {others}")
+    for r, theirs in enumerate(table):
+        if [key for key, _ in theirs] != [key for key, _ in digests]:
+            fail("digests", f"rank {r} hashed other cases than rank {RANK}")
+            continue
+        for (key, dig), (_, other) in zip(digests, theirs):
+            if dig != other:
+                fail(key, f"results differ between rank {RANK} and rank {r}")
     print("RESULT " + json.dumps({"checked": checked[0], "failures": failures[:40], "nfail": len(failures),
-                                  "paths": paths, "identical": len(digests)}), flush=True)
+                                  "paths": paths, "stats": stats, "identical": len(digests)}), flush=True)
     return 1 if failures else 0
 
 

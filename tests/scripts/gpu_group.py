@@ -153,5 +153,7 @@ for name, fn in (("fused", fused_equals_single), ("mixed", mixed_group), ("strea
     except Exception as exc:
         failures.append(f"{name}: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}")
     comm.Barrier()
-print("RESULT " + json.dumps({"checked": checked[0], "failures": failures[:20], "nfail": len(failures)}), flush=True)
+st = comm.stats()
+print("RESULT " + json.dumps({"checked": checked[0], "failures": failures[:20], "nfail": len(failures),
+                              "fused": [st["fused_launches"], st["fused_calls"]]}), flush=True)
 sys.exit(1 if failures else 0)

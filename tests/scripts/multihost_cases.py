@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 import gpucoll
+import gpucoll.world
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--die-rank", type=int, default=-1, help="this rank kills its host's agent after warm-up")
@@ -43,10 +44,13 @@ ok["reduce_scatter"] = bool((rs == p * np.arange(6 * r, 6 * r + 6)).all())
 a = np.empty(p * 3, np.int64)
 comm.Alltoall(np.arange(p * 3, dtype=np.int64) + 100 * r, a)
 ok["alltoall"] = bool((a == np.concatenate([100 * s + np.arange(3 * r, 3 * r + 3) for s in range(p)])).all())
-ok["object_allgather"] = comm.allgather(socket.gethostname()) == [comm.allgather(socket.gethostname())[i] for i in range(p)]
+hosts_seen = comm.allgather(socket.gethostname())  # every rank's host name, in rank order (the test compares)
 comm.Barrier()
+ctx = gpucoll.world.world()._ctx
+listen = [ctx.inbox.address, ctx.tcp_addresses[r]]  # where this rank's listeners are bound
 print("RESULT " + json.dumps({"rank": r, "size": p, "host": socket.gethostname(), "local_rank": comm.local_rank,
-                              "local_size": comm.local_size, "ok": ok}), flush=True)
+                              "local_size": comm.local_size, "ok": ok, "listen": listen,
+                              "hosts_seen": hosts_seen}), flush=True)
 if args.die_rank >= 0:
     if r == args.die_rank:
         os.kill(os.getppid(), signal.SIGKILL)   # the host's agent: the whole host is lost

@@ -4,6 +4,9 @@
             recv raises the unpickling error and the next recv still gets its message
   cut       rank 0's connection to rank 1 closes in the middle of a message that rank 1 is
             receiving: rank 1's Wait raises LostPeerError instead of blocking
+  huge      (3 ranks) rank 0 writes a frame header announcing 2^62 bytes on its (authenticated)
+            connection to rank 1; rank 1 prints RESULT {from_0: the error of its receive from
+            rank 0, from_2: what its receive from rank 2 got}
 """
 import json
 import sys
@@ -38,6 +41,27 @@ if mode == "unpickle":
         except ValueError as exc:
             print("RAISED", exc)
         print("NEXT", comm.recv(source=0, tag=2))
+elif mode == "huge":
+    if comm.rank == 1:
+        req = comm.irecv(source=0, tag=5)
+        comm.Barrier()
+        try:
+            from_0 = {"type": "none", "value": repr(req.wait())}
+        except gpucoll.GpucollError as exc:
+            from_0 = {"type": type(exc).__name__, "message": str(exc)}
+        print("RESULT " + json.dumps({"from_0": from_0, "from_2": comm.recv(source=2, tag=6)}), flush=True)
+    else:
+        comm.Barrier()
+        if comm.rank == 0:
+            conn, lock = comm._p2p._connection(1)
+            # The header in whichever layout this gpucoll writes (older ones carried the source rank).
+            fields = (comm._p2p._key, 0, 5, 1 << 62, p2p.BYTES) if p2p._FRAME.format.endswith("QiiQI") else (
+                comm._p2p._key, 5, 1 << 62, p2p.BYTES)
+            with lock:
+                conn.sendall(p2p._FRAME.pack(*fields))
+        else:
+            comm.send("fine", 1, tag=6)
+    comm.Barrier()
 elif mode == "cut":
     if comm.rank == 1:
         buf = np.zeros(1 << 16, np.uint8)
@@ -54,6 +78,6 @@ elif mode == "cut":
         comm.Barrier()
         conn, lock = comm._p2p._connection(1)
         with lock:  # a header for 64 KiB, 100 bytes of it, then the connection ends
-            conn.sendall(p2p._FRAME.pack(comm._p2p._key, comm.rank, 5, 1 << 16, p2p.BYTES) + bytes(100))
+            conn.sendall(p2p._FRAME.pack(comm._p2p._key, 5, 1 << 16, p2p.BYTES) + bytes(100))
             conn.close()
     comm.Barrier()
