@@ -1,0 +1,444 @@
+"""MPI.Comm, Intracomm and the communicator classes gpucoll does not provide (Intercomm and the
+topologies), as handles on gpucoll Communicators.
+
+A Comm is a handle: `MPI.Comm(c)` refers to the same communicator as `c`; MPI.COMM_WORLD wraps
+gpucoll.COMM_WORLD itself (one communicator, not a duplicate). The buffer methods are in
+collectives.py and pointtopoint.py (mixed in here); Python-object methods go to gpucoll's own.
+"""
+import os
+import sys
+import zlib
+
+from .. import comm as _core
+from .. import world as _world
+from ..errors import InvalidUsageError
+from . import attributes as _attrs
+from . import errhandler as _eh
+from .collectives import Collectives
+from .constants import INTEGERS as _C
+from .group import Group
+from .handle import Handle
+from .info import Info
+from .op import as_op
+from .pointtopoint import PointToPoint
+from .request import Request
+
+UNDEFINED, ERR_COMM, ERR_ARG = _C["UNDEFINED"], _C["ERR_COMM"], _C["ERR_ARG"]
+IDENT, CONGRUENT, SIMILAR, UNEQUAL = _C["IDENT"], _C["CONGRUENT"], _C["SIMILAR"], _C["UNEQUAL"]
+TAG_UB = 2**31 - 1  # gpucoll's message tags are 32-bit
+
+
+class _CommState:
+    """What every handle of one communicator shares."""
+
+    __slots__ = ("core", "name", "errhandler", "attrs", "info", "children", "__weakref__")
+
+    def __init__(self, core, name):
+        self.core, self.name = core, name
+        self.errhandler = _eh.PREDEFINED["ERRORS_RETURN"]._s
+        self.attrs, self.info = {}, {}
+        self.children = {}  # Create_group: (group ranks, tag) -> how many made so far
+
+
+def comm_error(message, error_class=ERR_COMM):
+    return InvalidUsageError(message, error_class=error_class)
+
+
+def _unsupported(feature):
+    raise NotImplementedError(f"gpucoll.MPI: {feature} is not supported by gpucoll")
+
+
+class Comm(Collectives, PointToPoint, Handle):
+    """A communicator handle; Comm() is MPI.COMM_NULL."""
+
+    __slots__ = ()
+    _kind = "comm"
+
+    @classmethod
+    def _wrap(cls, core, name=None):
+        """A new communicator's handle (None -> the null handle)."""
+        if core is None:
+            return Intracomm()
+        return cls._of(_CommState(core, name if name is not None else ""))._register()
+
+    def _c(self, what="communicator"):
+        """The gpucoll Communicator; raises for the null handle."""
+        s = self._s
+        if s is None:
+            raise comm_error(f"{what}: the communicator is MPI.COMM_NULL")
+        return s.core
+
+    def __repr__(self):
+        if self._s is None:
+            return f"<gpucoll.MPI.{type(self).__name__} COMM_NULL>"
+        return f"<gpucoll.MPI.{type(self).__name__} {self.Get_name() or self._s.core._id} size {self.size}>"
+
+    # --- identity -----------------------------------------------------------------------------
+    def Get_rank(self):
+        return self._c("Get_rank").rank
+
+    def Get_size(self):
+        return self._c("Get_size").size
+
+    rank = property(Get_rank)
+    size = property(Get_size)
+
+    def Get_name(self):
+        return "MPI_COMM_NULL" if self._s is None else self._s.name
+
+    def Set_name(self, name):
+        self._c("Set_name")
+        self._s.name = str(name)
+
+    name = property(Get_name, Set_name)
+
+    def Get_group(self):
+        return Group._from_ranks(self._c("Get_group").world_ranks)
+
+    group = property(Get_group)
+
+    def Is_inter(self):
+        self._c("Is_inter")
+        return False
+
+    def Is_intra(self):
+        return not self.Is_inter()
+
+    is_inter = property(Is_inter)
+    is_intra = property(Is_intra)
+
+    def Get_topology(self):
+        self._c("Get_topology")
+        return UNDEFINED
+
+    topology = property(Get_topology)
+    is_topo = property(lambda self: False)
+
+    @staticmethod
+    def Compare(comm1, comm2):
+        a, b = comm1._c("Compare"), comm2._c("Compare")
+        if comm1._s is comm2._s:
+            return IDENT
+        if a.world_ranks == b.world_ranks:
+            return CONGRUENT
+        return SIMILAR if sorted(a.world_ranks) == sorted(b.world_ranks) else UNEQUAL
+
+    # --- life cycle -----------------------------------------------------------------------------
+    def _child(self, core):
+        new = type(self)._wrap(core)
+        new._s.attrs = _attrs.copy_attrs(self, self._s.attrs)
+        new._s.errhandler = self._s.errhandler
+        return new
+
+    def Dup(self, info=None):
+        """A new communicator with the same ranks (collective)."""
+        new = self._child(self._c("Dup").Dup())
+        if info is not None and info:
+            new._s.info = dict(info.items())
+        return new
+
+    def Dup_with_info(self, info):
+        return self.Dup(info)
+
+    def Clone(self):
+        return self.Dup()
+
+    def Idup(self, info=None):
+        """Dup, done at once (a communicator's creation in gpucoll exchanges nothing); the request
+        is complete."""
+        return self.Dup(info), Request()
+
+    def Idup_with_info(self, info):
+        return self.Idup(info)
+
+    def Free(self):
+        """Release the communicator (collective); this handle becomes null."""
+        core = self._c("Free")
+        if self._s is _world_state():
+            raise comm_error("Free: MPI.COMM_WORLD cannot be freed")
+        _attrs.delete_all(self, self._s.attrs)
+        core.Free()
+        self._s = None
+
+    free = Free
+
+    def Disconnect(self):
+        self.Free()
+
+    def Abort(self, errorcode=0):
+        """End the job: this process exits with errorcode, and gpurun stops the other ranks."""
+        sys.stderr.write(f"gpucoll.MPI: Abort({errorcode}) called on rank {_world.init().rank}\n")
+        sys.stderr.flush()
+        os._exit(errorcode if 0 <= errorcode < 256 else 1)
+
+    def Split(self, color=0, key=0):
+        """Ranks of one color form a new communicator, ordered by key; UNDEFINED gives COMM_NULL."""
+        core = self._c("Split")
+        if color == UNDEFINED:
+            color = None
+        return Intracomm._wrap(core.Split(color, key))
+
+    def Split_type(self, split_type, key=0, info=None):
+        """COMM_TYPE_SHARED: the ranks of this rank's host (shared memory); UNDEFINED: COMM_NULL."""
+        core = self._c("Split_type")
+        if split_type not in (_C["COMM_TYPE_SHARED"], UNDEFINED):
+            # hardware-guided splits (MPI 4) need a resource description: as under MPI when none
+            # is given, this rank is left out
+            split_type = UNDEFINED
+        color = None
+        if split_type == _C["COMM_TYPE_SHARED"]:
+            hosts = sorted({core._ctx.hosts[w] for w in core.world_ranks})
+            color = hosts.index(core.host)
+        return Intracomm._wrap(core.Split(color, key))
+
+    def Create(self, group):
+        """The communicator of `group`'s processes (collective over this one); COMM_NULL elsewhere."""
+        core = self._c("Create")
+        ranks = tuple(group._st("Create").ranks)
+        missing = [w for w in ranks if w not in core.world_ranks]
+        if missing:
+            raise comm_error(f"Create: world ranks {missing} of the group are not in the communicator",
+                             _C["ERR_GROUP"])
+        core._children += 1
+        if core._ctx.rank not in ranks:
+            return Intracomm()
+        return Intracomm._wrap(_core.Communicator(core._ctx, f"{core._id}.c{core._children}", ranks))
+
+    # --- info, error handlers, attributes -------------------------------------------------------
+    def Get_info(self):
+        return Info.Create(self._c("Get_info") and self._s.info)
+
+    def Set_info(self, info):
+        self._c("Set_info")
+        self._s.info = dict(info.items()) if info else {}
+
+    info = property(Get_info, Set_info)
+
+    def Get_errhandler(self):
+        self._c("Get_errhandler")
+        return _eh.Errhandler._of(self._s.errhandler)
+
+    def Set_errhandler(self, errhandler):
+        self._c("Set_errhandler")
+        if not errhandler:
+            raise comm_error("Set_errhandler: the handler is MPI.ERRHANDLER_NULL", ERR_ARG)
+        self._s.errhandler = errhandler._s
+
+    def Call_errhandler(self, errorcode):
+        self._c("Call_errhandler")
+        _eh.invoke(self._s.errhandler, self, errorcode)
+
+    @classmethod
+    def Create_errhandler(cls, errhandler_fn):
+        return _eh.create(errhandler_fn)
+
+    def Get_attr(self, keyval):
+        core = self._c("Get_attr")
+        predefined = {_C["TAG_UB"]: TAG_UB, _C["IO"]: _C["ANY_SOURCE"], _C["WTIME_IS_GLOBAL"]: False,
+                      _C["UNIVERSE_SIZE"]: _world.init().size, _C["APPNUM"]: 0,
+                      _C["LASTUSEDCODE"]: _last_used_code()}
+        if keyval in predefined and self._s is _world_state():
+            return predefined[keyval]
+        if keyval in predefined:
+            return None
+        del core
+        return _attrs.get_attr(self._s.attrs, keyval, "Comm")
+
+    def Set_attr(self, keyval, attrval):
+        self._c("Set_attr")
+        _attrs.set_attr(self, self._s.attrs, keyval, attrval, "Comm")
+
+    def Delete_attr(self, keyval):
+        self._c("Delete_attr")
+        _attrs.delete_attr(self, self._s.attrs, keyval, "Comm")
+
+    @staticmethod
+    def Create_keyval(copy_fn=None, delete_fn=None, nopython=False):
+        return _attrs.create_keyval("Comm", copy_fn, delete_fn, nopython)
+
+    @staticmethod
+    def Free_keyval(keyval):
+        return _attrs.free_keyval(keyval)
+
+    # --- buffered sends: they are eager, so an attached buffer is only kept ----------------------
+    def Attach_buffer(self, buf):
+        self._c("Attach_buffer")
+        self._s.attrs["_bsend_buffer"] = buf
+
+    def Detach_buffer(self):
+        self._c("Detach_buffer")
+        buf = self._s.attrs.pop("_bsend_buffer", None)
+        if buf is None:
+            raise comm_error("Detach_buffer: no buffer is attached", _C["ERR_BUFFER"])
+        return buf
+
+    def Flush_buffer(self):
+        """Buffered sends have all left (gpucoll's sends are eager)."""
+        self._c("Flush_buffer")
+
+    def Iflush_buffer(self):
+        self._c("Iflush_buffer")
+        return Request()
+
+    @classmethod
+    def Get_parent(cls):
+        """The parent of a spawned job: gpucoll does not spawn, so always the null communicator."""
+        return Intercomm()
+
+    # --- Python objects (pickle): gpucoll's own methods -------------------------------------------
+    def bcast(self, obj, root=0):
+        return self._c("bcast").bcast(obj, root)
+
+    def gather(self, sendobj, root=0):
+        return self._c("gather").gather(sendobj, root)
+
+    def scatter(self, sendobj, root=0):
+        return self._c("scatter").scatter(sendobj, root)
+
+    def allgather(self, sendobj):
+        return self._c("allgather").allgather(sendobj)
+
+    def alltoall(self, sendobj):
+        return self._c("alltoall").alltoall(sendobj)
+
+    def allreduce(self, sendobj, op=None):
+        return _reduce_objects(self._c("allreduce").allgather(sendobj), op)
+
+    def reduce(self, sendobj, op=None, root=0):
+        core = self._c("reduce")
+        items = core.gather(sendobj, root)
+        return _reduce_objects(items, op) if core.rank == root else None
+
+    def scan(self, sendobj, op=None):
+        items = self._c("scan").allgather(sendobj)
+        return _reduce_objects(items[:self.rank + 1], op)
+
+    def exscan(self, sendobj, op=None):
+        items = self._c("exscan").allgather(sendobj)
+        return _reduce_objects(items[:self.rank], op) if self.rank else None
+
+    def barrier(self):
+        self._c("barrier").Barrier()
+
+    def send(self, obj, dest, tag=0):
+        self._c("send").send(obj, dest, tag)
+
+    bsend = ssend = send
+
+    def isend(self, obj, dest, tag=0):
+        return Request._of(self._c("isend").isend(obj, dest, tag))
+
+    ibsend = issend = isend
+
+    def recv(self, buf=None, source=_C["ANY_SOURCE"], tag=_C["ANY_TAG"], status=None):
+        return self._c("recv").recv(buf, source, tag, status)
+
+    def irecv(self, buf=None, source=_C["ANY_SOURCE"], tag=_C["ANY_TAG"]):
+        return Request._of(self._c("irecv").irecv(buf, source, tag))
+
+    def sendrecv(self, sendobj, dest, sendtag=0, recvbuf=None, source=_C["ANY_SOURCE"], recvtag=_C["ANY_TAG"],
+                 status=None):
+        return self._c("sendrecv").sendrecv(sendobj, dest, sendtag, recvbuf, source, recvtag, status)
+
+    # --- context manager --------------------------------------------------------------------------
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self._s is not None and self._s is not _world_state() and self._s is not _self_state():
+            self.Free()
+
+
+def _reduce_objects(items, op):
+    """op over items in rank order (x0 op x1 op ...), with MPI.SUM for None."""
+    from .op import PREDEFINED, Op
+
+    op = PREDEFINED["SUM"] if op is None else op
+    if not isinstance(op, Op):
+        rec = as_op(op)
+        op = Op._of(rec)
+    if not items:
+        return None
+    result = items[0]
+    for item in items[1:]:
+        result = op(result, item)
+    return result
+
+
+def _last_used_code():
+    from .exception import added_classes, added_strings
+
+    return max([_C["ERR_LASTCODE"], *added_classes, *added_strings])
+
+
+class Intracomm(Comm):
+    """An intra-communicator."""
+
+    __slots__ = ()
+
+    def Create_group(self, group, tag=0):
+        """The communicator of `group` (collective over the group's processes only)."""
+        core = self._c("Create_group")
+        ranks = tuple(group._st("Create_group").ranks)
+        if core._ctx.rank not in ranks:
+            raise comm_error("Create_group: this process is not in the group", _C["ERR_GROUP"])
+        key = (ranks, tag)
+        n = self._s.children[key] = self._s.children.get(key, 0) + 1
+        digest = zlib.crc32(repr(ranks).encode())
+        return Intracomm._wrap(_core.Communicator(core._ctx, f"{core._id}.g{digest:x}t{tag}n{n}", ranks))
+
+    @classmethod
+    def Create_from_group(cls, group, stringtag="org.mpi4py", info=None, errhandler=None):
+        _unsupported("Intracomm.Create_from_group (communicators from session groups, MPI 4)")
+
+
+class Intercomm(Comm):
+    """Inter-communicators: gpucoll has none (only the null one exists)."""
+
+    __slots__ = ()
+
+
+class Topocomm(Intracomm):
+    """Topology communicators: gpucoll has none (only null ones exist)."""
+
+    __slots__ = ()
+
+
+class Cartcomm(Topocomm):
+    __slots__ = ()
+
+
+class Graphcomm(Topocomm):
+    __slots__ = ()
+
+
+class Distgraphcomm(Topocomm):
+    __slots__ = ()
+
+
+_WORLD = [None]
+_SELF = [None]
+
+
+def _world_state():
+    return _WORLD[0]._s if _WORLD[0] is not None else None
+
+
+def _self_state():
+    return _SELF[0]._s if _SELF[0] is not None else None
+
+
+def comm_world():
+    """MPI.COMM_WORLD: joins the job on first use."""
+    if _WORLD[0] is None:
+        _WORLD[0] = Intracomm._wrap(_world.init(), "MPI_COMM_WORLD")
+    return _WORLD[0]
+
+
+def comm_self():
+    """MPI.COMM_SELF: a communicator of this process alone (one object, as in mpi4py)."""
+    if _SELF[0] is None:
+        world = _world.init()
+        _SELF[0] = Intracomm._wrap(_core.Communicator(world._ctx, f"self{world.rank}", [world.rank]),
+                                   "MPI_COMM_SELF")
+    return _SELF[0]

@@ -1,0 +1,227 @@
+"""The point-to-point methods of MPI.Comm over gpucoll's point to point.
+
+Messages travel as their packed bytes (a view of the buffer when its layout is contiguous).
+gpucoll's sends are eager: a send completes once its bytes are handed to the connection,
+whether or not a receive is posted. That is what buffered (Bsend) and ready (Rsend) sends
+promise, so they are sends; a synchronous send (Ssend) promises more and is not provided.
+Probe, Iprobe, Mprobe and Improbe look at the messages that arrived and wait for a receive.
+"""
+import time
+
+import numpy as np
+
+from .. import config
+from ..errors import TimeoutError as GpucollTimeout
+from . import message as _m
+from .composite import Composite
+from .constants import INTEGERS as _C
+from .matched import Message
+from .request import Prequest, Request
+from .status import reset
+
+ANY_SOURCE, ANY_TAG, PROC_NULL = _C["ANY_SOURCE"], _C["ANY_TAG"], _C["PROC_NULL"]
+
+
+def _proc_null_status(status):
+    if status is not None:
+        reset(status)
+        status.source = PROC_NULL
+
+
+def _no_ssend(what):
+    raise NotImplementedError(f"gpucoll.MPI.Comm.{what}: synchronous sends are not supported by gpucoll (its "
+                              "sends are eager: use Send, or a reply message to synchronise)")
+
+
+class PointToPoint:
+    """Mixed into MPI.Comm (which supplies `_c()`)."""
+
+    __slots__ = ()
+
+    # --- sends ---------------------------------------------------------------------------------
+    def _send_bytes(self, buf, dest, what):
+        msg = _m.simple(buf, True, dest, what=f"{what} buf")
+        if msg is None:
+            return np.zeros(0, np.uint8)
+        return msg.gpu if msg.gpu is not None else msg.data()
+
+    def Send(self, buf, dest, tag=0):
+        """Send buf to dest (returns once the bytes are handed over: sends are eager)."""
+        core = self._c("Send")
+        core.Send(self._send_bytes(buf, dest, "Send"), dest, tag)
+
+    Bsend = Rsend = Send
+
+    def Isend(self, buf, dest, tag=0):
+        core = self._c("Isend")
+        return Request._of(core.Isend(self._send_bytes(buf, dest, "Isend"), dest, tag))
+
+    Ibsend = Irsend = Isend
+
+    def Ssend(self, buf, dest, tag=0):
+        _no_ssend("Ssend")
+
+    def Issend(self, buf, dest, tag=0):
+        _no_ssend("Issend")
+
+    def Send_init(self, buf, dest, tag=0):
+        return Prequest._persistent(lambda: self.Isend(buf, dest, tag))
+
+    Bsend_init = Rsend_init = Send_init
+
+    def Ssend_init(self, buf, dest, tag=0):
+        _no_ssend("Ssend_init")
+
+    # --- receives ---------------------------------------------------------------------------------
+    def _irecv_state(self, buf, source, tag, what):
+        """The state of a started receive into buf (a gpucoll request, or a composite that
+        unpacks into a non-contiguous layout)."""
+        from .collectives import _Landing
+
+        core = self._c(what)
+        msg = _m.simple(buf, False, source, what=f"{what} buf")
+        if msg is None:
+            return core.Irecv(np.zeros(0, np.uint8), PROC_NULL, tag)
+        if msg.gpu is not None:
+            return core.Irecv(msg.gpu, source, tag)
+        land = _Landing(msg)
+        state = core.Irecv(land.buf, source, tag)
+        return state if land.direct else Composite([state], land.finish, what, status_part=state)
+
+    def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Receive into buf; status (an MPI.Status) gets the source, tag and size."""
+        if source == PROC_NULL:
+            self._c("Recv")
+            _proc_null_status(status)
+            return
+        state = self._irecv_state(buf, source, tag, "Recv")
+        if status is not None:
+            reset(status)
+        state.Wait(status)
+
+    def Irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
+        return Request._of(self._irecv_state(buf, source, tag, "Irecv"))
+
+    def Recv_init(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
+        return Prequest._persistent(lambda: self.Irecv(buf, source, tag))
+
+    # --- both ways ----------------------------------------------------------------------------------
+    def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE, recvtag=ANY_TAG, status=None):
+        recv = None if source == PROC_NULL else self._irecv_state(recvbuf, source, recvtag, "Sendrecv")
+        self.Send(sendbuf, dest, sendtag)
+        if recv is None:
+            _proc_null_status(status)
+            return
+        if status is not None:
+            reset(status)
+        recv.Wait(status)
+
+    def Sendrecv_replace(self, buf, dest, sendtag=0, source=ANY_SOURCE, recvtag=ANY_TAG, status=None):
+        """Send buf, then receive into the same buf."""
+        data = self._send_bytes(buf, dest, "Sendrecv_replace")
+        data = data.copy() if isinstance(data, np.ndarray) else data
+        recv = None if source == PROC_NULL else self._irecv_state(buf, source, recvtag, "Sendrecv_replace")
+        self._c("Sendrecv_replace").Send(data, dest, sendtag)
+        if recv is None:
+            _proc_null_status(status)
+            return
+        if status is not None:
+            reset(status)
+        recv.Wait(status)
+
+    def Isendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE, recvtag=ANY_TAG):
+        recv = self._irecv_state(recvbuf, source, recvtag, "Isendrecv")
+        send = self._c("Isendrecv").Isend(self._send_bytes(sendbuf, dest, "Isendrecv"), dest, sendtag)
+        return Request._of(Composite([recv, send], None, "Isendrecv", status_part=recv))
+
+    def Isendrecv_replace(self, buf, dest, sendtag=0, source=ANY_SOURCE, recvtag=ANY_TAG):
+        data = self._send_bytes(buf, dest, "Isendrecv_replace")
+        data = data.copy() if isinstance(data, np.ndarray) else data
+        recv = self._irecv_state(buf, source, recvtag, "Isendrecv_replace")
+        send = self._c("Isendrecv_replace").Isend(data, dest, sendtag)
+        return Request._of(Composite([recv, send], None, "Isendrecv_replace", status_part=recv))
+
+    # --- probes ---------------------------------------------------------------------------------------
+    def _find(self, source, tag, take, what):
+        """The first arrived message matching (source, tag), as (source, tag, payload); removed from
+        the arrived ones when `take` (a matched probe); None when none has arrived."""
+        core = self._c(what)
+        if source != ANY_SOURCE:
+            core._p2p._check_peer(source, "source")
+        inbox, key = core._ctx.inbox, core._p2p._key
+        box = inbox.box(key)
+        with inbox._lock:
+            for i, (src, tg, payload, kind) in enumerate(box.unexpected):
+                if source in (ANY_SOURCE, src) and (tag == tg or (tag == ANY_TAG and tg >= 0)):
+                    if kind != 0:
+                        raise NotImplementedError(f"{what}: probing a message sent from GPU memory")
+                    if take:
+                        del box.unexpected[i]
+                    return src, tg, payload
+        return None
+
+    def _probe(self, source, tag, take, block, what):
+        if source == PROC_NULL:
+            self._c(what)
+            return (PROC_NULL, ANY_TAG, None)
+        found = self._find(source, tag, take, what)
+        if found is not None or not block:
+            return found
+        timeout = config.TIMEOUT.get()
+        deadline, delay = time.monotonic() + timeout, 0.00002
+        while found is None:
+            if time.monotonic() > deadline:
+                src = "any rank" if source == ANY_SOURCE else f"rank {source}"
+                raise GpucollTimeout(f"{what}: no message from {src} with "
+                                     f"{'any tag' if tag == ANY_TAG else f'tag {tag}'} within {timeout:g} s "
+                                     "(GPUCOLL_TIMEOUT)")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.001)
+            found = self._find(source, tag, take, what)
+        return found
+
+    @staticmethod
+    def _fill(status, found):
+        if status is not None:
+            reset(status)
+            status.source, status.tag = found[0], found[1]
+            status.nbytes = 0 if found[2] is None else len(found[2])
+
+    def Probe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Wait until a matching message has arrived (without receiving it); True."""
+        self._fill(status, self._probe(source, tag, False, True, "Probe"))
+        return True
+
+    def Iprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Whether a matching message has arrived (without receiving it)."""
+        found = self._probe(source, tag, False, False, "Iprobe")
+        if found is None:
+            return False
+        self._fill(status, found)
+        return True
+
+    def Mprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Wait for a matching message and take it: only the returned Message receives it."""
+        found = self._probe(source, tag, True, True, "Mprobe")
+        self._fill(status, found)
+        return Message._matched(self, found)
+
+    def Improbe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        found = self._probe(source, tag, True, False, "Improbe")
+        if found is None:
+            return None
+        self._fill(status, found)
+        return Message._matched(self, found)
+
+    # Python objects
+    def probe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return self.Probe(source, tag, status)
+
+    def iprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return self.Iprobe(source, tag, status)
+
+    def mprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return self.Mprobe(source, tag, status)
+
+    def improbe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return self.Improbe(source, tag, status)
