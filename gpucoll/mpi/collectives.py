@@ -18,10 +18,8 @@ import numpy as np
 from .. import dtypes as _dtypes
 from ..buffers import host_buffer
 from ..comm import IN_PLACE
-from ..errors import InvalidUsageError
 from . import message as _m
 from .composite import VCOLL_TAG, Composite, done
-from .constants import INTEGERS as _C
 from .op import PREDEFINED as _OPS
 from .op import as_op, check, combine
 from .request import Prequest, Request
@@ -473,7 +471,7 @@ class Collectives:
             raise ValueError(f"{what}: send count {s.count} and receive count {r.count} differ")
         mine, _ = (r if s is None else s).elements()
         out, copied = r.elements()
-        check(rec, out.dtype, r.datatype) if rec.core is None else None
+        check(rec, out.dtype, r.datatype)
         wire = mine.view(np.uint8).reshape(-1).copy()
         upto = rank if exclusive else rank + 1
 
@@ -689,9 +687,3 @@ def _wblocks(msg, readonly, size, what):
         out.append(_m.Msg(raw[displ:], count, datatype))
     return out
 
-
-def _unused(*_):
-    raise InvalidUsageError("unreachable")
-
-
-__all__ = ["Collectives", "_C"]

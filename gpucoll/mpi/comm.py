@@ -154,8 +154,8 @@ class Comm(Collectives, PointToPoint, Handle):
     def Free(self):
         """Release the communicator (collective); this handle becomes null."""
         core = self._c("Free")
-        if self._s is _world_state():
-            raise comm_error("Free: MPI.COMM_WORLD cannot be freed")
+        if self._s is _world_state() or self._s is _self_state():
+            raise comm_error(f"Free: {self._s.name} is predefined and cannot be freed")
         _attrs.delete_all(self, self._s.attrs)
         core.Free()
         self._s = None

@@ -4,8 +4,6 @@ import ctypes
 import socket
 import time
 
-import numpy as np
-
 from .. import __version__
 from .. import world as _world
 from ..errors import GpucollError, InvalidUsageError

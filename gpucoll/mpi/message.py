@@ -65,12 +65,6 @@ class _Holder:
         self.keep = keep
 
 
-def _writable_view(arr, keep):
-    interface = dict(arr.__array_interface__)
-    interface["data"] = (interface["data"][0], False)
-    return np.asarray(_Holder(interface, (keep, arr)))
-
-
 def _cai_host_array(obj, what):
     """An array over memory described by __cuda_array_interface__ when it is host memory (no CUDA
     in this process, or a pointer CUDA does not know); None for GPU memory."""
@@ -100,6 +94,29 @@ def _is_device_pointer(ptr):
         return False
 
 
+def _gpu_buffer(obj, what):
+    """gpucoll's GpuBuffer when obj's memory is on a GPU; None for host memory (NumPy, the buffer
+    protocol, CPU DLPack tensors, __cuda_array_interface__ over host memory)."""
+    if isinstance(obj, (np.ndarray, bytes, bytearray, memoryview)):
+        return None
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        ptr = int(cai["data"][0])
+        if not (ptr and _is_device_pointer(ptr)):
+            return None
+        from ..gpu.buffers import _from_cai
+
+        return maybe_gpu_buffer(obj, what) or _from_cai(obj, what)
+    device = getattr(obj, "__dlpack_device__", None)
+    if device is not None:
+        try:
+            on_gpu = device()[0] in (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+        except Exception:
+            on_gpu = False
+        return maybe_gpu_buffer(obj, what) if on_gpu else None
+    return maybe_gpu_buffer(obj, what)
+
+
 def as_array(obj, readonly, what):
     """A NumPy array over the memory of a host buffer object (not copied); raises for others."""
     if isinstance(obj, np.ndarray):
@@ -110,9 +127,9 @@ def as_array(obj, readonly, what):
         except TypeError:
             arr = None
         if arr is None and hasattr(obj, "__dlpack__") and _kcpu(obj):
-            arr = np.from_dlpack(obj)
-            if not arr.flags.writeable:  # a legacy capsule carries no read-only flag: it is writable
-                arr = _writable_view(arr, obj)
+            from .dlpack import as_array as from_dlpack
+
+            arr = from_dlpack(obj)
         if arr is None and hasattr(obj, "__cuda_array_interface__"):
             arr = _cai_host_array(obj, what)
             if arr is None:
@@ -255,7 +272,7 @@ def _buffer(buf, dtype, readonly, what):
         if dtype is None:
             raise ValueError(f"{what}: a None buffer needs an explicit datatype")
         return np.zeros(0, np.uint8), as_datatype(dtype, what), None
-    gpu = maybe_gpu_buffer(buf, what)
+    gpu = _gpu_buffer(buf, what)
     if gpu is not None:
         datatype = as_datatype(dtype, what) if dtype is not None else _dt.Datatype._of(_dt.for_numpy(
             _dt._dtypes.numpy_dtype(gpu.code)) or _dt._BY_NAME["BYTE"])
@@ -337,7 +354,7 @@ def _is_buffer_like(obj):
         return True
     except TypeError:
         return hasattr(obj, "__dlpack__") or hasattr(obj, "__cuda_array_interface__") or \
-            maybe_gpu_buffer(obj) is not None
+            _gpu_buffer(obj, "buffer") is not None
 
 
 class VMsg:

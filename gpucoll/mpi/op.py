@@ -150,8 +150,7 @@ class Op:
         """x op y for Python objects (what the object methods, such as allreduce, use)."""
         r = self._r
         if r is None:
-            raise TypeError("MPI.OP_NULL cannot be called") if x is None or y is None else \
-                ValueError("MPI.OP_NULL cannot be called")
+            raise ValueError("MPI.OP_NULL cannot be called")
         if r.function is not None:
             return r.function(x, y, None)
         return r.py(x, y)
