@@ -10,11 +10,14 @@ import ctypes
 import numpy as np
 
 
+_EMPTY = object()  # buffer() with no argument: an empty buffer (buffer(None) is an error, as in mpi4py)
+
+
 class buffer(np.ndarray):  # noqa: N801 - mpi4py's name
     """Bytes in memory: buffer(obj), buffer.allocate(n), buffer.frombuffer(obj), buffer.fromaddress(a, n)."""
 
-    def __new__(cls, obj=None):
-        if obj is None:
+    def __new__(cls, obj=_EMPTY):
+        if obj is _EMPTY:
             return cls._make(np.zeros(0, np.uint8), None)
         if isinstance(obj, buffer):
             return cls._make(obj.view(np.ndarray), obj.obj)
@@ -25,6 +28,7 @@ class buffer(np.ndarray):  # noqa: N801 - mpi4py's name
         view = raw.view(cls)
         view._obj = obj
         view._released = False
+        view._device = None
         if readonly:
             view.flags.writeable = False
         return view
@@ -32,6 +36,11 @@ class buffer(np.ndarray):  # noqa: N801 - mpi4py's name
     def __array_finalize__(self, parent):
         self._obj = getattr(parent, "_obj", None)
         self._released = False
+        self._device = None  # (address, nbytes) of device memory: no bytes to read here
+
+    def _host(self):
+        if self._device is not None:
+            raise BufferError("the buffer is in device (GPU) memory: its bytes cannot be accessed here")
 
     @classmethod
     def wrap(cls, array):
@@ -54,7 +63,9 @@ class buffer(np.ndarray):  # noqa: N801 - mpi4py's name
         try:
             view = memoryview(obj)
         except TypeError:
-            raise TypeError(f"a {type(obj).__name__} does not expose a buffer") from None
+            view = cls._device_or_dlpack(obj, readonly)
+            if isinstance(view, buffer):
+                return view
         if not view.contiguous:
             raise ValueError("the buffer is not contiguous")
         raw = np.frombuffer(view.cast("B") if view.nbytes else b"", np.uint8)
@@ -62,6 +73,28 @@ class buffer(np.ndarray):  # noqa: N801 - mpi4py's name
         if readonly is False and view.readonly:
             raise BufferError("the object's buffer is read-only")
         return cls._make(raw, obj, ro)
+
+    @classmethod
+    def _device_or_dlpack(cls, obj, readonly):
+        """A buffer over a DLPack tensor or a __cuda_array_interface__ object: its host memory, or
+        (device memory) an address-only buffer whose bytes cannot be read here."""
+        if hasattr(obj, "__dlpack__"):
+            from . import dlpack
+
+            t = dlpack.read(obj, writable=not readonly)
+            if t.device == dlpack.kDLCPU:
+                return memoryview(dlpack.as_array(obj, writable=not readonly)).cast("B")
+            address, nbytes, ro = t.address, t.nbytes, t.readonly
+        elif hasattr(obj, "__cuda_array_interface__"):
+            from . import cai
+
+            i = cai.read(obj, writable=not readonly)
+            address, nbytes, ro = i.address, i.nbytes, i.readonly
+        else:
+            raise TypeError(f"a {type(obj).__name__} does not expose a buffer")
+        dev = cls._make(np.zeros(0, np.uint8), obj, ro or bool(readonly))
+        dev._device = (address, nbytes)
+        return dev
 
     @classmethod
     def fromaddress(cls, address, nbytes, readonly=False):
@@ -82,10 +115,14 @@ class buffer(np.ndarray):  # noqa: N801 - mpi4py's name
     def address(self):
         if self._released or self.size == 0 and self._obj is None:
             return 0
+        if self._device is not None:
+            return self._device[0]
         return self.__array_interface__["data"][0]
 
     @property
     def nbytes(self):
+        if self._device is not None and not self._released:
+            return self._device[1]
         return 0 if self._released else self.size
 
     @property
@@ -97,7 +134,7 @@ class buffer(np.ndarray):  # noqa: N801 - mpi4py's name
         return "B"
 
     def __len__(self):
-        return 0 if self._released else self.size
+        return self.nbytes
 
     def release(self):
         self._released = True
@@ -106,10 +143,12 @@ class buffer(np.ndarray):  # noqa: N801 - mpi4py's name
         return buffer._make(self.view(np.ndarray), self._obj, readonly=True)
 
     def cast(self, format, shape=None):  # noqa: A002 - mpi4py's name
+        self._host()
         mem = memoryview(self.view(np.ndarray)).cast("B")
         return mem.cast(format) if shape is None else mem.cast(format, shape)
 
     def tobytes(self, order="C"):
+        self._host()
         return self.view(np.ndarray).tobytes()
 
     def tomemory(self):
@@ -131,12 +170,14 @@ class buffer(np.ndarray):  # noqa: N801 - mpi4py's name
         raise TypeError(f"buffer indices must be integers or slices, not {type(key).__name__}")
 
     def __getitem__(self, key):
+        self._host()
         i = self._index(key)
         if isinstance(i, slice):
             return buffer._make(self.view(np.ndarray)[i], self._obj, self.readonly)
         return int(self.view(np.ndarray)[i])
 
     def __setitem__(self, key, value):
+        self._host()
         if self.readonly:
             raise TypeError("the buffer is read-only")
         i = self._index(key)

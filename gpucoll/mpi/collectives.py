@@ -607,7 +607,7 @@ class Collectives:
 
     def _alltoallv(self, sendbuf, recvbuf, blocking):
         core = self._c("Alltoallv")
-        size, rank = core.size, core.rank
+        size = core.size
         r = _m.vector(recvbuf, False, 0, size, what="Alltoallv recvbuf")
         s = r if _m.is_in_place(sendbuf) else _m.vector(sendbuf, True, 0, size, what="Alltoallv sendbuf")
         return self._exchange("Alltoallv", [s.block(k) for k in range(size)], [r.block(k) for k in range(size)],
@@ -666,24 +666,35 @@ def _no_gpu(msg, what):
 
 def _wblocks(msg, readonly, size, what):
     """Alltoallw's [buf, counts, displs (bytes), datatypes] -> one Msg per rank."""
-    if not isinstance(msg, (list, tuple)) or len(msg) not in (2, 3, 4):
-        raise ValueError(f"{what}: expecting [buf, counts, displs, datatypes]")
-    if len(msg) == 2:
-        buf, types = msg
-        counts, displs = [1] * size, [0] * size
-    elif len(msg) == 3:
+    n = len(msg)
+    if n == 2:
+        (buf, types), counts, displs = msg, None, None
+    elif n == 3:
         buf, (counts, displs), types = msg
-    else:
+    elif n == 4:
         buf, counts, displs, types = msg
-    raw = _m._raw(_m.as_array(buf, readonly, what)) if buf is not None else np.zeros(0, np.uint8)
+    else:
+        raise ValueError(f"{what}: a message is [buf, counts, displs, datatypes] (2 to 4 items), not {n} items")
+    bottom = buf is None or buf is _m.BOTTOM
+    if bottom and (counts is None or displs is None):
+        raise ValueError(f"{what}: MPI.BOTTOM needs counts and displacements (addresses)")
+    if counts is None and displs is None:
+        counts, displs = [1] * size, [0] * size
+    counts = _m._int_list(counts, size, what, "counts")
+    displs = _m._int_list(displs, size, what, "displacements")
     types = [types] * size if not isinstance(types, (list, tuple)) else list(types)
+    if len(types) < size:
+        raise ValueError(f"{what}: {len(types)} datatypes given, the communicator needs {size}")
+    raw = None if bottom else _m._raw(_m.as_array(buf, readonly, what))
     out = []
     for k in range(size):
         datatype = _m.as_datatype(types[k], what)
-        count, displ = int(counts[k]), int(displs[k])
+        if bottom:
+            out.append(_m.at_address(displs[k], counts[k], datatype, what))
+            continue
         t = datatype._t
-        if count and (displ + (count - 1) * t.extent + t.true_ub > raw.size or displ < 0):
-            raise ValueError(f"{what}: block {k} ({count} elements at byte {displ}) reaches past the buffer")
-        out.append(_m.Msg(raw[displ:], count, datatype))
+        if counts[k] and (displs[k] < 0 or displs[k] + (counts[k] - 1) * t.extent + t.true_ub > raw.size):
+            raise ValueError(f"{what}: block {k} ({counts[k]} elements at byte {displs[k]}) reaches past the "
+                             "buffer")
+        out.append(_m.Msg(raw[displs[k]:], counts[k], datatype))
     return out
-

@@ -1,10 +1,11 @@
-"""CPU DLPack tensors (`__dlpack__`) as NumPy arrays over their memory.
+"""DLPack tensors (`__dlpack__`) as typed views of their memory.
 
-The capsule is read with ctypes and released at once (its deleter called, as a DLPack consumer
-must), while the array keeps the producer's object alive: the memory is the object's. This is
-what mpi4py does, and unlike np.from_dlpack it holds nothing of the capsule after the call (a
-producer may free its tensor description when the capsule goes). Legacy capsules carry no
-read-only flag: their memory is taken as writable, as mpi4py takes it.
+The capsule is read with ctypes and kept alive by the view for as long as the view lives (its
+own destructor then calls the producer's deleter); the memory is the producer's object's. This
+is how mpi4py uses DLPack buffers: a capsule may be used again, and nothing is freed while an
+operation still uses the memory. The tensor is checked as mpi4py checks it: a valid capsule of
+the version asked for, a non-negative shape and strides, C or Fortran contiguous, writable when
+written. Unknown element types are moved as bytes.
 """
 import ctypes
 
@@ -25,9 +26,6 @@ class _Tensor(ctypes.Structure):
                 ("byte_offset", ctypes.c_uint64)]
 
 
-_Deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
-
 class _Managed(ctypes.Structure):
     _fields_ = [("dl_tensor", _Tensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
 
@@ -46,63 +44,112 @@ _api.PyCapsule_IsValid.restype = ctypes.c_int
 _api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
 _api.PyCapsule_GetPointer.restype = ctypes.c_void_p
 _api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_api.PyCapsule_SetName.restype = ctypes.c_int
-_api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
 _READ_ONLY = 1
-# The names must outlive the capsules they are given to.
-_USED, _USED_VERSIONED = ctypes.c_char_p(b"used_dltensor"), ctypes.c_char_p(b"used_dltensor_versioned")
+kDLCPU, kDLCUDA = 1, 2
+_FORMATS = {(0, 8): "b", (0, 16): "h", (0, 32): "i", (0, 64): "l", (1, 8): "B", (1, 16): "H", (1, 32): "I",
+            (1, 64): "L", (2, 16): "e", (2, 32): "f", (2, 64): "d", (2, 128): "g", (5, 64): "F", (5, 128): "D",
+            (5, 256): "G", (6, 8): "?"}
 
 
 class _Holder:
+    """An __array_interface__ whose memory other objects own (kept alive in `keep`)."""
+
     def __init__(self, interface, keep):
         self.__array_interface__ = interface
         self.keep = keep
 
 
-def _typestr(dt):
-    code, bits, lanes = dt.code, dt.bits, dt.lanes
-    if lanes == 2 and code == 2:  # two floats: a complex number (long double complex, as mpi4py's tests make it)
-        return f"<c{bits * 2 // 8}"
-    if lanes != 1:
-        raise TypeError(f"DLPack tensors with {lanes} lanes are not supported")
-    kind = {0: "i", 1: "u", 2: "f", 5: "c", 6: "b"}.get(code)
-    if kind is None:
-        raise TypeError(f"DLPack dtype code {code} has no NumPy equivalent")
-    return f"<{kind}{bits // 8}" if kind != "b" else "|b1"
+def device_of(obj):
+    """(device type, device id) from __dlpack_device__, checked as mpi4py checks it."""
+    device = obj.__dlpack_device__()
+    if not isinstance(device, tuple):
+        raise TypeError(f"__dlpack_device__() returned {type(device).__name__}, not a tuple")
+    kind, ident = device  # ValueError for a tuple of another length
+    if not isinstance(kind, int) or not isinstance(ident, int):
+        raise TypeError(f"__dlpack_device__() returned {device!r}: expecting two integers")
+    return kind, ident
 
 
-def _capsule(obj):
+def _capsule(obj, kind):
     try:
-        return obj.__dlpack__(max_version=(1, 0))
+        if kind == kDLCPU:
+            return obj.__dlpack__(max_version=(1, 0), copy=False), 1
+        return obj.__dlpack__(stream=-1, max_version=(1, 0), copy=False), 1
     except TypeError:
-        return obj.__dlpack__()
+        return (obj.__dlpack__() if kind == kDLCPU else obj.__dlpack__(stream=-1)), 0
 
 
-def as_array(obj):
-    """A NumPy array over the memory of obj, a tensor on the CPU with __dlpack__."""
-    capsule = _capsule(obj)
-    if _api.PyCapsule_IsValid(capsule, b"dltensor_versioned"):
-        managed = _ManagedVersioned.from_address(_api.PyCapsule_GetPointer(capsule, b"dltensor_versioned"))
-        readonly, used = bool(managed.flags & _READ_ONLY), _USED_VERSIONED
-    elif _api.PyCapsule_IsValid(capsule, b"dltensor"):
-        managed = _Managed.from_address(_api.PyCapsule_GetPointer(capsule, b"dltensor"))
-        readonly, used = False, _USED
+def _contiguous(shape, strides, order, unit=1):
+    """Whether strides (in units: 1 for elements, the item size for bytes) lay shape out densely."""
+    size = unit
+    dims = range(len(shape)) if order == "F" else range(len(shape) - 1, -1, -1)
+    for i in dims:
+        if shape[i] > 1 and strides[i] != size:
+            return False
+        size *= shape[i]
+    return True
+
+
+def _format(code, bits, lanes):
+    if lanes != 1:
+        if code == 2 and lanes == 2 and bits in (32, 64, 128):
+            return {32: "F", 64: "D", 128: "G"}[bits]
+        return "B"
+    return _FORMATS.get((code, bits), "B")
+
+
+class Tensor:
+    """What a DLPack tensor describes: address, byte size, element format, device, read-only."""
+
+    __slots__ = ("address", "nbytes", "format", "device", "readonly", "capsule")
+
+
+def read(obj, writable):
+    """The Tensor of obj's DLPack export (the capsule stays referenced by it)."""
+    kind, _ = device_of(obj)
+    capsule, version = _capsule(obj, kind)
+    name = b"dltensor_versioned" if version else b"dltensor"
+    if capsule is None or not _api.PyCapsule_IsValid(capsule, name):
+        raise BufferError("dlpack: the object did not return a valid, unused DLPack capsule")
+    address = _api.PyCapsule_GetPointer(capsule, name)
+    if version:
+        managed = _ManagedVersioned.from_address(address)
+        if managed.version.major < 1:
+            raise BufferError(f"dlpack: unexpected version {managed.version.major}.{managed.version.minor}")
+        readonly = bool(managed.flags & _READ_ONLY)
     else:
-        raise TypeError(f"{type(obj).__name__}.__dlpack__() did not return a DLPack capsule")
+        managed = _Managed.from_address(address)
+        readonly = False
     t = managed.dl_tensor
-    if t.device.device_type != 1:
-        raise TypeError("the DLPack tensor is not in CPU memory")
-    shape = tuple(t.shape[i] for i in range(t.ndim))
-    typestr = _typestr(t.dtype)
-    itemsize = int(typestr[2:])
-    strides = None if not t.strides else tuple(t.strides[i] * itemsize for i in range(t.ndim))
-    data = (t.data or 0) + t.byte_offset
-    interface = {"version": 3, "shape": shape, "typestr": typestr, "strides": strides,
-                 "data": (data if data or not all(shape) else 0, readonly)}
-    if not int(np.prod(shape)):
-        interface["data"] = (0, readonly) if not data else interface["data"]
-    arr = np.asarray(_Holder(interface, obj))
-    _api.PyCapsule_SetName(capsule, used)  # consumed: the capsule's own destructor leaves it alone
-    if managed.deleter:
-        _Deleter(managed.deleter)(ctypes.addressof(managed))
-    return arr
+    if t.ndim < 0:
+        raise BufferError("dlpack: the number of dimensions is negative")
+    if t.ndim > 0 and not t.shape:
+        raise BufferError("dlpack: the shape is NULL")
+    shape = [t.shape[i] for i in range(t.ndim)]
+    if any(n < 0 for n in shape):
+        raise BufferError(f"dlpack: negative shape {shape}")
+    if t.strides:
+        strides = [t.strides[i] for i in range(t.ndim)]
+        if any(n < 0 for n in strides):
+            raise BufferError(f"dlpack: negative strides {strides}")
+        if not (_contiguous(shape, strides, "C") or _contiguous(shape, strides, "F")):
+            raise BufferError(f"dlpack: the tensor is not contiguous (shape {shape}, strides {strides})")
+    if readonly and writable:
+        raise BufferError("dlpack: the tensor is read-only")
+    out = Tensor()
+    count = int(np.prod(shape)) if shape else 1
+    out.address = (t.data or 0) + t.byte_offset
+    out.nbytes = count * ((t.dtype.bits * t.dtype.lanes + 7) // 8)
+    out.format = _format(t.dtype.code, t.dtype.bits, t.dtype.lanes)
+    out.device, out.readonly, out.capsule = kind, readonly, capsule
+    return out
+
+
+def as_array(obj, writable=False):
+    """A NumPy array over the host memory of obj's DLPack tensor (its element type's, or bytes)."""
+    t = read(obj, writable)
+    dt = np.dtype(t.format) if t.format != "B" else np.dtype(np.uint8)
+    n = t.nbytes // dt.itemsize if dt.itemsize else 0
+    interface = {"version": 3, "shape": (n,), "typestr": dt.str, "strides": None,
+                 "data": (t.address if n else 0, t.readonly)}
+    return np.asarray(_Holder(interface, (obj, t.capsule)))

@@ -13,6 +13,7 @@ memory; GPU arrays (CuPy, torch) are handed to gpucoll's GPU path untouched (`Ms
 A message is a 1-D uint8 view (`raw`) starting at its first byte, `count` elements of
 `datatype`; `data()` gives its bytes packed, `store()` writes packed bytes back.
 """
+import ctypes
 import operator
 
 import numpy as np
@@ -50,37 +51,8 @@ def is_in_place(obj):
 
 
 # --- bytes of a buffer object ---------------------------------------------------------------
-def _kcpu(obj):
-    try:
-        return obj.__dlpack_device__()[0] == 1  # kDLCPU
-    except Exception:
-        return False
-
-
-class _Holder:
-    """An __array_interface__ over memory that another object owns (kept alive in `keep`)."""
-
-    def __init__(self, interface, keep):
-        self.__array_interface__ = interface
-        self.keep = keep
-
-
-def _cai_host_array(obj, what):
-    """An array over memory described by __cuda_array_interface__ when it is host memory (no CUDA
-    in this process, or a pointer CUDA does not know); None for GPU memory."""
-    cai = obj.__cuda_array_interface__
-    ptr = int(cai["data"][0])
-    if ptr and _is_device_pointer(ptr):
-        return None
-    shape = tuple(cai["shape"])
-    interface = {"version": 3, "shape": shape, "typestr": cai["typestr"], "data": (ptr, bool(cai["data"][1])),
-                 "strides": cai.get("strides")}
-    if not ptr:
-        interface["data"] = (0, False) if not int(np.prod(shape)) else interface["data"]
-    return np.asarray(_Holder(interface, obj))
-
-
 def _is_device_pointer(ptr):
+    """Whether CUDA (when this process has it) knows ptr as device memory."""
     try:
         from .._native import cuda
     except ImportError:
@@ -96,24 +68,26 @@ def _is_device_pointer(ptr):
 
 def _gpu_buffer(obj, what):
     """gpucoll's GpuBuffer when obj's memory is on a GPU; None for host memory (NumPy, the buffer
-    protocol, CPU DLPack tensors, __cuda_array_interface__ over host memory)."""
+    protocol, CPU DLPack tensors, interfaces over memory CUDA does not know)."""
     if isinstance(obj, (np.ndarray, bytes, bytearray, memoryview)):
         return None
     cai = getattr(obj, "__cuda_array_interface__", None)
-    if cai is not None:
-        ptr = int(cai["data"][0])
+    if isinstance(cai, dict):
+        data = cai.get("data")
+        ptr = data[0] if isinstance(data, tuple) and data and isinstance(data[0], int) else 0
         if not (ptr and _is_device_pointer(ptr)):
             return None
         from ..gpu.buffers import _from_cai
 
         return maybe_gpu_buffer(obj, what) or _from_cai(obj, what)
-    device = getattr(obj, "__dlpack_device__", None)
-    if device is not None:
-        try:
-            on_gpu = device()[0] in (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
-        except Exception:
-            on_gpu = False
-        return maybe_gpu_buffer(obj, what) if on_gpu else None
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        from .dlpack import device_of, read
+
+        if device_of(obj)[0] == 1:  # kDLCPU
+            return None
+        if not _is_device_pointer(read(obj, False).address):
+            return None  # memory CUDA does not know (no CUDA in this process): host memory
+        return maybe_gpu_buffer(obj, what)
     return maybe_gpu_buffer(obj, what)
 
 
@@ -126,22 +100,21 @@ def as_array(obj, readonly, what):
             arr = np.asarray(memoryview(obj))
         except TypeError:
             arr = None
-        if arr is None and hasattr(obj, "__dlpack__") and _kcpu(obj):
-            from .dlpack import as_array as from_dlpack
+        if arr is None and hasattr(obj, "__dlpack__"):
+            from . import dlpack
 
-            arr = from_dlpack(obj)
-        if arr is None and hasattr(obj, "__cuda_array_interface__"):
-            arr = _cai_host_array(obj, what)
-            if arr is None:
-                raise NotImplementedError(f"{what}: this GPU buffer in a buffer specification needs gpucoll's "
-                                          "GPU path, which takes whole buffers only: pass the array itself")
+            arr = dlpack.as_array(obj, writable=not readonly)
+        elif arr is None and hasattr(obj, "__cuda_array_interface__"):
+            from . import cai
+
+            arr = cai.as_array(obj, writable=not readonly)
         if arr is None:
             raise TypeError(f"{what}: a {type(obj).__name__} is not a buffer (expecting an object with the "
                             "buffer protocol, DLPack or __cuda_array_interface__, or a list/tuple "
                             "[buf, count, datatype])")
     if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
-        raise InvalidUsageError(f"{what}: the buffer is not contiguous (shape {arr.shape}, strides "
-                                f"{arr.strides}); pass a contiguous copy", error_class=ERR_BUFFER)
+        raise BufferError(f"{what}: the buffer is not contiguous (shape {arr.shape}, strides {arr.strides}); "
+                          "pass a contiguous copy")
     if not readonly and not arr.flags.writeable:
         raise BufferError(f"{what}: the buffer is read-only; the result needs a writable buffer")
     return arr
@@ -192,11 +165,12 @@ class Msg:
     """count elements of datatype, starting at raw[0] (raw: the bytes from there to the buffer's
     end). gpu: the caller's GPU object, passed to gpucoll's GPU path as it is."""
 
-    __slots__ = ("raw", "count", "datatype", "t", "gpu")
+    __slots__ = ("raw", "count", "datatype", "t", "gpu", "shift")
 
-    def __init__(self, raw, count, datatype, gpu=None):
+    def __init__(self, raw, count, datatype, gpu=None, shift=0):
         self.raw, self.count, self.datatype, self.gpu = raw, count, datatype, gpu
         self.t = datatype._t
+        self.shift = shift  # raw[0] is this many bytes past the first element's address (BOTTOM messages)
 
     @property
     def nbytes(self):
@@ -207,7 +181,7 @@ class Msg:
         """True when the packed bytes are the memory itself: elements one after the other, each
         one run of bytes (then data() is a view and received bytes land in place)."""
         t = self.t
-        return t is None or self.count == 0 or t.contiguous()
+        return t is None or self.count == 0 or (self.shift == 0 and t.contiguous())
 
     def span(self):
         return self.raw[:self.count * self.t.extent] if self.t is not None else self.raw[:0]
@@ -218,7 +192,7 @@ class Msg:
             return np.zeros(0, np.uint8)
         if self.dense():
             return self.span()
-        return self.raw[self.t.byte_index(self.count)]
+        return self.raw[self.t.byte_index(self.count) - self.shift]
 
     def store(self, data):
         """Write packed bytes (as data() gives them) into the message's memory."""
@@ -227,13 +201,13 @@ class Msg:
         if self.dense():
             self.span()[:] = data
         else:
-            self.raw[self.t.byte_index(self.count)] = data
+            self.raw[self.t.byte_index(self.count) - self.shift] = data
 
     def elements(self):
         """A NumPy array of the elements (what reductions work on) and whether it is a copy
         that store() must write back."""
         t = self.t
-        if t.np is not None and t.np.itemsize == t.extent and t.lb == 0:
+        if t.np is not None and t.np.itemsize == t.extent and t.lb == 0 and self.shift == 0:
             return self.span().view(t.np), False
         e = t.element()
         if e is None or e.np is None:
@@ -293,6 +267,8 @@ def simple(msg, readonly, rank=0, blocks=0, what="buffer"):
     buf, count, displ, dtype = _split(msg, what, vector=False)
     raw, datatype, gpu = _buffer(buf, dtype, readonly, what)
     t = datatype._t
+    if buf is BOTTOM and count:
+        return at_address(0, _index(count, what, "count"), datatype, what)
     if gpu is not None:
         if count is not None or displ is not None:
             raise NotImplementedError(f"{what}: counts and displacements in specifications of GPU buffers "
@@ -336,6 +312,23 @@ def simple(msg, readonly, rank=0, blocks=0, what="buffer"):
     else:
         count = 0
     return Msg(raw, count, datatype)
+
+
+def at_address(address, count, datatype, what):
+    """The Msg of count elements of datatype at an absolute address (MPI.BOTTOM messages, whose
+    datatypes hold addresses from MPI.Get_address)."""
+    t = datatype._t
+    if t is None:
+        raise ValueError(f"{what}: the datatype is MPI.DATATYPE_NULL")
+    if count == 0:
+        return Msg(np.zeros(0, np.uint8), 0, datatype)
+    lo = address + min(t.true_lb, t.true_lb + (count - 1) * t.extent)
+    hi = address + max(t.true_ub, t.true_ub + (count - 1) * t.extent)
+    if lo <= 0:
+        raise ValueError(f"{what}: with MPI.BOTTOM the datatype must hold absolute addresses "
+                         f"(from MPI.Get_address); this one starts at address {lo}")
+    raw = np.ctypeslib.as_array((ctypes.c_ubyte * (hi - lo)).from_address(lo))
+    return Msg(raw, count, datatype, shift=lo - address)
 
 
 def _extent_for(t, what, doing):
@@ -392,8 +385,8 @@ def vector(msg, readonly, rank, blocks, what="buffer"):
                                  f"datatype's extent {extent}")
             total = raw.size // extent
         counts = [total // blocks + (total % blocks > i) for i in range(blocks)]
-    elif isinstance(counts, (int, np.integer)) and not isinstance(counts, bool):
-        counts = [int(counts)] * blocks
+    elif _integral(counts):
+        counts = [operator.index(counts)] * blocks
     else:
         counts = _int_list(counts, blocks, what, "counts")
     if displs is None:
@@ -401,8 +394,8 @@ def vector(msg, readonly, rank, blocks, what="buffer"):
         for c in counts:
             displs.append(at)
             at += c
-    elif isinstance(displs, (int, np.integer)) and not isinstance(displs, bool):
-        displs = [int(displs) * i for i in range(blocks)]
+    elif _integral(displs):
+        displs = [operator.index(displs) * i for i in range(blocks)]
     else:
         displs = _int_list(displs, blocks, what, "displacements")
     if any(c < 0 for c in counts):
@@ -411,6 +404,17 @@ def vector(msg, readonly, rank, blocks, what="buffer"):
         raise ValueError(f"{what}: counts {counts} at displacements {displs} reach past the buffer's "
                          f"{raw.size // max(t.extent, 1)} elements")
     return VMsg(raw, counts, displs, datatype)
+
+
+def _integral(value):
+    """An integer (a NumPy one, or a 0-d integer array, included), as opposed to a sequence."""
+    if isinstance(value, bool):
+        return False
+    try:
+        operator.index(value)
+        return True
+    except TypeError:
+        return False
 
 
 def _int_list(values, blocks, what, name):

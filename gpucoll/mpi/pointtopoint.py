@@ -28,6 +28,15 @@ def _proc_null_status(status):
         status.source = PROC_NULL
 
 
+def _withdraw(state):
+    """Take back a posted receive whose paired send failed (a stale receive would take the next
+    message meant for another call)."""
+    part = state.parts[0] if isinstance(state, Composite) else state
+    posted, p2p = getattr(part, "posted", None), getattr(part, "p2p", None)
+    if posted is not None and p2p is not None:
+        p2p._ctx.inbox.withdraw(p2p._key, posted)
+
+
 def _no_ssend(what):
     raise NotImplementedError(f"gpucoll.MPI.Comm.{what}: synchronous sends are not supported by gpucoll (its "
                               "sends are eager: use Send, or a reply message to synchronise)")
@@ -107,21 +116,23 @@ class PointToPoint:
 
     # --- both ways ----------------------------------------------------------------------------------
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE, recvtag=ANY_TAG, status=None):
-        recv = None if source == PROC_NULL else self._irecv_state(recvbuf, source, recvtag, "Sendrecv")
-        self.Send(sendbuf, dest, sendtag)
-        if recv is None:
-            _proc_null_status(status)
-            return
-        if status is not None:
-            reset(status)
-        recv.Wait(status)
+        data = self._send_bytes(sendbuf, dest, "Sendrecv")  # both messages are checked before anything starts
+        self._sendrecv(data, dest, sendtag, recvbuf, source, recvtag, status, "Sendrecv")
 
     def Sendrecv_replace(self, buf, dest, sendtag=0, source=ANY_SOURCE, recvtag=ANY_TAG, status=None):
         """Send buf, then receive into the same buf."""
         data = self._send_bytes(buf, dest, "Sendrecv_replace")
         data = data.copy() if isinstance(data, np.ndarray) else data
-        recv = None if source == PROC_NULL else self._irecv_state(buf, source, recvtag, "Sendrecv_replace")
-        self._c("Sendrecv_replace").Send(data, dest, sendtag)
+        self._sendrecv(data, dest, sendtag, buf, source, recvtag, status, "Sendrecv_replace")
+
+    def _sendrecv(self, data, dest, sendtag, recvbuf, source, recvtag, status, what):
+        core = self._c(what)
+        recv = None if source == PROC_NULL else self._irecv_state(recvbuf, source, recvtag, what)
+        try:
+            core.Send(data, dest, sendtag)
+        except BaseException:
+            _withdraw(recv)
+            raise
         if recv is None:
             _proc_null_status(status)
             return
@@ -129,17 +140,24 @@ class PointToPoint:
             reset(status)
         recv.Wait(status)
 
+    def _isendrecv(self, data, dest, sendtag, recvbuf, source, recvtag, what):
+        core = self._c(what)
+        recv = self._irecv_state(recvbuf, source, recvtag, what)
+        try:
+            send = core.Isend(data, dest, sendtag)
+        except BaseException:
+            _withdraw(recv)
+            raise
+        return Request._of(Composite([recv, send], None, what, status_part=recv))
+
     def Isendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE, recvtag=ANY_TAG):
-        recv = self._irecv_state(recvbuf, source, recvtag, "Isendrecv")
-        send = self._c("Isendrecv").Isend(self._send_bytes(sendbuf, dest, "Isendrecv"), dest, sendtag)
-        return Request._of(Composite([recv, send], None, "Isendrecv", status_part=recv))
+        data = self._send_bytes(sendbuf, dest, "Isendrecv")
+        return self._isendrecv(data, dest, sendtag, recvbuf, source, recvtag, "Isendrecv")
 
     def Isendrecv_replace(self, buf, dest, sendtag=0, source=ANY_SOURCE, recvtag=ANY_TAG):
         data = self._send_bytes(buf, dest, "Isendrecv_replace")
         data = data.copy() if isinstance(data, np.ndarray) else data
-        recv = self._irecv_state(buf, source, recvtag, "Isendrecv_replace")
-        send = self._c("Isendrecv_replace").Isend(data, dest, sendtag)
-        return Request._of(Composite([recv, send], None, "Isendrecv_replace", status_part=recv))
+        return self._isendrecv(data, dest, sendtag, buf, source, recvtag, "Isendrecv_replace")
 
     # --- probes ---------------------------------------------------------------------------------------
     def _find(self, source, tag, take, what):

@@ -4,11 +4,9 @@ Each name becomes a stub that raises NotImplementedError naming the feature when
 (so programs and test suites that probe for a feature by calling it and catching
 NotImplementedError work); nothing is refused at attribute access. A name is "Class.member"
 or a module-level function; "Class.member=" is a property. Stubs are installed only where a
-class lacks the member. Called on a null handle (MPI.WIN_NULL.Free()), a stub raises the MPI
-error of using a null handle instead, as an MPI library does.
+class lacks the member. As in mpi4py over an MPI library without the feature, the null handles
+of these classes (MPI.WIN_NULL, ...) raise NotImplementedError too.
 """
-from ..errors import InvalidUsageError
-from .constants import INTEGERS as _C
 from .handle import Handle
 
 _WIN_MEMBERS = (
@@ -72,17 +70,10 @@ FEATURES = [
     ("external32 packing", _on("Datatype", "Pack_external Unpack_external Pack_external_size")),
 ]
 
-# Errors of calling a member on a null handle, by class.
-_NULL_ERROR = {"Win": "ERR_WIN", "File": "ERR_FILE", "Session": "ERR_SESSION"}
-
-
 def _stub(owner, member, feature):
     where = f"gpucoll.MPI.{owner + '.' if owner else ''}{member}"
-    null_error = _C.get(_NULL_ERROR.get(owner, ""), None)
 
     def unsupported(*args, **kwargs):
-        if null_error is not None and args and isinstance(args[0], Handle) and args[0]._s is None:
-            raise InvalidUsageError(f"{where}: the handle is null", error_class=null_error)
         raise NotImplementedError(f"{where}: {feature} are not supported by gpucoll")
     unsupported.__name__ = member
     unsupported.__qualname__ = f"{owner}.{member}" if owner else member
