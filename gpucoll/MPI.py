@@ -61,8 +61,12 @@ WIN_NULL, FILE_NULL, SESSION_NULL = Win(), File(), Session()
 _NAMED.update(COMM_NULL=COMM_NULL, GROUP_NULL=GROUP_NULL, GROUP_EMPTY=GROUP_EMPTY, INFO_NULL=INFO_NULL,
               INFO_ENV=INFO_ENV, MESSAGE_NULL=MESSAGE_NULL, MESSAGE_NO_PROC=MESSAGE_NO_PROC, WIN_NULL=WIN_NULL,
               FILE_NULL=FILE_NULL, SESSION_NULL=SESSION_NULL, **_errhandler.PREDEFINED)
+for _handle in _NAMED.values():
+    if _handle:
+        _handle._register()  # so that Class.fromhandle(h.handle) finds the predefined ones too
 
 _unsupported.install(globals())
+del _core_comm, _datatype, _errhandler, _op, _unsupported, _handle  # mpi4py.MPI holds no modules: neither does this
 
 
 def __getattr__(name):

@@ -114,8 +114,10 @@ class Comm(Collectives, PointToPoint, Handle):
     topology = property(Get_topology)
     is_topo = property(lambda self: False)
 
-    @staticmethod
-    def Compare(comm1, comm2):
+    def Compare(self, comm):
+        """IDENT (same communicator), CONGRUENT (same ranks in the same order), SIMILAR, UNEQUAL.
+        Also callable as MPI.Comm.Compare(comm1, comm2)."""
+        comm1, comm2 = self, comm
         a, b = comm1._c("Compare"), comm2._c("Compare")
         if comm1._s is comm2._s:
             return IDENT
@@ -160,7 +162,6 @@ class Comm(Collectives, PointToPoint, Handle):
         core.Free()
         self._s = None
 
-    free = Free
 
     def Disconnect(self):
         self.Free()
@@ -397,11 +398,19 @@ class Intercomm(Comm):
 
     __slots__ = ()
 
+    @classmethod
+    def _accepts(cls, other):
+        return other._s is None  # no communicator is an intercommunicator
+
 
 class Topocomm(Intracomm):
     """Topology communicators: gpucoll has none (only null ones exist)."""
 
     __slots__ = ()
+
+    @classmethod
+    def _accepts(cls, other):
+        return other._s is None  # no communicator has a topology
 
 
 class Cartcomm(Topocomm):

@@ -28,7 +28,7 @@ class _Type:
 
     __slots__ = ("name", "np", "size", "lb", "ub", "true_lb", "true_ub", "combiner", "contents", "predefined",
                  "handle", "typechar", "typestr", "code", "committed", "attrs", "align", "_make", "_map",
-                 "_contiguous", "_index")
+                 "_contiguous", "_index", "base")
 
     def __init__(self, name, np_dtype, size, lb, ub, true_lb, true_ub, combiner=0, contents=None,
                  predefined=False, typechar=None, typestr=None, make=None):
@@ -42,6 +42,7 @@ class _Type:
         self.attrs = {}
         self.align = np_dtype.alignment if np_dtype is not None else max(size, 1)
         self._make, self._map, self._contiguous, self._index = make, None, None, {}
+        self.base = None  # Dup and Create_f90_*: the predefined type this one stands for
 
     @classmethod
     def derived(cls, size, lb, ub, true_lb, true_ub, combiner, contents, make):
@@ -114,13 +115,14 @@ class Datatype:
 
     __slots__ = ("_t", "__weakref__")
 
-    def __init__(self, datatype=None):
-        if datatype is None:
-            self._t = None
-        elif isinstance(datatype, Datatype):
-            self._t = datatype._t
-        else:
-            raise TypeError(f"Datatype() takes a Datatype or None, not {type(datatype).__name__}")
+    def __new__(cls, datatype=None):
+        obj = object.__new__(cls)
+        obj._t = None
+        if datatype is not None:
+            if not isinstance(datatype, Datatype):
+                raise TypeError(f"Datatype() takes a Datatype or None, not {type(datatype).__name__}")
+            obj._t = datatype._t
+        return obj
 
     # --- handle semantics ----------------------------------------------------------
     def __bool__(self):
@@ -135,8 +137,12 @@ class Datatype:
         eq = self.__eq__(other)
         return eq if eq is NotImplemented else not eq
 
-    def __hash__(self):
-        return hash(self.handle)
+    __hash__ = None  # a handle (Free nulls it): unhashable, as in mpi4py
+
+    def __lt__(self, other):
+        raise TypeError("datatypes are not ordered")
+
+    __le__ = __gt__ = __ge__ = __lt__
 
     def __repr__(self):
         return f"<gpucoll.MPI.Datatype {self.Get_name() or 'unnamed'}>"
@@ -144,11 +150,13 @@ class Datatype:
     def __reduce__(self):
         t = self._t
         if t is None:
-            return (_null, ())
+            return (_null, ()) if self is DATATYPE_NULL else (type(self), ())
         if t.predefined and t.contents is None:
             name = _CANONICAL_NAME[t.handle]
-            return (_predefined, (name,)) if NAMES[name] is self else (Datatype, (NAMES[name],))
-        raise ValueError(f"cannot pickle the derived datatype {self!r}")
+            return (_predefined, (name,)) if NAMES[name] is self else (type(self), (NAMES[name],))
+        # a derived type travels as how it was made: its constructor, old type(s) and parameters
+        old, combiner, params = self.decode()
+        return (_rebuild, (old, combiner, params))
 
     def _rec(self, what="datatype"):
         if self._t is None:
@@ -157,7 +165,7 @@ class Datatype:
 
     @classmethod
     def _of(cls, t):
-        obj = cls.__new__(cls)
+        obj = object.__new__(cls)
         obj._t = t
         return obj
 
@@ -177,6 +185,14 @@ class Datatype:
     f2py = fromhandle = fromint
 
     def free(self):
+        """Free a derived datatype; null and predefined ones are left alone (a copy of a predefined
+        one becomes null)."""
+        t = self._t
+        if t is None or any(self is v for v in NAMES.values()):
+            return
+        if t.predefined and t.contents is None:
+            self._t = None
+            return
         self.Free()
 
     # --- sizes ----------------------------------------------------------------------
@@ -227,7 +243,9 @@ class Datatype:
         t = self._t
         if t is None or t.typechar is None or t.typechar == "V":
             raise ValueError(f"{self!r} has no type code (it is not one basic type)")
-        return _CODE_OF.get(t.name, t.typechar) if t.predefined and t.contents is None else t.typechar
+        while t.base is not None:
+            t = t.base
+        return _CODE_OF.get(t.name, t.typechar)
 
     @classmethod
     def fromcode(cls, code):
@@ -251,8 +269,11 @@ class Datatype:
 
     def Free(self):
         t = self._rec("Free")
-        if t.predefined:
+        if t.predefined and t.contents is None:
             raise type_error(f"Free: {t.name} is a predefined datatype and cannot be freed")
+        from .attributes import delete_all
+
+        delete_all(self, t.attrs)
         self._t = None
 
     def Dup(self):
@@ -260,6 +281,7 @@ class Datatype:
         new = _Type.derived(t.size, t.lb, t.ub, t.true_lb, t.true_ub, _C["COMBINER_DUP"], ([], [], [], [t]),
                             t.typemap)
         new.np, new.code, new.typechar, new.typestr = t.np, t.code, t.typechar, t.typestr
+        new.base = t if t.typechar not in (None, "V") else None
         new.name = f"Dup {t.name}" if t.name else ""
         new.committed = t.committed
         from .attributes import copy_attrs
@@ -417,7 +439,7 @@ class Datatype:
             raise type_error("Get_value_index: a datatype is MPI.DATATYPE_NULL")
         if index._t is not _BY_NAME["INT"]:
             return Datatype()
-        pair = _VALUE_INDEX.get(value._t.name)
+        pair = _VALUE_INDEX.get(_CANONICAL_NAME.get(value._t.handle))
         return Datatype._of(_BY_NAME[pair]) if pair else Datatype()
 
     @staticmethod
@@ -443,6 +465,16 @@ def _f90_base(name, kind, args):
 def _bytes_of(arr):
     flat = arr.reshape(-1, order="A")
     return flat.view(np.uint8) if flat.size else np.zeros(0, np.uint8)
+
+
+def _rebuild(old, combiner, params):
+    if combiner == "DUP":
+        return old.Dup()
+    if combiner.startswith("F90_"):
+        return getattr(Datatype, f"Create_{combiner.lower()}")(**params)
+    if combiner == "STRUCT":
+        return Datatype.Create_struct(**params).Commit()
+    return getattr(old, f"Create_{combiner.lower()}")(**params).Commit()
 
 
 def _null():
@@ -591,7 +623,8 @@ _SIZED = re.compile(r"MPI_(U?INT\d+_T|C_BOOL|(INTEGER|REAL|COMPLEX|LOGICAL)\d+)$
 _CODE_OF = {t.name: t.typestr if _SIZED.match(t.name) else t.typechar for t in _BY_HANDLE.values() if t.typechar}
 
 DATATYPE_NULL = Datatype()
-NAMES = {name: Datatype._of(t) for name, t in _BY_NAME.items()}
+_OBJECTS = {}  # one Datatype object per predefined type: aliases (BOOL, C_BOOL) are the same object
+NAMES = {name: _OBJECTS.setdefault(t.handle, Datatype._of(t)) for name, t in _BY_NAME.items()}
 NAMES.update({name: Datatype() for name in NULL_NAMES}, DATATYPE_NULL=DATATYPE_NULL)
 _CANONICAL_NAME = {}
 for _n, _t in _BY_NAME.items():

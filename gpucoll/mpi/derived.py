@@ -186,7 +186,7 @@ def f90(T, named, combiner, params):
     t = T.derived(named.size, named.lb, named.ub, named.true_lb, named.true_ub, combiner,
                   (list(params), [], [], []), named.typemap)
     t.predefined, t.np, t.code = True, named.np, named.code
-    t.typechar, t.typestr, t.name = named.typechar, named.typestr, named.name
+    t.typechar, t.typestr, t.name, t.base = named.typechar, named.typestr, named.name, named
     return t
 
 

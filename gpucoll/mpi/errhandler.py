@@ -33,7 +33,6 @@ class Errhandler(Handle):
                                     error_class=_C["ERR_ARG"])
         self._s = None
 
-    free = Free
 
     def __reduce__(self):
         if self._s is not None and self._s.function is not None:

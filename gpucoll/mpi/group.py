@@ -66,7 +66,6 @@ class Group(Handle):
         self._st("Free")
         self._s = None
 
-    free = Free
 
     def Translate_ranks(self, ranks=None, group=None):
         """The ranks in `group` (default: the world's order) of the processes with `ranks` here."""

@@ -16,25 +16,52 @@ class Handle:
     __slots__ = ("_s", "__weakref__")
     _kind = None  # handles of one kind compare with each other (Comm and Intracomm, ...)
 
-    def __init__(self, other=None):
-        if other is None:
-            self._s = None
-        elif isinstance(other, Handle) and isinstance(other, self._base()):
-            self._s = other._s
-        else:
-            raise TypeError(f"{type(self).__name__}() takes a {self._base().__name__} or None, not "
-                            f"{type(other).__name__}")
+    def __new__(cls, other=None):
+        # The copy is made here, not in __init__, so that subclasses that override __new__ (as
+        # mpi4py's own tests do) get a working object.
+        obj = object.__new__(cls)
+        obj._s = None
+        if other is not None:
+            if not isinstance(other, Handle) or other._kind != cls._kind or not cls._accepts(other):
+                raise TypeError(f"{cls.__name__}() takes a handle of its kind or None, not {type(other).__name__}")
+            obj._s = other._s
+        return obj
 
     @classmethod
-    def _base(cls):
-        """The class whose handles this one copies (Comm for Intracomm, ...)."""
-        return cls
+    def _accepts(cls, other):
+        """Whether a handle of this kind may be viewed as a cls (an Intercomm of an intracommunicator
+        may not)."""
+        return True
 
     @classmethod
     def _of(cls, state):
-        obj = cls.__new__(cls)
+        obj = object.__new__(cls)
         obj._s = state
         return obj
+
+    __hash__ = None  # handles are mutable (Free nulls them): unhashable, as in mpi4py
+
+    def __lt__(self, other):
+        raise TypeError(f"handles of {type(self).__name__} are not ordered")
+
+    __le__ = __gt__ = __ge__ = __lt__
+
+    def _is_constant(self):
+        """True for the predefined handle objects themselves (MPI.COMM_WORLD, MPI.GROUP_EMPTY, ...)."""
+        return any(obj is self for obj in NAMED.values())
+
+    def _of_constant(self):
+        """True when this handle refers to a predefined object's state (a copy of a constant)."""
+        return any(type(obj)._kind == self._kind and obj._s is self._s for obj in NAMED.values() if obj)
+
+    def free(self):
+        """Free the object unless it is null or predefined; a copy of a predefined handle becomes null."""
+        if self._s is None or self._is_constant():
+            return
+        if self._of_constant():
+            self._s = None
+            return
+        self.Free()
 
     def __bool__(self):
         return self._s is not None
@@ -47,9 +74,6 @@ class Handle:
     def __ne__(self, other):
         eq = self.__eq__(other)
         return eq if eq is NotImplemented else not eq
-
-    def __hash__(self):
-        return hash(self.handle)
 
     @property
     def handle(self):
@@ -72,11 +96,16 @@ class Handle:
 
     def _named_name(self):
         for name, obj in NAMED.items():
-            if type(obj) is type(self) and obj._s is self._s:
+            if obj is self:
+                return name
+        for name, obj in NAMED.items():
+            if obj._kind == self._kind and obj._s is self._s:
                 return name
         return None
 
     def __reduce__(self):
+        if self._s is None and not self._is_constant():
+            return (type(self), ())
         name = self._named_name()
         if name is None:
             raise ValueError(f"cannot pickle {self!r}: only predefined handles can be pickled")

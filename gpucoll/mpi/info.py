@@ -54,10 +54,9 @@ class Info(Handle):
             raise info_error("Info.Free: MPI.INFO_ENV is predefined")
         self._s = None
 
-    free = Free
 
     def Dup(self):
-        return Info._of(_InfoState(self._st("Info.Dup").items))._register()
+        return type(self)._of(_InfoState(self._st("Info.Dup").items))._register()
 
     def Get(self, key, maxlen=-1):
         _key(key)
@@ -144,7 +143,7 @@ class Info(Handle):
         return self._writable().popitem()
 
     def copy(self):
-        return Info() if self._s is None else self.Dup()
+        return type(self)() if self._s is None else self.Dup()
 
     def clear(self):
         if self._s is not None:
@@ -153,7 +152,11 @@ class Info(Handle):
     def __reduce__(self):
         if self._s is None or self._named_name() is not None:
             return super().__reduce__()
-        return (Info.Create, (self.items(),))
+        return (_create, (type(self), self.items()))
+
+
+def _create(cls, items):
+    return cls.Create(items)
 
 
 def _key(key):

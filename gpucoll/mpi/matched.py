@@ -41,7 +41,9 @@ class Message(Handle):
         return f"<gpucoll.MPI.Message {'null' if self._s is None else self._s.source}>"
 
     def free(self):
-        self._s = None
+        """Release a matched message that will not be received; MESSAGE_NO_PROC is left alone."""
+        if not self._is_constant():
+            self._s = None
 
     def _take(self, what):
         s = self._s

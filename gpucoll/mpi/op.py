@@ -35,20 +35,20 @@ class _OpRec:
 class Op:
     """A reduction operation handle (MPI.SUM, MPI.MAXLOC, Op.Create(f), ...)."""
 
-    __slots__ = ("_r", "_foreign")
+    __slots__ = ("_r", "_foreign", "__weakref__")
 
-    def __init__(self, op=None):
-        if op is None:
-            self._r = None
-        elif isinstance(op, Op):
-            self._r = op._r
-        else:
-            raise TypeError(f"Op() takes an Op or None, not {type(op).__name__}")
-        self._foreign = False
+    def __new__(cls, op=None):
+        obj = object.__new__(cls)
+        obj._r, obj._foreign = None, False
+        if op is not None:
+            if not isinstance(op, Op):
+                raise TypeError(f"Op() takes an Op or None, not {type(op).__name__}")
+            obj._r = op._r
+        return obj
 
     @classmethod
     def _of(cls, rec):
-        obj = cls.__new__(cls)
+        obj = object.__new__(cls)
         obj._r, obj._foreign = rec, False
         return obj
 
@@ -64,8 +64,12 @@ class Op:
         eq = self.__eq__(other)
         return eq if eq is NotImplemented else not eq
 
-    def __hash__(self):
-        return hash(self.handle)
+    __hash__ = None  # a handle (Free nulls it): unhashable, as in mpi4py
+
+    def __lt__(self, other):
+        raise TypeError("operations are not ordered")
+
+    __le__ = __gt__ = __ge__ = __lt__
 
     def __repr__(self):
         return f"<gpucoll.MPI.Op {self._r.name if self._r else 'OP_NULL'}>"
@@ -74,7 +78,9 @@ class Op:
         r = self._r
         if r is None or r.predefined:
             name = "OP_NULL" if r is None else r.name
-            return (_canonical, (name,)) if self is PREDEFINED.get(name) else (Op, (PREDEFINED[name],))
+            if r is None and self is not PREDEFINED["OP_NULL"]:
+                return (type(self), ())
+            return (_canonical, (name,)) if self is PREDEFINED.get(name) else (type(self), (PREDEFINED[name],))
         if self._foreign:
             raise ValueError("cannot pickle a user-defined Op made by Op.fromint: its function is unknown")
         return (_recreate, (r.function, r.commute))
@@ -127,7 +133,16 @@ class Op:
         _BY_HANDLE.pop(r.handle, None)
         self._r = None
 
-    free = Free
+    def free(self):
+        """Free a user-defined operation; null and predefined ones are left alone (a copy of a
+        predefined one becomes null)."""
+        r = self._r
+        if r is None or any(self is v for v in PREDEFINED.values()):
+            return
+        if r.predefined:
+            self._r = None
+            return
+        self.Free()
 
     def Is_commutative(self):
         return self._rec("Is_commutative").commute

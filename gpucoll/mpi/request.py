@@ -30,19 +30,27 @@ class Request:
 
     __slots__ = ("_s", "_cancelled", "__weakref__")
 
-    def __init__(self, request=None):
-        if request is None:
-            self._s = None
-        elif isinstance(request, Request):
-            self._s = request._s
-        else:
-            raise TypeError(f"Request() takes a Request or None, not {type(request).__name__}")
-        self._cancelled = getattr(request, "_cancelled", False)
+    def __new__(cls, request=None):
+        req = object.__new__(cls)
+        req._s, req._cancelled = None, False
+        if request is not None:
+            if not isinstance(request, Request) or not cls._accepts(request):
+                raise TypeError(f"{cls.__name__}() takes a {cls.__name__} or None, not {type(request).__name__}")
+            req._s, req._cancelled = request._s, request._cancelled
+            req._copy_extra(request)
+        return req
+
+    @classmethod
+    def _accepts(cls, request):
+        return True
+
+    def _copy_extra(self, request):
+        """What a subclass's handle carries beyond the state (a persistent request's start)."""
 
     @classmethod
     def _of(cls, state):
         """A handle on a gpucoll request (or composite state); None stays null."""
-        req = cls.__new__(cls)
+        req = object.__new__(cls)
         req._s, req._cancelled = state, False
         return req
 
@@ -59,8 +67,12 @@ class Request:
         eq = self.__eq__(other)
         return eq if eq is NotImplemented else not eq
 
-    def __hash__(self):
-        return hash(self.handle)
+    __hash__ = None  # a handle (completion nulls it): unhashable, as in mpi4py
+
+    def __lt__(self, other):
+        raise TypeError("requests are not ordered")
+
+    __le__ = __gt__ = __ge__ = __lt__
 
     def __repr__(self):
         return f"<gpucoll.MPI.{type(self).__name__} {'null' if self._s is None else self._s!r}>"
@@ -68,7 +80,7 @@ class Request:
     def __reduce__(self):
         if self._s is not None:
             raise ValueError(f"cannot pickle {self!r}: only MPI.REQUEST_NULL can be pickled")
-        return (_null, ()) if self is REQUEST_NULL else (Request, ())
+        return (_null, ()) if self is REQUEST_NULL else (type(self), ())
 
     @property
     def handle(self):
@@ -181,7 +193,10 @@ class Request:
             raise request_error("Free: the request is MPI.REQUEST_NULL")
         self._release()
 
-    free = Free
+    def free(self):
+        """Free unless null."""
+        if self._s is not None:
+            self.Free()
 
     # --- arrays of requests ----------------------------------------------------------------
     @staticmethod
@@ -383,16 +398,23 @@ class Prequest(Request):
 
     __slots__ = ("_start", "_active")
 
-    def __init__(self, request=None):
-        if request is not None and not isinstance(request, Prequest):
-            raise TypeError(f"Prequest() takes a Prequest or None, not {type(request).__name__}")
-        super().__init__(request)
+    def __new__(cls, request=None):
+        req = super().__new__(cls, request)
+        if request is None:
+            req._start, req._active = None, False
+        return req
+
+    @classmethod
+    def _accepts(cls, request):
+        return isinstance(request, Prequest) or request._s is None
+
+    def _copy_extra(self, request):
         self._start = getattr(request, "_start", None)
         self._active = getattr(request, "_active", False)
 
     @classmethod
     def _persistent(cls, start):
-        req = cls.__new__(cls)
+        req = object.__new__(cls)
         req._s, req._cancelled, req._start, req._active = _INACTIVE, False, start, False
         return req
 
@@ -415,8 +437,6 @@ class Prequest(Request):
             raise request_error("Free: the request is MPI.REQUEST_NULL")
         self._s, self._start = None, None
 
-    free = Free
-
 
 class _Inactive:
     """The state of a persistent request between operations: complete, with an empty status."""
@@ -437,7 +457,9 @@ _INACTIVE = _Inactive()
 
 
 class _GrequestState:
-    """A generalized request: complete when the program calls Complete()."""
+    """A generalized request: complete when the program calls Complete(). Its callbacks' errors
+    are raised as MPI.Exception (an MPI error as it is, anything else as ERR_OTHER, with the
+    traceback printed), as mpi4py does."""
 
     def __init__(self, query_fn, free_fn, cancel_fn, args, kwargs):
         self.query_fn, self.free_fn, self.cancel_fn = query_fn, free_fn, cancel_fn
@@ -445,11 +467,16 @@ class _GrequestState:
         self.completed = False
         self._value = None
 
+    def _call(self, fn, *args):
+        from .attributes import _callback
+
+        return _callback(fn, *args, *self.args, **self.kwargs)
+
     def Test(self, status=None):
         if not self.completed:
             return False
         if status is not None and self.query_fn is not None:
-            self.query_fn(status, *self.args, **self.kwargs)
+            self._call(self.query_fn, status)
         return True
 
     def Wait(self, status=None):
@@ -460,14 +487,19 @@ class _GrequestState:
                 raise GpucollTimeout(f"Wait: the generalized request was not completed within {timeout:g} s "
                                      "(GPUCOLL_TIMEOUT)")
             delay = _poll_sleep(delay)
-        self.Test(status)
-        if self.free_fn is not None:
-            self.free_fn(*self.args, **self.kwargs)
+        try:
+            if self.query_fn is not None:  # called even without a status, as MPI_Wait does
+                from .status import Status
+
+                self._call(self.query_fn, status if status is not None else Status())
+        finally:
+            if self.free_fn is not None:
+                self._call(self.free_fn)
         return True
 
     def _mpi_cancel(self, state):
         if self.cancel_fn is not None:
-            self.cancel_fn(self.completed, *self.args, **self.kwargs)
+            self._call(self.cancel_fn, self.completed)
         return False
 
 
@@ -476,10 +508,9 @@ class Grequest(Request):
 
     __slots__ = ()
 
-    def __init__(self, request=None):
-        if request is not None and not isinstance(request, Grequest):
-            raise TypeError(f"Grequest() takes a Grequest or None, not {type(request).__name__}")
-        super().__init__(request)
+    @classmethod
+    def _accepts(cls, request):
+        return isinstance(request, Grequest) or request._s is None
 
     @classmethod
     def Start(cls, query_fn=None, free_fn=None, cancel_fn=None, args=None, kwargs=None):
@@ -490,7 +521,10 @@ class Grequest(Request):
             raise request_error("Complete: the request is MPI.REQUEST_NULL")
         self._s.completed = True
 
-    complete = Complete
+    def complete(self, obj=None):
+        """Complete, with obj as what wait()/test() return."""
+        self.Complete()
+        self._s._value = obj
 
 
 REQUEST_NULL = Request()

@@ -123,7 +123,7 @@ class Status(_CoreStatus):
         return status
 
     def __reduce__(self):
-        return (Status.f2py, (self.py2f(),))
+        return (_status, (type(self), self.py2f()))
 
     def __eq__(self, other):
         if not isinstance(other, Status):
@@ -135,6 +135,10 @@ class Status(_CoreStatus):
     def __repr__(self):
         return (f"<gpucoll.MPI.Status source={self.source} tag={self.tag} error={self.error} "
                 f"bytes={self.nbytes}{' cancelled' if self.cancelled else ''}>")
+
+
+def _status(cls, fields):
+    return cls.f2py(fields)
 
 
 def _size(datatype, what):
