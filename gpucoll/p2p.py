@@ -35,6 +35,10 @@ GPU_REPLY_TAG = -1003  # a GPU receiver's answer to an offer (gpucoll/gpu/p2p.py
 GPU_BYTES_TAG = -1004  # the bytes of an offer that the receiver could not map
 
 BYTES, OFFER = 0, 1  # frame kinds: the payload is the message / describes GPU memory to pull
+# A synchronous send (gpucoll.MPI's Ssend) is a BYTES message whose kind is SYNC | (n << 8): the
+# receiver answers the match with an empty message tagged SYNC_ACK_TAG - n, which completes the send.
+SYNC = 2
+SYNC_ACK_TAG = -2000
 _FRAME = struct.Struct("!QiiQI")  # communicator key, source rank, tag, payload bytes, kind
 _HELLO = struct.Struct("!8si32s")  # magic, sender world rank, proof of the job secret
 _MAGIC = b"GCP2P001"
@@ -174,7 +178,7 @@ class Inbox:
                         box.posted.remove(posted)
                 _deliver(posted, source, tag, memoryview(payload), kind)
             else:
-                _deliver_from_socket(posted, source, tag, nbytes, conn)
+                _deliver_from_socket(posted, source, tag, nbytes, conn, kind)
         except (OSError, ConnectionError):
             self._sel.unregister(conn)
             conn.close()
@@ -227,6 +231,18 @@ class Inbox:
                 return
         _deliver(posted, source, tag, memoryview(payload), kind)
 
+    def deliver_local(self, key, source, tag, payload):
+        """A message from this very process (an acknowledgement to ourselves), matched as if it had
+        arrived: no round trip through our own socket."""
+        box = self.box(key)
+        with self._lock:
+            posted = next((p for p in box.posted if p.matches(source, tag)), None)
+            if posted is None:
+                box.unexpected.append((source, tag, bytearray(payload), BYTES))
+                return
+            box.posted.remove(posted)
+        _deliver(posted, source, tag, memoryview(payload))
+
     def withdraw(self, key, posted):
         box = self.box(key)
         with self._lock:
@@ -265,17 +281,33 @@ def _deliver(posted, source, tag, payload, kind=BYTES):
     error = _check_fits(posted, source, tag, len(payload))
     if error is None and posted.view is not None:
         posted.view[:len(payload)] = payload
+    acknowledge(posted.owner, source, kind)  # before the receive completes: the sender is done first
     _complete(posted, source, tag, len(payload), error, payload)
 
 
-def _deliver_from_socket(posted, source, tag, nbytes, conn):
+def _deliver_from_socket(posted, source, tag, nbytes, conn, kind=BYTES):
     error = _check_fits(posted, source, tag, nbytes)
     if error is None and posted.view is not None:
         _recv_into(conn, posted.view[:nbytes])
         payload = None
     else:
         payload = memoryview(_recv_exact(conn, nbytes))
+    acknowledge(posted.owner, source, kind)
     _complete(posted, source, tag, nbytes, error, payload)
+
+
+def acknowledge(owner, source, kind):
+    """Answer the match of a synchronous send (kind SYNC | n << 8) with its acknowledgement."""
+    if kind & 0xFF != SYNC or owner is None:
+        return
+    tag = SYNC_ACK_TAG - (kind >> 8)
+    if owner._comm.world_ranks[source] == owner._ctx.rank:
+        owner._ctx.inbox.deliver_local(owner._key, owner._comm.rank, tag, b"")
+        return
+    try:
+        owner.send_now(b"", source, tag)
+    except (GpucollError, OSError) as exc:  # the sender is gone: its send fails on its own side
+        log.warn("P2P", "could not acknowledge a synchronous send from rank %d: %s", source, exc)
 
 
 def _complete(posted, source, tag, nbytes, error, payload):
@@ -288,7 +320,7 @@ def _complete(posted, source, tag, nbytes, error, payload):
     value = None
     if error is None and posted.view is None:  # an object receive
         try:
-            value = pickle.loads(payload)
+            value = pickle.loads(payload) if len(payload) else None  # an empty message is None
         except Exception as exc:  # the receiver's error, raised by its wait(); the reader thread lives on
             error = exc
     posted.request._finish(value, error)

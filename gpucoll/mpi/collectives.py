@@ -56,9 +56,10 @@ class _Landing:
         self.direct = msg.dense()
         self.buf = msg.span() if self.direct else np.empty(msg.nbytes if nbytes is None else nbytes, np.uint8)
 
-    def finish(self):
+    def finish(self, nbytes=None):
+        """Unpack what arrived (nbytes of it: a receive may get a shorter message)."""
         if not self.direct:
-            self.msg.store(self.buf)
+            self.msg.store(self.buf if nbytes is None else self.buf[:nbytes])
 
 
 def _native_reduction(msg, op):
@@ -130,12 +131,11 @@ class Collectives:
         s = None if _m.is_in_place(sendbuf) else _m.simple(sendbuf, True, what="Gather sendbuf")
         if r.gpu is not None or (s is not None and s.gpu is not None):
             return _issue(blocking, core.Gather, core.Igather, IN_PLACE if s is None else s.gpu, r.gpu, root)
-        whole = _m.Msg(r.raw, r.count * size, r.datatype)
+        whole = r.with_count(r.count * size)
         land = _Landing(whole)
         if s is None and not land.direct:  # the root's own block, in place in recvbuf, packed too
             block = r.nbytes
-            land.buf[root * block:(root + 1) * block] = _m.Msg(r.raw[root * r.count * r.t.extent:], r.count,
-                                                                r.datatype).data()
+            land.buf[root * block:(root + 1) * block] = r.sub(root * r.count * r.t.extent, r.count).data()
         send = IN_PLACE if s is None else s.data()
         return _then(_issue(blocking, core.Gather, core.Igather, send, land.buf, root), land.finish, blocking,
                      "Igather")
@@ -165,7 +165,7 @@ class Collectives:
         r = None if _m.is_in_place(recvbuf) else _m.simple(recvbuf, False, what="Scatter recvbuf")
         if s.gpu is not None or (r is not None and r.gpu is not None):
             return _issue(blocking, core.Scatter, core.Iscatter, s.gpu, IN_PLACE if r is None else r.gpu, root)
-        data = _m.Msg(s.raw, s.count * size, s.datatype).data()
+        data = s.with_count(s.count * size).data()
         if r is None:
             return _issue(blocking, core.Scatter, core.Iscatter, data, IN_PLACE, root)
         land = _Landing(r)
@@ -190,11 +190,10 @@ class Collectives:
         s = None if _m.is_in_place(sendbuf) else _m.simple(sendbuf, True, what="Allgather sendbuf")
         if r.gpu is not None or (s is not None and s.gpu is not None):
             return _issue(blocking, core.Allgather, core.Iallgather, IN_PLACE if s is None else s.gpu, r.gpu)
-        land = _Landing(_m.Msg(r.raw, r.count * size, r.datatype))
+        land = _Landing(r.with_count(r.count * size))
         if s is None and not land.direct:
             block = r.nbytes
-            land.buf[rank * block:(rank + 1) * block] = _m.Msg(r.raw[rank * r.count * r.t.extent:], r.count,
-                                                                r.datatype).data()
+            land.buf[rank * block:(rank + 1) * block] = r.sub(rank * r.count * r.t.extent, r.count).data()
         send = IN_PLACE if s is None else s.data()
         return _then(_issue(blocking, core.Allgather, core.Iallgather, send, land.buf), land.finish, blocking,
                      "Iallgather")
@@ -216,14 +215,14 @@ class Collectives:
         s = None if _m.is_in_place(sendbuf) else _m.simple(sendbuf, True, 0, size, what="Alltoall sendbuf")
         if r.gpu is not None or (s is not None and s.gpu is not None):
             return _issue(blocking, core.Alltoall, core.Ialltoall, IN_PLACE if s is None else s.gpu, r.gpu)
-        whole = _m.Msg(r.raw, r.count * size, r.datatype)
+        whole = r.with_count(r.count * size)
         land = _Landing(whole)
         if s is None:
             send = IN_PLACE
             if not land.direct:
                 land.buf[:] = whole.data()
         else:
-            send = _m.Msg(s.raw, s.count * size, s.datatype).data()
+            send = s.with_count(s.count * size).data()
         return _then(_issue(blocking, core.Alltoall, core.Ialltoall, send, land.buf), land.finish, blocking,
                      "Ialltoall")
 
@@ -368,15 +367,15 @@ class Collectives:
         native = _native_reduction(r, rec)
         if native is not None:
             if s is None:
-                whole = _m.Msg(r.raw, count * size, r.datatype).span().view(r.t.np)
+                whole = r.with_count(count * size).span().view(r.t.np)
                 return _issue(blocking, core.Reduce_scatter_block, core.Ireduce_scatter_block, IN_PLACE, whole,
                               native)
-            send = _m.Msg(s.raw, count * size, s.datatype).data().view(r.t.np)
+            send = s.with_count(count * size).data().view(r.t.np)
             return _issue(blocking, core.Reduce_scatter_block, core.Ireduce_scatter_block, send,
                           r.span().view(r.t.np), native)
-        source = _m.Msg((r if s is None else s).raw, count * size, r.datatype)
+        source = (r if s is None else s).with_count(count * size)
         mine, _ = source.elements()
-        target = _m.Msg(r.raw, count, r.datatype)
+        target = r.with_count(count)
         out, copied = target.elements()
         check(rec, out.dtype, r.datatype)
         wire = mine.view(np.uint8).reshape(-1).copy() if s is None else mine.view(np.uint8).reshape(-1)
@@ -426,8 +425,8 @@ class Collectives:
         elif r.count != total:
             raise ValueError(f"Reduce_scatter: receive count {r.count} and sum(counts) {total} differ")
         start = sum(counts[:rank])
-        source = _m.Msg((r if s is None else s).raw, total, r.datatype)
-        target = _m.Msg(r.raw, counts[rank], r.datatype)
+        source = (r if s is None else s).with_count(total)
+        target = r.with_count(counts[rank])
         native = _native_reduction(r, rec)
         mine, _ = source.elements()
         out, copied = target.elements()
@@ -686,6 +685,7 @@ def _wblocks(msg, readonly, size, what):
     if len(types) < size:
         raise ValueError(f"{what}: {len(types)} datatypes given, the communicator needs {size}")
     raw = None if bottom else _m._raw(_m.as_array(buf, readonly, what))
+    plain = _m.is_plain(buf)
     out = []
     for k in range(size):
         datatype = _m.as_datatype(types[k], what)
@@ -696,5 +696,5 @@ def _wblocks(msg, readonly, size, what):
         if counts[k] and (displs[k] < 0 or displs[k] + (counts[k] - 1) * t.extent + t.true_ub > raw.size):
             raise ValueError(f"{what}: block {k} ({counts[k]} elements at byte {displs[k]}) reaches past the "
                              "buffer")
-        out.append(_m.Msg(raw[displs[k]:], counts[k], datatype))
+        out.append(_m.Msg(raw[displs[k]:], counts[k], datatype, plain=plain))
     return out

@@ -6,7 +6,11 @@ gpucoll.COMM_WORLD itself (one communicator, not a duplicate). The buffer method
 collectives.py and pointtopoint.py (mixed in here); Python-object methods go to gpucoll's own.
 """
 import os
+import pickle
+
+import numpy as np
 import sys
+import warnings
 import zlib
 
 from .. import comm as _core
@@ -15,12 +19,13 @@ from ..errors import InvalidUsageError
 from . import attributes as _attrs
 from . import errhandler as _eh
 from .collectives import Collectives
+from .composite import done
 from .constants import INTEGERS as _C
 from .group import Group
 from .handle import Handle
 from .info import Info
 from .op import as_op
-from .pointtopoint import PointToPoint
+from .pointtopoint import PointToPoint, issend_state
 from .request import Request
 
 UNDEFINED, ERR_COMM, ERR_ARG = _C["UNDEFINED"], _C["ERR_COMM"], _C["ERR_ARG"]
@@ -324,18 +329,33 @@ class Comm(Collectives, PointToPoint, Handle):
     def send(self, obj, dest, tag=0):
         self._c("send").send(obj, dest, tag)
 
-    bsend = ssend = send
+    bsend = send
 
     def isend(self, obj, dest, tag=0):
-        return Request._of(self._c("isend").isend(obj, dest, tag))
+        core = self._c("isend")
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        if len(data) <= 64 << 10:  # small: written now, as a send (complete at once)
+            core.Send(np.frombuffer(data, np.uint8), dest, tag)
+            return Request._of(done(name="isend"))
+        return Request._of(core.isend(obj, dest, tag))
 
-    ibsend = issend = isend
+    ibsend = isend
+
+    def issend(self, obj, dest, tag=0):
+        """Send obj; the request completes once dest has matched the message."""
+        payload = memoryview(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+        return Request._of(issend_state(self._c("issend"), payload, dest, tag, "issend"))
+
+    def ssend(self, obj, dest, tag=0):
+        self.issend(obj, dest, tag).Wait()
 
     def recv(self, buf=None, source=_C["ANY_SOURCE"], tag=_C["ANY_TAG"], status=None):
-        return self._c("recv").recv(buf, source, tag, status)
+        _ignored_buf(buf, "recv")
+        return self._c("recv").recv(None, source, tag, status)
 
     def irecv(self, buf=None, source=_C["ANY_SOURCE"], tag=_C["ANY_TAG"]):
-        return Request._of(self._c("irecv").irecv(buf, source, tag))
+        _ignored_buf(buf, "irecv")
+        return Request._of(self._c("irecv").irecv(None, source, tag))
 
     def sendrecv(self, sendobj, dest, sendtag=0, recvbuf=None, source=_C["ANY_SOURCE"], recvtag=_C["ANY_TAG"],
                  status=None):
@@ -348,6 +368,12 @@ class Comm(Collectives, PointToPoint, Handle):
     def __exit__(self, *exc):
         if self._s is not None and self._s is not _world_state() and self._s is not _self_state():
             self.Free()
+
+
+def _ignored_buf(buf, what):
+    if buf is not None:
+        warnings.warn(f"{what}(): the buf argument is ignored (gpucoll receives pickled objects of any size)",
+                      UserWarning, stacklevel=3)
 
 
 def _reduce_objects(items, op):

@@ -49,7 +49,8 @@ class Message(Handle):
         s = self._s
         if s is None:
             raise InvalidUsageError(f"{what}: the message is MPI.MESSAGE_NULL", error_class=_C["ERR_REQUEST"])
-        self._s = None
+        if not self._is_constant():  # MPI.MESSAGE_NO_PROC itself stays (a copy of it becomes null)
+            self._s = None
         return s
 
     def _deliver(self, s, buf, status):

@@ -120,6 +120,18 @@ def as_array(obj, readonly, what):
     return arr
 
 
+def is_plain(msg):
+    """Whether a message's buffer has the buffer protocol itself (not a DLPack or interface view)."""
+    buf = msg[0] if isinstance(msg, (list, tuple)) and msg else msg
+    if isinstance(buf, (np.ndarray, bytes, bytearray, memoryview)) or buf is None or buf is BOTTOM:
+        return True
+    try:
+        memoryview(buf)
+        return True
+    except TypeError:
+        return False
+
+
 def _raw(arr):
     flat = arr.reshape(-1, order="A") if arr.ndim != 1 else arr
     return flat.view(np.uint8) if flat.dtype.itemsize and flat.size else np.zeros(0, np.uint8) \
@@ -165,12 +177,23 @@ class Msg:
     """count elements of datatype, starting at raw[0] (raw: the bytes from there to the buffer's
     end). gpu: the caller's GPU object, passed to gpucoll's GPU path as it is."""
 
-    __slots__ = ("raw", "count", "datatype", "t", "gpu", "shift")
+    __slots__ = ("raw", "count", "datatype", "t", "gpu", "shift", "plain")
 
-    def __init__(self, raw, count, datatype, gpu=None, shift=0):
+    def __init__(self, raw, count, datatype, gpu=None, shift=0, plain=True):
         self.raw, self.count, self.datatype, self.gpu = raw, count, datatype, gpu
         self.t = datatype._t
         self.shift = shift  # raw[0] is this many bytes past the first element's address (BOTTOM messages)
+        # False for DLPack and interface views: gpucoll's threads get copies, never the view itself,
+        # so that the exporter's capsule is let go in the caller's thread
+        self.plain = plain
+
+    def with_count(self, count):
+        """The same buffer and datatype with another count."""
+        return Msg(self.raw, count, self.datatype, self.gpu, self.shift, self.plain)
+
+    def sub(self, start, count):
+        """count elements from byte `start` of this message's memory."""
+        return Msg(self.raw[start:], count, self.datatype, self.gpu, self.shift, self.plain)
 
     @property
     def nbytes(self):
@@ -181,7 +204,10 @@ class Msg:
         """True when the packed bytes are the memory itself: elements one after the other, each
         one run of bytes (then data() is a view and received bytes land in place)."""
         t = self.t
-        return t is None or self.count == 0 or (self.shift == 0 and t.contiguous())
+        return t is None or self.count == 0 or (self.plain and self._contiguous())
+
+    def _contiguous(self):
+        return self.shift == 0 and self.t.contiguous()
 
     def span(self):
         return self.raw[:self.count * self.t.extent] if self.t is not None else self.raw[:0]
@@ -192,22 +218,25 @@ class Msg:
             return np.zeros(0, np.uint8)
         if self.dense():
             return self.span()
+        if self._contiguous():
+            return self.span().copy()
         return self.raw[self.t.byte_index(self.count) - self.shift]
 
     def store(self, data):
-        """Write packed bytes (as data() gives them) into the message's memory."""
-        if self.count == 0 or self.t is None:
+        """Write packed bytes (as data() gives them) into the message's memory; fewer bytes (a
+        shorter message received) fill the first elements, in typemap order, and leave the rest."""
+        if self.count == 0 or self.t is None or len(data) == 0:
             return
-        if self.dense():
-            self.span()[:] = data
+        if self._contiguous():
+            self.span()[:len(data)] = data
         else:
-            self.raw[self.t.byte_index(self.count) - self.shift] = data
+            self.raw[self.t.byte_index(self.count)[:len(data)] - self.shift] = data
 
     def elements(self):
         """A NumPy array of the elements (what reductions work on) and whether it is a copy
         that store() must write back."""
         t = self.t
-        if t.np is not None and t.np.itemsize == t.extent and t.lb == 0 and self.shift == 0:
+        if t.np is not None and t.np.itemsize == t.extent and t.lb == 0 and self.shift == 0 and self.plain:
             return self.span().view(t.np), False
         e = t.element()
         if e is None or e.np is None:
@@ -311,7 +340,7 @@ def simple(msg, readonly, rank=0, blocks=0, what="buffer"):
             count //= blocks
     else:
         count = 0
-    return Msg(raw, count, datatype)
+    return Msg(raw, count, datatype, plain=is_plain(buf))
 
 
 def at_address(address, count, datatype, what):
@@ -353,16 +382,17 @@ def _is_buffer_like(obj):
 class VMsg:
     """A vector message: counts[i] elements at displs[i] (in extents of datatype) for rank i."""
 
-    __slots__ = ("raw", "counts", "displs", "datatype", "t")
+    __slots__ = ("raw", "counts", "displs", "datatype", "t", "plain")
 
-    def __init__(self, raw, counts, displs, datatype):
+    def __init__(self, raw, counts, displs, datatype, plain=True):
         self.raw, self.counts, self.displs, self.datatype = raw, counts, displs, datatype
         self.t = datatype._t
+        self.plain = plain
 
     def block(self, i):
         """Rank i's part as a Msg."""
         start = self.displs[i] * self.t.extent if self.t is not None else 0
-        return Msg(self.raw[start:], self.counts[i], self.datatype)
+        return Msg(self.raw[start:], self.counts[i], self.datatype, plain=self.plain)
 
 
 def vector(msg, readonly, rank, blocks, what="buffer"):
@@ -403,7 +433,7 @@ def vector(msg, readonly, rank, blocks, what="buffer"):
     if t is not None and any(c and (d + c - 1) * t.extent + t.true_ub > raw.size for c, d in zip(counts, displs)):
         raise ValueError(f"{what}: counts {counts} at displacements {displs} reach past the buffer's "
                          f"{raw.size // max(t.extent, 1)} elements")
-    return VMsg(raw, counts, displs, datatype)
+    return VMsg(raw, counts, displs, datatype, plain=is_plain(buf))
 
 
 def _integral(value):

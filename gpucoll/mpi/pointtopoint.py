@@ -3,17 +3,21 @@
 Messages travel as their packed bytes (a view of the buffer when its layout is contiguous).
 gpucoll's sends are eager: a send completes once its bytes are handed to the connection,
 whether or not a receive is posted. That is what buffered (Bsend) and ready (Rsend) sends
-promise, so they are sends; a synchronous send (Ssend) promises more and is not provided.
-Probe, Iprobe, Mprobe and Improbe look at the messages that arrived and wait for a receive.
+promise, so they are sends. A synchronous send (Ssend) completes only when the receiver has
+matched the message: it travels marked, and the receiver's point to point answers the match
+with an acknowledgement (gpucoll/p2p.py, SYNC). Probe, Iprobe, Mprobe and Improbe look at the
+messages that arrived; a matched probe takes the message (and acknowledges a synchronous one).
 """
+import itertools
 import time
 
 import numpy as np
 
 from .. import config
+from .. import p2p as _p2p
 from ..errors import TimeoutError as GpucollTimeout
 from . import message as _m
-from .composite import Composite
+from .composite import Composite, done
 from .constants import INTEGERS as _C
 from .matched import Message
 from .request import Prequest, Request
@@ -37,9 +41,33 @@ def _withdraw(state):
         p2p._ctx.inbox.withdraw(p2p._key, posted)
 
 
-def _no_ssend(what):
-    raise NotImplementedError(f"gpucoll.MPI.Comm.{what}: synchronous sends are not supported by gpucoll (its "
-                              "sends are eager: use Send, or a reply message to synchronise)")
+def issend_state(core, payload, dest, tag, what):
+    """A synchronous send of payload (bytes) started: complete once dest has matched it."""
+    from ..request import CompletedRequest
+
+    if dest == PROC_NULL:
+        return CompletedRequest(what)
+    p2p = core._p2p
+    dest = p2p._check_peer(dest, "destination")
+    tag = _core_p2p_tag(tag)
+    n = next(_SYNC_IDS) % (1 << 24)
+    ack = p2p._post(memoryview(bytearray(0)), dest, _p2p.SYNC_ACK_TAG - n, None, 0, f"{what} (waiting for the "
+                    "receiver to match it)")
+    task = p2p._send_task(payload, dest, tag, _p2p.SYNC | (n << 8))
+    if len(payload) <= _INLINE_MAX:  # written now (small): only the receiver's match is awaited
+        p2p._sender(dest).run(task)
+        return Composite([ack], None, what)
+    return Composite([p2p._sender(dest).submit(task, what), ack], None, what)
+
+
+def _core_p2p_tag(tag):
+    from ..comm import _user_tag
+
+    return _user_tag(tag)
+
+
+_SYNC_IDS = itertools.count()
+_INLINE_MAX = 64 << 10  # an Isend up to this size is written in the caller's thread, as a Send
 
 
 class PointToPoint:
@@ -52,7 +80,9 @@ class PointToPoint:
         msg = _m.simple(buf, True, dest, what=f"{what} buf")
         if msg is None:
             return np.zeros(0, np.uint8)
-        return msg.gpu if msg.gpu is not None else msg.data()
+        if msg.gpu is not None:
+            return msg.gpu
+        return msg.data()  # a copy for DLPack and interface views (see message.Msg.plain)
 
     def Send(self, buf, dest, tag=0):
         """Send buf to dest (returns once the bytes are handed over: sends are eager)."""
@@ -63,15 +93,28 @@ class PointToPoint:
 
     def Isend(self, buf, dest, tag=0):
         core = self._c("Isend")
-        return Request._of(core.Isend(self._send_bytes(buf, dest, "Isend"), dest, tag))
+        data = self._send_bytes(buf, dest, "Isend")
+        if isinstance(data, np.ndarray) and data.size <= _INLINE_MAX:
+            core.Send(data, dest, tag)  # written now (small: it cannot block for long): complete at once
+            return Request._of(done(name="Isend"))
+        return Request._of(core.Isend(data, dest, tag))
 
     Ibsend = Irsend = Isend
 
+    def _issend(self, buf, dest, tag, what):
+        core = self._c(what)
+        data = self._send_bytes(buf, dest, what)
+        if not isinstance(data, np.ndarray):
+            raise NotImplementedError(f"{what} of GPU buffers (synchronous sends are on host memory)")
+        payload = memoryview(data).cast("B") if data.size else memoryview(b"")
+        return issend_state(core, payload, dest, tag, what)
+
     def Ssend(self, buf, dest, tag=0):
-        _no_ssend("Ssend")
+        """Send buf; return once dest has matched the message (a receive or a matched probe)."""
+        self._issend(buf, dest, tag, "Ssend").Wait()
 
     def Issend(self, buf, dest, tag=0):
-        _no_ssend("Issend")
+        return Request._of(self._issend(buf, dest, tag, "Issend"))
 
     def Send_init(self, buf, dest, tag=0):
         return Prequest._persistent(lambda: self.Isend(buf, dest, tag))
@@ -79,7 +122,7 @@ class PointToPoint:
     Bsend_init = Rsend_init = Send_init
 
     def Ssend_init(self, buf, dest, tag=0):
-        _no_ssend("Ssend_init")
+        return Prequest._persistent(lambda: self.Issend(buf, dest, tag))
 
     # --- receives ---------------------------------------------------------------------------------
     def _irecv_state(self, buf, source, tag, what):
@@ -95,7 +138,9 @@ class PointToPoint:
             return core.Irecv(msg.gpu, source, tag)
         land = _Landing(msg)
         state = core.Irecv(land.buf, source, tag)
-        return state if land.direct else Composite([state], land.finish, what, status_part=state)
+        if land.direct:
+            return state
+        return Composite([state], lambda: land.finish(state.status.nbytes), what, status_part=state)
 
     def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Receive into buf; status (an MPI.Status) gets the source, tag and size."""
@@ -171,10 +216,11 @@ class PointToPoint:
         with inbox._lock:
             for i, (src, tg, payload, kind) in enumerate(box.unexpected):
                 if source in (ANY_SOURCE, src) and (tag == tg or (tag == ANY_TAG and tg >= 0)):
-                    if kind != 0:
+                    if kind == _p2p.OFFER:
                         raise NotImplementedError(f"{what}: probing a message sent from GPU memory")
                     if take:
                         del box.unexpected[i]
+                        _p2p.acknowledge(core._p2p, src, kind)  # a matched probe matches a synchronous send
                     return src, tg, payload
         return None
 

@@ -123,6 +123,10 @@ class Request:
     def _done(self):
         return self._s is None or self._s.Test(None)
 
+    def _active(self):
+        """Not null, and (persistent requests) started: what Waitany and friends wait for."""
+        return self._s is not None and self._s is not _INACTIVE
+
     def Wait(self, status=None):
         """Wait for the operation; True. The handle becomes null."""
         if self._s is None:
@@ -220,9 +224,9 @@ class Request:
     @staticmethod
     def Get_status_any(requests, status=None):
         for i, req in enumerate(requests):
-            if req and req.Get_status(status):
+            if req._active() and req.Get_status(status):
                 return i, True
-        if not any(requests):
+        if not any(r._active() for r in requests):
             if status is not None:
                 reset(status)
             return UNDEFINED, True
@@ -279,9 +283,9 @@ class Request:
 
     @staticmethod
     def Get_status_some(requests, statuses=None):
-        if not any(requests):
+        if not any(r._active() for r in requests):
             return None
-        done = [i for i, req in enumerate(requests) if req and req._s.Test(None)]
+        done = [i for i, req in enumerate(requests) if req._active() and req._s.Test(None)]
         slots = statuses if isinstance(statuses, list) else []
         for k, i in enumerate(done):
             if k < len(slots):
@@ -321,7 +325,7 @@ def _poll_sleep(delay):
 
 
 def _waitany(requests, status):
-    if not any(requests):
+    if not any(r._active() for r in requests):
         if status is not None:
             reset(status)
         return UNDEFINED, None
@@ -329,21 +333,21 @@ def _waitany(requests, status):
     delay = 0.00002
     while True:
         for i, req in enumerate(requests):
-            if req and req._s.Test(None):
+            if req._active() and req._s.Test(None):
                 return i, req._complete(status)
         if time.monotonic() > deadline:
-            raise GpucollTimeout(f"Waitany: none of {sum(map(bool, requests))} requests completed within "
+            raise GpucollTimeout(f"Waitany: none of {sum(r._active() for r in requests)} requests completed within "
                                  f"{timeout:g} s (GPUCOLL_TIMEOUT)")
         delay = _poll_sleep(delay)
 
 
 def _testany(requests, status):
-    if not any(requests):
+    if not any(r._active() for r in requests):
         if status is not None:
             reset(status)
         return UNDEFINED, True, None
     for i, req in enumerate(requests):
-        if req and req._s.Test(None):
+        if req._active() and req._s.Test(None):
             return i, True, req._complete(status)
     return UNDEFINED, False, None
 
@@ -374,16 +378,16 @@ def _waitall(requests, statuses, slots=None):
 
 
 def _some(requests, statuses, block):
-    if not any(requests):
+    if not any(r._active() for r in requests):
         return None, None
     deadline, timeout = _deadline("Waitsome", requests)
     delay = 0.00002
     while True:
-        done = [i for i, req in enumerate(requests) if req and req._s.Test(None)]
+        done = [i for i, req in enumerate(requests) if req._active() and req._s.Test(None)]
         if done or not block:
             break
         if time.monotonic() > deadline:
-            raise GpucollTimeout(f"Waitsome: none of {sum(map(bool, requests))} requests completed within "
+            raise GpucollTimeout(f"Waitsome: none of {sum(r._active() for r in requests)} requests completed within "
                                  f"{timeout:g} s (GPUCOLL_TIMEOUT)")
         delay = _poll_sleep(delay)
     slots = statuses if isinstance(statuses, list) else []
@@ -396,12 +400,12 @@ def _some(requests, statuses, block):
 class Prequest(Request):
     """A persistent request: Start() begins the operation again, Wait() leaves it inactive."""
 
-    __slots__ = ("_start", "_active")
+    __slots__ = ("_start", "_started")
 
     def __new__(cls, request=None):
         req = super().__new__(cls, request)
         if request is None:
-            req._start, req._active = None, False
+            req._start, req._started = None, False
         return req
 
     @classmethod
@@ -410,27 +414,27 @@ class Prequest(Request):
 
     def _copy_extra(self, request):
         self._start = getattr(request, "_start", None)
-        self._active = getattr(request, "_active", False)
+        self._started = getattr(request, "_started", False)
 
     @classmethod
     def _persistent(cls, start):
         req = object.__new__(cls)
-        req._s, req._cancelled, req._start, req._active = _INACTIVE, False, start, False
+        req._s, req._cancelled, req._start, req._started = _INACTIVE, False, start, False
         return req
 
     def Start(self):
         if self._s is None:
             raise request_error("Start: the request is MPI.REQUEST_NULL")
-        if self._active:
+        if self._started:
             raise request_error("Start: the persistent request is already active; Wait for it first")
         self._s = self._start()._s
-        self._active = True
+        self._started = True
 
     def _release(self):
         if self._start is None:
             super()._release()
             return
-        self._s, self._active = _INACTIVE, False
+        self._s, self._started = _INACTIVE, False
 
     def Free(self):
         if self._s is None:
