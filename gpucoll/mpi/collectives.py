@@ -13,19 +13,36 @@ Three paths, in order of preference:
              messages between the ranks, every one posted when the call is made.
 Blocking calls wait; I* calls return a Request at once; *_init calls a persistent Prequest.
 """
+import operator
+
 import numpy as np
 
 from .. import dtypes as _dtypes
 from ..buffers import host_buffer
 from ..comm import IN_PLACE
+from ..errors import InvalidUsageError
 from . import message as _m
 from .composite import VCOLL_TAG, Composite, done
+from .constants import INTEGERS as _C
 from .op import PREDEFINED as _OPS
 from .op import as_op, check, combine
 from .request import Prequest, Request
 
+ERR_ROOT = _C["ERR_ROOT"]
 _CORE_DTYPES = {np.dtype(n) for n in _dtypes.NAMES if n != "bfloat16"}
 _SUM = _OPS["SUM"]
+
+
+def check_root(core, root):
+    """root as an int, or MPI.Exception(ERR_ROOT) on every rank that passed a bad one."""
+    try:
+        value = operator.index(root)
+    except TypeError:
+        raise InvalidUsageError(f"root must be an integer rank, not {root!r}", error_class=ERR_ROOT) from None
+    if not 0 <= value < core.size:
+        raise InvalidUsageError(f"root {value} is out of range for a communicator of size {core.size}",
+                                error_class=ERR_ROOT)
+    return value
 
 
 def _issue(blocking, now, later, *args):
@@ -99,7 +116,7 @@ class Collectives:
     # --- broadcast ----------------------------------------------------------------------------
     def _bcast(self, buf, root, blocking):
         core = self._c("Bcast")
-        root = core._check_root(root)
+        root = check_root(core, root)
         msg = _m.simple(buf, core.rank == root, root, what="Bcast buf")
         if msg.gpu is not None:
             return _issue(blocking, core.Bcast, core.Ibcast, msg.gpu, root)
@@ -121,7 +138,7 @@ class Collectives:
     # --- gather / scatter ---------------------------------------------------------------------
     def _gather(self, sendbuf, recvbuf, root, blocking):
         core = self._c("Gather")
-        root = core._check_root(root)
+        root = check_root(core, root)
         size, rank = core.size, core.rank
         if rank != root:
             s = _m.simple(sendbuf, True, root, what="Gather sendbuf")
@@ -152,7 +169,7 @@ class Collectives:
 
     def _scatter(self, sendbuf, recvbuf, root, blocking):
         core = self._c("Scatter")
-        root = core._check_root(root)
+        root = check_root(core, root)
         size, rank = core.size, core.rank
         if rank != root:
             r = _m.simple(recvbuf, False, root, what="Scatter recvbuf")
@@ -307,7 +324,7 @@ class Collectives:
 
     def _reduce(self, sendbuf, recvbuf, op, root, blocking):
         core = self._c("Reduce")
-        root = core._check_root(root)
+        root = check_root(core, root)
         rec = as_op(op)
         if core.rank == root:
             s, r = self._reduction_msgs(sendbuf, recvbuf, "Reduce")
@@ -525,7 +542,7 @@ class Collectives:
 
     def _gatherv(self, sendbuf, recvbuf, root, blocking):
         core = self._c("Gatherv")
-        root = core._check_root(root)
+        root = check_root(core, root)
         size, rank = core.size, core.rank
         if rank != root:
             s = _m.simple(sendbuf, True, root, what="Gatherv sendbuf")
@@ -552,7 +569,7 @@ class Collectives:
 
     def _scatterv(self, sendbuf, recvbuf, root, blocking):
         core = self._c("Scatterv")
-        root = core._check_root(root)
+        root = check_root(core, root)
         size, rank = core.size, core.rank
         if rank != root:
             r = _m.simple(recvbuf, False, root, what="Scatterv recvbuf")

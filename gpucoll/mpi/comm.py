@@ -18,7 +18,7 @@ from .. import world as _world
 from ..errors import InvalidUsageError
 from . import attributes as _attrs
 from . import errhandler as _eh
-from .collectives import Collectives
+from .collectives import Collectives, check_root
 from .composite import done
 from .constants import INTEGERS as _C
 from .group import Group
@@ -293,13 +293,16 @@ class Comm(Collectives, PointToPoint, Handle):
 
     # --- Python objects (pickle): gpucoll's own methods -------------------------------------------
     def bcast(self, obj, root=0):
-        return self._c("bcast").bcast(obj, root)
+        core = self._c("bcast")
+        return core.bcast(obj, check_root(core, root))
 
     def gather(self, sendobj, root=0):
-        return self._c("gather").gather(sendobj, root)
+        core = self._c("gather")
+        return core.gather(sendobj, check_root(core, root))
 
     def scatter(self, sendobj, root=0):
-        return self._c("scatter").scatter(sendobj, root)
+        core = self._c("scatter")
+        return core.scatter(sendobj, check_root(core, root))
 
     def allgather(self, sendobj):
         return self._c("allgather").allgather(sendobj)
@@ -312,6 +315,7 @@ class Comm(Collectives, PointToPoint, Handle):
 
     def reduce(self, sendobj, op=None, root=0):
         core = self._c("reduce")
+        root = check_root(core, root)
         items = core.gather(sendobj, root)
         return _reduce_objects(items, op) if core.rank == root else None
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import config
 from .. import p2p as _p2p
+from ..errors import InvalidUsageError
 from ..errors import TimeoutError as GpucollTimeout
 from . import message as _m
 from .composite import Composite, done
@@ -39,6 +40,24 @@ def _withdraw(state):
     posted, p2p = getattr(part, "posted", None), getattr(part, "p2p", None)
     if posted is not None and p2p is not None:
         p2p._ctx.inbox.withdraw(p2p._key, posted)
+
+
+def _check_peer(core, rank, name, what, wildcard=False):
+    """MPI.Exception(ERR_RANK) for a rank that is not PROC_NULL (ANY_SOURCE) nor in the communicator."""
+    if rank == PROC_NULL or (wildcard and rank == ANY_SOURCE):
+        return
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < core.size:
+        raise InvalidUsageError(f"{what}: {name} rank {rank!r} is out of range for a communicator of size "
+                                f"{core.size}", error_class=_C["ERR_RANK"])
+
+
+def _check_tag(tag, what, wildcard=False):
+    """MPI.Exception(ERR_TAG) for a tag that is not >= 0 (or ANY_TAG where a receive allows it)."""
+    if wildcard and tag == ANY_TAG:
+        return
+    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not 0 <= tag <= 2**31 - 1:
+        raise InvalidUsageError(f"{what}: message tag {tag!r} is not allowed: use an integer from 0 to 2**31-1",
+                                error_class=_C["ERR_TAG"])
 
 
 def issend_state(core, payload, dest, tag, what):
@@ -77,6 +96,7 @@ class PointToPoint:
 
     # --- sends ---------------------------------------------------------------------------------
     def _send_bytes(self, buf, dest, what):
+        _check_peer(self._c(what), dest, "destination", what)
         msg = _m.simple(buf, True, dest, what=f"{what} buf")
         if msg is None:
             return np.zeros(0, np.uint8)
@@ -87,12 +107,14 @@ class PointToPoint:
     def Send(self, buf, dest, tag=0):
         """Send buf to dest (returns once the bytes are handed over: sends are eager)."""
         core = self._c("Send")
+        _check_tag(tag, "Send")
         core.Send(self._send_bytes(buf, dest, "Send"), dest, tag)
 
     Bsend = Rsend = Send
 
     def Isend(self, buf, dest, tag=0):
         core = self._c("Isend")
+        _check_tag(tag, "Isend")
         data = self._send_bytes(buf, dest, "Isend")
         if isinstance(data, np.ndarray) and data.size <= _INLINE_MAX:
             core.Send(data, dest, tag)  # written now (small: it cannot block for long): complete at once
@@ -103,6 +125,7 @@ class PointToPoint:
 
     def _issend(self, buf, dest, tag, what):
         core = self._c(what)
+        _check_tag(tag, what)
         data = self._send_bytes(buf, dest, what)
         if not isinstance(data, np.ndarray):
             raise NotImplementedError(f"{what} of GPU buffers (synchronous sends are on host memory)")
@@ -131,6 +154,8 @@ class PointToPoint:
         from .collectives import _Landing
 
         core = self._c(what)
+        _check_peer(core, source, "source", what, wildcard=True)
+        _check_tag(tag, what, wildcard=True)
         msg = _m.simple(buf, False, source, what=f"{what} buf")
         if msg is None:
             return core.Irecv(np.zeros(0, np.uint8), PROC_NULL, tag)
