@@ -69,6 +69,10 @@ _unsupported.install(globals())
 del _core_comm, _datatype, _errhandler, _op, _unsupported, _handle  # mpi4py.MPI holds no modules: neither does this
 
 
+def __dir__():
+    return sorted([*globals(), "COMM_WORLD", "COMM_SELF"])
+
+
 def __getattr__(name):
     # COMM_WORLD and COMM_SELF join the job on first use, so that importing never blocks.
     if name == "COMM_WORLD":

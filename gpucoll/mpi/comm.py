@@ -49,10 +49,6 @@ def comm_error(message, error_class=ERR_COMM):
     return InvalidUsageError(message, error_class=error_class)
 
 
-def _unsupported(feature):
-    raise NotImplementedError(f"gpucoll.MPI: {feature} is not supported by gpucoll")
-
-
 class Comm(Collectives, PointToPoint, Handle):
     """A communicator handle; Comm() is MPI.COMM_NULL."""
 
@@ -417,10 +413,6 @@ class Intracomm(Comm):
         n = self._s.children[key] = self._s.children.get(key, 0) + 1
         digest = zlib.crc32(repr(ranks).encode())
         return Intracomm._wrap(_core.Communicator(core._ctx, f"{core._id}.g{digest:x}t{tag}n{n}", ranks))
-
-    @classmethod
-    def Create_from_group(cls, group, stringtag="org.mpi4py", info=None, errhandler=None):
-        _unsupported("Intracomm.Create_from_group (communicators from session groups, MPI 4)")
 
 
 class Intercomm(Comm):

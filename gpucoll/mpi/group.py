@@ -143,11 +143,6 @@ class Group(Handle):
     def Range_excl(self, ranges):
         return self.Excl(self._expand(ranges, "Range_excl"))
 
-    @classmethod
-    def Create_from_session_pset(cls, session, pset_name):
-        raise NotImplementedError("gpucoll.MPI.Group.Create_from_session_pset: MPI sessions are not "
-                                  "supported by gpucoll")
-
     def __reduce__(self):
         if self._s is not None and self._named_name() is None:
             raise ValueError(f"cannot pickle {self!r}: only predefined groups can be pickled")

@@ -14,7 +14,7 @@ _WIN_MEMBERS = (
     "Create_errhandler Create_keyval Delete_attr Detach Fence Fetch_and_op Flush Flush_all Flush_local "
     "Flush_local_all Free Free_keyval Get Get_accumulate Get_attr Get_errhandler Get_group Get_info Get_name "
     "Lock Lock_all Post Put Raccumulate Rget Rget_accumulate Rput Set_attr Set_errhandler Set_info Set_name "
-    "Shared_query Start Sync Test Unlock Unlock_all Wait free tomemory attrs= flavor= group= group_rank= group_size= "
+    "Shared_query Start Sync Test Unlock Unlock_all Wait tomemory attrs= flavor= group= group_rank= group_size= "
     "info= model= name=")
 _FILE_MEMBERS = (
     "Call_errhandler Close Create_errhandler Delete Get_amode Get_atomicity Get_byte_offset Get_errhandler "
@@ -24,11 +24,11 @@ _FILE_MEMBERS = (
     "Read_at_all_end Read_ordered Read_ordered_begin Read_ordered_end Read_shared Seek Seek_shared "
     "Set_atomicity Set_errhandler Set_info Set_size Set_view Sync Write Write_all Write_all_begin "
     "Write_all_end Write_at Write_at_all Write_at_all_begin Write_at_all_end Write_ordered "
-    "Write_ordered_begin Write_ordered_end Write_shared free amode= atomicity= group= group_rank= group_size= "
+    "Write_ordered_begin Write_ordered_end Write_shared amode= atomicity= group= group_rank= group_size= "
     "info= size=")
 _SESSION_MEMBERS = (
     "Attach_buffer Call_errhandler Create_errhandler Create_group Detach_buffer Finalize Flush_buffer "
-    "Get_errhandler Get_info Get_nth_pset Get_num_psets Get_pset_info Iflush_buffer Init Set_errhandler free")
+    "Get_errhandler Get_info Get_nth_pset Get_num_psets Get_pset_info Iflush_buffer Init Set_errhandler")
 _NEIGHBOR = ("Neighbor_allgather Neighbor_allgather_init Neighbor_allgatherv Neighbor_allgatherv_init "
              "Neighbor_alltoall Neighbor_alltoall_init Neighbor_alltoallv Neighbor_alltoallv_init "
              "Neighbor_alltoallw Neighbor_alltoallw_init Ineighbor_allgather Ineighbor_allgatherv "
@@ -76,6 +76,7 @@ def _stub(owner, member, feature):
     def unsupported(*args, **kwargs):
         raise NotImplementedError(f"{where}: {feature} are not supported by gpucoll")
     unsupported.__name__ = member
+    unsupported.unsupported_feature = feature
     unsupported.__qualname__ = f"{owner}.{member}" if owner else member
     unsupported.__doc__ = f"Not supported by gpucoll: {feature}. Raises NotImplementedError."
     return unsupported
@@ -83,7 +84,9 @@ def _stub(owner, member, feature):
 
 def _property(owner, member, feature):
     stub = _stub(owner, member, feature)
-    return property(lambda self: stub(self), doc=stub.__doc__)
+    prop = property(lambda self: stub(self), doc=stub.__doc__)
+    prop.fget.unsupported_feature = feature
+    return prop
 
 
 def install(namespace):
