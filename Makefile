@@ -6,7 +6,7 @@ NP ?= 4
 STAMP := $(VENV)/.installed
 SOURCES := pyproject.toml setup.py $(wildcard cython_src/*.pyx cython_src/*.pxd cython_src/include/*.h)
 
-.PHONY: install demo test test-deps test-multihost test-fast test-gpu bench bench-launch bench-multihost bench-p2p clean
+.PHONY: install demo test test-deps test-multihost test-fast test-gpu test-mpi4py test-mpi4py-ref bench bench-launch bench-multihost bench-p2p clean
 
 install: $(STAMP)
 
@@ -39,6 +39,14 @@ test-gpu:
 	  $(MAKE) --no-print-directory $(STAMP) && $(PY) -m pytest -q -m gpu tests; \
 	fi
 
+# mpi4py's own test suite (fetched from PyPI into .mpi4py-suite/) against gpucoll.MPI on 2, 3 and
+# 4 ranks, and the reference: the same suite with real mpi4py on Open MPI under mpiexec.
+test-mpi4py: $(STAMP)
+	$(PY) tests/mpi4py_suite/run.py --np 2 3 4
+
+test-mpi4py-ref: $(STAMP)
+	$(PY) tests/mpi4py_suite/run.py --np 2 --mpi
+
 bench: $(STAMP)
 	$(VENV)/bin/gpucoll-bench --vs mpi -np 2 -b 8 -e 64M -f 4
 
@@ -53,4 +61,4 @@ bench-launch: $(STAMP)
 	$(PY) benchmarks/bench_launch.py
 
 clean:
-	rm -rf build $(VENV) .venv-mpich *.egg-info gpucoll/_native/*.so cython_src/*.c
+	rm -rf build $(VENV) .venv-mpich *.egg-info gpucoll/_native/*.so cython_src/*.c .mpi4py-suite

@@ -7,7 +7,17 @@ or a module-level function; "Class.member=" is a property. Stubs are installed o
 class lacks the member. As in mpi4py over an MPI library without the feature, the null handles
 of these classes (MPI.WIN_NULL, ...) raise NotImplementedError too.
 """
+from ..errors import GpucollError
+from .constants import INTEGERS as _C
 from .handle import Handle
+
+
+class Unsupported(GpucollError, NotImplementedError):
+    """What a stub raises: a NotImplementedError (feature probes catch it) that is also an
+    MPI.Exception of class ERR_UNSUPPORTED_OPERATION (programs that catch MPI errors catch it)."""
+
+    def __init__(self, message):
+        super().__init__(message, error_class=_C["ERR_UNSUPPORTED_OPERATION"])
 
 _WIN_MEMBERS = (
     "Accumulate Allocate Allocate_shared Attach Call_errhandler Compare_and_swap Complete Create Create_dynamic "
@@ -74,7 +84,7 @@ def _stub(owner, member, feature):
     where = f"gpucoll.MPI.{owner + '.' if owner else ''}{member}"
 
     def unsupported(*args, **kwargs):
-        raise NotImplementedError(f"{where}: {feature} are not supported by gpucoll")
+        raise Unsupported(f"{where}: {feature} are not supported by gpucoll")
     unsupported.__name__ = member
     unsupported.unsupported_feature = feature
     unsupported.__qualname__ = f"{owner}.{member}" if owner else member

@@ -1,6 +1,7 @@
 """One rank's run of one module of mpi4py's test suite, recorded as JSON.
 
     cd <suite>/test && python rank.py OUTDIR MODULE
+    cd <suite>/test && python rank.py OUTDIR '*'      (import every test module; run nothing)
 
 Loads MODULE with unittest (as the suite's own main.py does: CuPy and Numba arrays off) and
 runs it, writing OUTDIR/MODULE.<rank>.json after every test, so that a job stopped by its
@@ -102,11 +103,28 @@ class Recorder(unittest.TestResult):
         os.replace(tmp, self.path)
 
 
+def import_all(outdir):
+    """Import every test module in one process; record which failed and why."""
+    failed = {}
+    modules = sorted(f[:-3] for f in os.listdir(".") if f.startswith("test_") and f.endswith(".py"))
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except BaseException as exc:  # noqa: BLE001 - recorded
+            failed[module] = "".join(traceback.format_exception_only(type(exc), exc)).strip()[-500:]
+    with open(os.path.join(outdir, f"*.{_world_rank()}.json"), "w") as f:
+        json.dump({"module": "*", "rank": _world_rank(), "finished": True, "modules": len(modules),
+                   "imported": len(modules) - len(failed), "failed": failed}, f)
+
+
 def main():
     outdir, module = sys.argv[1], sys.argv[2]
     sys.path.insert(0, os.getcwd())
     sys.modules["cupy"] = None  # the suite's main.py default: no GPU array backends
     sys.modules["numba"] = None
+    if module == "*":
+        import_all(outdir)
+        return
     result = Recorder(os.path.join(outdir, f"{module}.{_world_rank()}.json"), module)
     try:
         __import__("mpi4py.MPI")

@@ -121,6 +121,18 @@ def report(results, np_, label, verbose):
             print(f"-- {res['module']}: job output (tail)\n{res['tail']}")
 
 
+def import_only(args, top):
+    ok = True
+    for np_ in args.np:
+        res = run_module(args, top, np_, "*")
+        for rank, rec in sorted(res["ranks"].items()):
+            failed = rec.get("failed", {})
+            print(f"{np_} ranks, rank {rank}: {rec.get('imported', 0)} of {rec.get('modules', '?')} modules import"
+                  + "".join(f"\n   {m}: {why.splitlines()[-1]}" for m, why in sorted(failed.items())))
+            ok = ok and rec.get("finished") and not failed
+    return 0 if ok or not args.check else 1
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--np", type=int, nargs="+", default=[2, 3, 4])
@@ -129,6 +141,8 @@ def main(argv=None):
     ap.add_argument("--timeout", type=int, default=300, help="seconds per module job")
     ap.add_argument("--op-timeout", type=int, default=60, help="GPUCOLL_TIMEOUT of the jobs")
     ap.add_argument("--json", help="write every record here")
+    ap.add_argument("--import-only", action="store_true",
+                    help="one job per rank count that imports every test module and runs nothing")
     ap.add_argument("--check", action="store_true",
                     help="exit 1 on an import failure, a failure, an error other than NotImplementedError or a hang")
     ap.add_argument("-v", "--verbose", action="store_true")
@@ -136,6 +150,8 @@ def main(argv=None):
     top = fetch.fetch()
     modules = args.modules or modules_of(os.path.join(top, "test"))
     label = "mpi4py on MPI (mpiexec)" if args.mpi else "gpucoll.MPI (gpurun)"
+    if args.import_only:
+        return import_only(args, top)
     everything, ok = [], True
     for np_ in args.np:
         results = []
