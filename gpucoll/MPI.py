@@ -17,6 +17,9 @@ from .mpi import op as _op
 from .mpi import unsupported as _unsupported
 from .mpi.buffer import buffer, memory  # noqa: F401
 from .mpi.comm import Cartcomm, Comm, Distgraphcomm, Graphcomm, Intercomm, Intracomm, Topocomm  # noqa: F401
+from .mpi.comm import comm_lock as _comm_lock  # noqa: F401 - mpi4py's internals that mpi4py.util uses
+from .mpi.comm import comm_lock_table as _comm_lock_table  # noqa: F401
+from .mpi.comm import commctx_intra as _commctx_intra  # noqa: F401
 from .mpi.comm import comm_self as _comm_self
 from .mpi.comm import comm_world as _comm_world
 from .mpi.constants import INTEGERS as _INTEGERS

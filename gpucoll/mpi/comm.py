@@ -10,6 +10,7 @@ import pickle
 
 import numpy as np
 import sys
+import threading
 import warnings
 import zlib
 
@@ -36,13 +37,15 @@ TAG_UB = 2**31 - 1  # gpucoll's message tags are 32-bit
 class _CommState:
     """What every handle of one communicator shares."""
 
-    __slots__ = ("core", "name", "errhandler", "attrs", "info", "children", "__weakref__")
+    __slots__ = ("core", "name", "errhandler", "attrs", "info", "children", "locks", "ctx", "__weakref__")
 
     def __init__(self, core, name):
         self.core, self.name = core, name
         self.errhandler = _eh.PREDEFINED["ERRORS_RETURN"]._s
         self.attrs, self.info = {}, {}
         self.children = {}  # Create_group: (group ranks, tag) -> how many made so far
+        self.locks = {}     # _comm_lock: key -> threading.Lock
+        self.ctx = None     # _commctx_intra: [private duplicate, next tag]
 
 
 def comm_error(message, error_class=ERR_COMM):
@@ -160,6 +163,8 @@ class Comm(Collectives, PointToPoint, Handle):
         if self._s is _world_state() or self._s is _self_state():
             raise comm_error(f"Free: {self._s.name} is predefined and cannot be freed")
         _attrs.delete_all(self, self._s.attrs)
+        if self._s.ctx is not None:
+            self._s.ctx[0].Free()
         core.Free()
         self._s = None
 
@@ -290,7 +295,8 @@ class Comm(Collectives, PointToPoint, Handle):
     # --- Python objects (pickle): gpucoll's own methods -------------------------------------------
     def bcast(self, obj, root=0):
         core = self._c("bcast")
-        return core.bcast(obj, check_root(core, root))
+        with comm_lock(self, "bcast"):  # as mpi4py: one bcast of objects at a time per communicator
+            return core.bcast(obj, check_root(core, root))
 
     def gather(self, sendobj, root=0):
         core = self._c("gather")
@@ -298,13 +304,20 @@ class Comm(Collectives, PointToPoint, Handle):
 
     def scatter(self, sendobj, root=0):
         core = self._c("scatter")
-        return core.scatter(sendobj, check_root(core, root))
+        root = check_root(core, root)
+        if core.rank == root:  # as in mpi4py: None scatters None, any iterable is taken as a sequence
+            sendobj = [None] * core.size if sendobj is None else list(sendobj)
+            if len(sendobj) != core.size:
+                core.scatter(sendobj, root)  # raises on every rank, naming the length
+        return core.scatter(sendobj, root)
 
     def allgather(self, sendobj):
         return self._c("allgather").allgather(sendobj)
 
     def alltoall(self, sendobj):
-        return self._c("alltoall").alltoall(sendobj)
+        core = self._c("alltoall")
+        sendobj = [None] * core.size if sendobj is None else list(sendobj)  # as in mpi4py
+        return core.alltoall(sendobj)
 
     def allreduce(self, sendobj, op=None):
         return _reduce_objects(self._c("allreduce").allgather(sendobj), op)
@@ -368,6 +381,34 @@ class Comm(Collectives, PointToPoint, Handle):
     def __exit__(self, *exc):
         if self._s is not None and self._s is not _world_state() and self._s is not _self_state():
             self.Free()
+
+
+def comm_lock_table(comm):
+    """mpi4py's MPI._comm_lock_table: the communicator's named locks."""
+    return comm._c("_comm_lock_table") and comm._s.locks
+
+
+def comm_lock(comm, key=None):
+    """mpi4py's MPI._comm_lock: the communicator's lock named key (made on first use)."""
+    table = comm_lock_table(comm)
+    with _LOCKS_LOCK:
+        return table.setdefault(key, threading.Lock())
+
+
+def commctx_intra(comm):
+    """mpi4py's MPI._commctx_intra: (a private duplicate of comm, a fresh tag), for libraries such as
+    mpi4py.util.pkl5. The duplicate is made on the first call (collective: every rank calls it in the
+    same operation) and freed with comm; the tag advances on every call."""
+    with comm_lock(comm, "@commctx_intra"):
+        state = comm._s
+        if state.ctx is None:
+            state.ctx = [Intracomm._wrap(state.core.Dup()), 0]
+        dup, tag = state.ctx
+        state.ctx[1] = (tag + 1) % TAG_UB
+        return dup, tag
+
+
+_LOCKS_LOCK = threading.Lock()
 
 
 def _ignored_buf(buf, what):

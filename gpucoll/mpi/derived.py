@@ -187,6 +187,7 @@ def f90(T, named, combiner, params):
                   (list(params), [], [], []), named.typemap)
     t.predefined, t.np, t.code = True, named.np, named.code
     t.typechar, t.typestr, t.name, t.base = named.typechar, named.typestr, named.name, named
+    t.align = named.align
     return t
 
 

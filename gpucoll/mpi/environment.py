@@ -263,8 +263,12 @@ BUFFER_AUTOMATIC = _BufferAutomatic()
 
 
 def _typealign(datatype):
-    """Alignment of a datatype: its largest basic member's (mpi4py.util.dtlib uses it)."""
-    return datatype._rec("_typealign").align
+    """Alignment of a named datatype (and of one that stands for it: Dup, Create_f90_*); None for
+    derived ones, as mpi4py gives it (mpi4py.util.dtlib uses it)."""
+    t = datatype._rec("_typealign")
+    if t.contents is not None and t.base is None:
+        return None
+    return t.align
 
 
 def _typecode(datatype):

@@ -238,6 +238,7 @@ class PointToPoint:
             core._p2p._check_peer(source, "source")
         inbox, key = core._ctx.inbox, core._p2p._key
         box = inbox.box(key)
+        found = None
         with inbox._lock:
             for i, (src, tg, payload, kind) in enumerate(box.unexpected):
                 if source in (ANY_SOURCE, src) and (tag == tg or (tag == ANY_TAG and tg >= 0)):
@@ -245,9 +246,13 @@ class PointToPoint:
                         raise NotImplementedError(f"{what}: probing a message sent from GPU memory")
                     if take:
                         del box.unexpected[i]
-                        _p2p.acknowledge(core._p2p, src, kind)  # a matched probe matches a synchronous send
-                    return src, tg, payload
-        return None
+                    found = src, tg, payload, kind
+                    break
+        if found is None:
+            return None
+        if take:  # a matched probe matches a synchronous send (acknowledged outside the inbox's lock)
+            _p2p.acknowledge(core._p2p, found[0], found[3])
+        return found[:3]
 
     def _probe(self, source, tag, take, block, what):
         if source == PROC_NULL:

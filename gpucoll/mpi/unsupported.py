@@ -55,7 +55,8 @@ FEATURES = [
     ("MPI sessions", _on("Session", _SESSION_MEMBERS) + ["Intracomm.Create_from_group",
                                                          "Group.Create_from_session_pset"]),
     ("intercommunicators", _on("Intercomm", "Get_remote_group Get_remote_size Merge Create_from_groups "
-                                            "remote_group= remote_size=") + ["Intracomm.Create_intercomm"]),
+                                            "remote_group= remote_size=") + ["Intracomm.Create_intercomm",
+                                                                             "_commctx_inter"]),
     ("Cartesian and graph topologies",
      _on("Intracomm", "Create_cart Create_graph Create_dist_graph Create_dist_graph_adjacent Cart_map Graph_map")
      + _on("Topocomm", "degrees= indegree= outdegree= inedges= outedges= inoutedges=")
@@ -73,9 +74,8 @@ FEATURES = [
      + _on("Prequest", "Pready Pready_list Pready_range Parrived")),
     ("hardware resource information (MPI 4.1)", ["Get_hw_resource_info"]),
     ("the MPI ABI queries (MPI 5)", ["Get_abi_version", "Get_abi_info", "Get_abi_fortran_info"]),
-    ("access to C-level MPI handles", ["_addressof", "_handleof", "_sizeof", "_comm_lock", "_comm_lock_table",
-                                       "_commctx_inter", "_commctx_intra", "_datatype_create", "_datatype_decode",
-                                       "_set_abort_status"]),
+    ("access to C-level MPI handles", ["_addressof", "_handleof", "_sizeof", "_datatype_create",
+                                       "_datatype_decode", "_set_abort_status"]),
     ("distributed arrays of datatypes (Create_darray)", ["Datatype.Create_darray"]),
     ("external32 packing", _on("Datatype", "Pack_external Unpack_external Pack_external_size")),
 ]
