@@ -255,6 +255,19 @@ class Datatype:
         return cls._of(t)
 
     @property
+    def core_datatype(self):
+        """gpucoll's own Datatype for a type of one native element (so that gpucoll's Communicator
+        takes [buf, MPI.DOUBLE] as well); None for the others."""
+        t = self._t
+        while t is not None and t.base is not None:
+            t = t.base
+        if t is None or t.code is None or t.contents is not None:
+            return None
+        from ..buffers import Datatype as CoreDatatype
+
+        return CoreDatatype(_dtypes.name(t.code))
+
+    @property
     def is_named(self):
         return self._t is not None and self._t.combiner == _C["COMBINER_NAMED"]
 
