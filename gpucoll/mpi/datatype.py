@@ -8,6 +8,7 @@ way out (`pack` / `unpack`, NumPy fancy indexing over the bytes). A `Datatype` o
 handle: `Datatype(t)` refers to the same type as `t`, and `Free()` nulls only that handle.
 """
 import re
+import weakref
 
 import numpy as np
 
@@ -28,7 +29,7 @@ class _Type:
 
     __slots__ = ("name", "np", "size", "lb", "ub", "true_lb", "true_ub", "combiner", "contents", "predefined",
                  "handle", "typechar", "typestr", "code", "committed", "attrs", "align", "_make", "_map",
-                 "_contiguous", "_index", "base")
+                 "_contiguous", "_index", "base", "__weakref__")
 
     def __init__(self, name, np_dtype, size, lb, ub, true_lb, true_ub, combiner=0, contents=None,
                  predefined=False, typechar=None, typestr=None, make=None):
@@ -576,8 +577,8 @@ _VALUE_INDEX = {"SHORT": "SHORT_INT", "INT": "INT_INT", "LONG": "LONG_INT", "FLO
 # Names that are null here, as under Open MPI 5.
 NULL_NAMES = ("COMPLEX4", "INTEGER16", "LOGICAL16", "REAL2")
 
-_BY_NAME = {}     # every predefined name -> _Type
-_BY_HANDLE = {}   # handle -> _Type (predefined and live derived types)
+_BY_NAME = {}     # every predefined name -> _Type (which keeps the predefined ones alive)
+_BY_HANDLE = weakref.WeakValueDictionary()  # handle -> _Type, for fromint (derived types die with their handles)
 _next_handle = [1000]
 
 

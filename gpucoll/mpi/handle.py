@@ -5,6 +5,8 @@ are equal when they refer to the same state; `Cls(h)` is a new handle on h's sta
 predefined handles (COMM_NULL, GROUP_EMPTY, ...) pickle back to themselves and copies of them
 to equal handles, as in mpi4py.
 """
+import weakref
+
 NAMED = {}  # name -> the predefined handle object (MPI.GROUP_EMPTY, MPI.INFO_NULL, ...)
 
 
@@ -112,4 +114,4 @@ class Handle:
         return (named, (name,)) if NAMED[name] is self else (type(self), (NAMED[name],))
 
 
-_LIVE = {}  # handle -> state, for fromint
+_LIVE = weakref.WeakValueDictionary()  # handle -> state, for fromint (states die with their handles)
