@@ -35,10 +35,13 @@ def _entry(keyval, kind, what):
     return entry
 
 
-def _callback(fn, *args):
+def _callback(fn, *args, **kwargs):
+    """Call a program's callback: its exception is printed, then raised as an MPI error (an MPI
+    error as it is, anything else as ERR_OTHER), as mpi4py does."""
     try:
-        return fn(*args)
+        return fn(*args, **kwargs)
     except GpucollError:
+        traceback.print_exc()
         raise
     except Exception as exc:
         traceback.print_exc()
