@@ -6,7 +6,7 @@ NP ?= 4
 STAMP := $(VENV)/.installed
 SOURCES := pyproject.toml setup.py $(wildcard cython_src/*.pyx cython_src/*.pxd cython_src/include/*.h)
 
-.PHONY: install demo test test-deps test-multihost test-fast test-gpu test-mutants bench bench-gloo bench-launch bench-multihost bench-p2p bench-gpu clean
+.PHONY: install demo test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref bench bench-gloo bench-launch bench-multihost bench-p2p bench-gpu clean
 
 install: $(STAMP)
 
@@ -45,6 +45,15 @@ test-gpu:
 	  "(pip install cupy-cuda12x or cupy-cuda13x) or pass PYTHON=a Python that has it" >&2; exit 1; }
 	$(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
 	GPUCOLL_TEST_REQUIRE=gpu$${GPUCOLL_TEST_REQUIRE:+,$$GPUCOLL_TEST_REQUIRE} $(PYTHON) -m pytest -q -m gpu tests
+
+# mpi4py's own test suite (fetched from PyPI into .mpi4py-suite/) against gpucoll.MPI on 2, 3 and
+# 4 ranks, and the reference: the same suite with real mpi4py on Open MPI under mpiexec.
+test-mpi4py: $(STAMP)
+	$(PY) tests/mpi4py_suite/run.py --np 2 3 4
+
+test-mpi4py-ref: $(STAMP)
+	$(PY) tests/mpi4py_suite/run.py --np 2 --mpi
+
 
 # --- benchmarks: every README table is printed by one of these targets, which repeats each
 # run REPEATS times (median [min-max]), checks every timed result (a wrong one fails the
@@ -87,4 +96,4 @@ bench-gpu:
 	OUT=$(BENCH_OUT)/gpu TESTS=0 PYTHON=$(PYTHON) bash benchmarks/bench_gpu_all.sh
 
 clean:
-	rm -rf build $(VENV) .venv-mpich *.egg-info gpucoll/_native/*.so cython_src/*.c
+	rm -rf build $(VENV) .venv-mpich *.egg-info gpucoll/_native/*.so cython_src/*.c .mpi4py-suite

@@ -1,110 +1,89 @@
-"""A drop-in for `from mpi4py import MPI`: the names typical mpi4py programs use.
+"""A drop-in for `from mpi4py import MPI`: mpi4py's API over gpucoll.
 
     from gpucoll import MPI          # instead of: from mpi4py import MPI
     comm = MPI.COMM_WORLD
     comm.Allreduce(MPI.IN_PLACE, [buf, MPI.DOUBLE], op=MPI.SUM)
 
-What gpucoll does not provide raises NotImplementedError naming the missing piece.
+Every name of mpi4py.MPI exists here. What gpucoll does not provide (RMA windows, MPI-IO,
+sessions, intercommunicators, topologies, ...) raises NotImplementedError naming the missing
+feature when it is called (gpucoll/mpi/unsupported.py lists them). The pieces live in
+gpucoll/mpi/, one concept per module.
 """
-import socket
-import time
-
-from . import comm as _comm
-from . import ops as _ops
-from . import world as _world
-from .buffers import Datatype
+from . import comm as _core_comm
 from .errors import GpucollError
-from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Status
-from .request import Request
+from .mpi import datatype as _datatype
+from .mpi import errhandler as _errhandler
+from .mpi import op as _op
+from .mpi import unsupported as _unsupported
+from .mpi.buffer import buffer, memory  # noqa: F401
+from .mpi.comm import Cartcomm, Comm, Distgraphcomm, Graphcomm, Intercomm, Intracomm, Topocomm  # noqa: F401
+from .mpi.comm import comm_lock as _comm_lock  # noqa: F401 - mpi4py's internals that mpi4py.util uses
+from .mpi.comm import comm_lock_table as _comm_lock_table  # noqa: F401
+from .mpi.comm import commctx_intra as _commctx_intra  # noqa: F401
+from .mpi.comm import comm_self as _comm_self
+from .mpi.comm import comm_world as _comm_world
+from .mpi.constants import INTEGERS as _INTEGERS
+from .mpi.datatype import Datatype  # noqa: F401
+from .mpi.environment import *  # noqa: F401,F403 - Init, Wtime, Get_error_class, Alloc_mem, ...
+from .mpi.environment import BUFFER_AUTOMATIC, _typealign, _typecode  # noqa: F401
+from .mpi.errhandler import Errhandler  # noqa: F401
+from .mpi.group import Group, empty_group
+from .mpi.handle import NAMED as _NAMED
+from .mpi.info import Info
+from .mpi.matched import Message, no_proc
+from .mpi.message import BOTTOM
+from .mpi.op import Op  # noqa: F401
+from .mpi.pickler import Pickle, pickle  # noqa: F401
+from .mpi.request import REQUEST_NULL, Grequest, Prequest, Request  # noqa: F401
+from .mpi.status import Status  # noqa: F401
+from .mpi.unsupported import File, Session, Win
 
-Comm = Intracomm = _comm.Communicator
-REQUEST_NULL = Request()  # mpi4py's null request: false, complete, ignored by Waitany
-Exception = GpucollError  # noqa: A001 - mpi4py's name
-IN_PLACE = _comm.IN_PLACE
-UNDEFINED = _comm.UNDEFINED
-Op = _ops.Op
-SUM, PROD, MAX, MIN, BAND, BOR, BXOR = _ops.SUM, _ops.PROD, _ops.MAX, _ops.MIN, _ops.BAND, _ops.BOR, _ops.BXOR
+Exception = GpucollError  # noqa: A001 - mpi4py's name; every gpucoll error carries an MPI error class
+IN_PLACE = _core_comm.IN_PLACE
+InPlaceType = type(IN_PLACE)
+BottomType = type(BOTTOM)
+BufferAutomaticType = type(BUFFER_AUTOMATIC)
 
-# Datatypes, by the C types they stand for on x86-64 and aarch64 Linux.
-BYTE = UNSIGNED_CHAR = UINT8_T = Datatype("uint8")
-CHAR = SIGNED_CHAR = INT8_T = Datatype("int8")
-SHORT = INT16_T = Datatype("int16")
-UNSIGNED_SHORT = UINT16_T = Datatype("uint16")
-INT = INT32_T = Datatype("int32")
-UNSIGNED = UNSIGNED_INT = UINT32_T = Datatype("uint32")
-LONG = LONG_LONG = INT64_T = Datatype("int64")
-UNSIGNED_LONG = UNSIGNED_LONG_LONG = UINT64_T = Datatype("uint64")
-FLOAT = Datatype("float32")
-DOUBLE = Datatype("float64")
-C_FLOAT_COMPLEX = COMPLEX = Datatype("complex64")
-C_DOUBLE_COMPLEX = DOUBLE_COMPLEX = Datatype("complex128")
-BOOL = C_BOOL = CXX_BOOL = Datatype("bool")
+globals().update(_INTEGERS)
+globals().update(_datatype.NAMES)
+globals().update(_op.PREDEFINED)
+globals().update(_errhandler.PREDEFINED)
+_typedict = _datatype.typedict()
+_typedict_c = _datatype.typedict("c")
+_typedict_f = _datatype.typedict("f")
+_keyval_registry = {}
 
-_MISSING = {
-    "LAND": "logical reduction ops (use BAND on bool buffers)", "LOR": "logical reduction ops (use BOR)",
-    "LXOR": "logical reduction ops (use BXOR)", "MAXLOC": "MAXLOC/MINLOC pair reductions",
-    "MINLOC": "MAXLOC/MINLOC pair reductions", "REPLACE": "one-sided communication (RMA)",
-    "Win": "one-sided communication (RMA)", "File": "MPI-IO", "Intercomm": "intercommunicators",
-    "Cartcomm": "topology communicators", "Graphcomm": "topology communicators",
-    "LONG_DOUBLE": "long double buffers", "Create_struct": "derived datatypes",
-    "Info": "MPI_Info objects", "Group": "process groups (use Comm.Split)",
-}
+COMM_NULL = Comm()
+GROUP_NULL = Group()
+GROUP_EMPTY = empty_group()
+INFO_NULL = Info()
+INFO_ENV = Info.Create_env()
+MESSAGE_NULL = Message()
+MESSAGE_NO_PROC = no_proc()
+WIN_NULL, FILE_NULL, SESSION_NULL = Win(), File(), Session()
+_NAMED.update(COMM_NULL=COMM_NULL, GROUP_NULL=GROUP_NULL, GROUP_EMPTY=GROUP_EMPTY, INFO_NULL=INFO_NULL,
+              INFO_ENV=INFO_ENV, MESSAGE_NULL=MESSAGE_NULL, MESSAGE_NO_PROC=MESSAGE_NO_PROC, WIN_NULL=WIN_NULL,
+              FILE_NULL=FILE_NULL, SESSION_NULL=SESSION_NULL, **_errhandler.PREDEFINED)
+for _handle in _NAMED.values():
+    if _handle:
+        _handle._register()  # so that Class.fromhandle(h.handle) finds the predefined ones too
 
-
-_COMM_SELF = None
-
-
-def Wtime():
-    return time.perf_counter()
-
-
-def Wtick():
-    return time.get_clock_info("perf_counter").resolution
-
-
-def Get_processor_name():
-    return socket.gethostname()
-
-
-def Init():
-    _world.init()
-
-
-Init_thread = Init
-
-
-def Is_initialized():
-    return _world.initialized()
+_unsupported.install(globals())
+del _core_comm, _datatype, _errhandler, _op, _unsupported, _handle  # mpi4py.MPI holds no modules: neither does this
 
 
-def Finalize():
-    """Nothing to do: gpucoll cleans up at exit."""
-
-
-def Is_finalized():
-    return False
-
-
-def Get_version():
-    return (3, 1)
+def __dir__():
+    return sorted([*globals(), "COMM_WORLD", "COMM_SELF"])
 
 
 def __getattr__(name):
+    # COMM_WORLD and COMM_SELF join the job on first use, so that importing never blocks.
     if name == "COMM_WORLD":
-        return _world.init()
-    if name == "COMM_SELF":
-        # One object, as in mpi4py: each new one would share the first one's name (and so its
-        # message matching) without sharing its state.
-        global _COMM_SELF
-        if _COMM_SELF is None:
-            world = _world.init()
-            _COMM_SELF = _comm.Communicator(world._ctx, f"self{world.rank}", [world.rank])
-        return _COMM_SELF
-    if name in _MISSING:
-        raise NotImplementedError(f"gpucoll.MPI.{name}: {_MISSING[name]} are not supported by gpucoll")
-    raise AttributeError(f"gpucoll.MPI has no attribute {name!r} (mpi4py names that gpucoll lacks raise "
-                         "NotImplementedError; this one is not an mpi4py name either)")
-
-
-__all__ = ["COMM_WORLD", "Comm", "Intracomm", "Request", "Status", "IN_PLACE", "ANY_SOURCE", "ANY_TAG",
-           "SUM", "PROD", "MAX", "MIN", "BAND", "BOR", "BXOR", "Wtime", "Get_processor_name"]
+        value = _comm_world()
+    elif name == "COMM_SELF":
+        value = _comm_self()
+    else:
+        raise AttributeError(f"module 'gpucoll.MPI' has no attribute {name!r}: it is not an mpi4py.MPI name "
+                             "either")
+    _NAMED[name] = value
+    return value

@@ -101,6 +101,7 @@ def _from_spec(spec, what, blocks):
             raise NotImplementedError(f"{what}: (count, displacement) buffer specifications are not supported")
     else:
         raise InvalidUsageError(f"{what}: a buffer specification is [buf, datatype] or [buf, count, datatype]")
+    datatype = getattr(datatype, "core_datatype", None) or datatype  # gpucoll.MPI's predefined types
     if not isinstance(datatype, Datatype):
         raise InvalidUsageError(f"{what}: {datatype!r} is not a datatype such as MPI.DOUBLE")
     arr = _as_array(obj, what)

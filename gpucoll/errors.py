@@ -1,8 +1,10 @@
 """The exceptions gpucoll raises: one base class, one subclass per kind of failure."""
+from .mpi.exception import MPIErrorInfo
 
 
-class GpucollError(RuntimeError):
-    """Base class of every error gpucoll raises on purpose."""
+class GpucollError(MPIErrorInfo, RuntimeError):
+    """Base class of every error gpucoll raises on purpose. It is also gpucoll.MPI.Exception:
+    it carries an MPI error class (gpucoll/mpi/exception.py)."""
 
 
 class ConfigError(GpucollError, ValueError):

@@ -39,6 +39,10 @@ GPU_REPLY_TAG = -1003  # a GPU receiver's answer to an offer (gpucoll/gpu/p2p.py
 GPU_BYTES_TAG = -1004  # the bytes of an offer that the receiver could not map
 
 BYTES, OFFER = 0, 1  # frame kinds: the payload is the message / describes GPU memory to pull
+# A synchronous send (gpucoll.MPI's Ssend) is a BYTES message whose kind is SYNC | (n << 8): the
+# receiver answers the match with an empty message tagged SYNC_ACK_TAG - n, which completes the send.
+SYNC = 2
+SYNC_ACK_TAG = -2000
 _FRAME = struct.Struct("!QiQI")  # communicator key, tag, payload bytes, kind
 _ONE_WRITE_MAX = 64 << 10  # payloads up to this size are copied behind their header and written at once
 _OFFER_MAX = 4096  # an offer describes GPU memory (gpucoll/gpu/p2p.py: 144 bytes): never more
@@ -178,7 +182,7 @@ class Inbox:
         source = posted = None
         try:
             limit = _OFFER_MAX if kind == OFFER else MAX_MESSAGE
-            if kind not in (BYTES, OFFER):
+            if kind & 0xFF not in (BYTES, OFFER, SYNC) or (kind > 0xFF and kind & 0xFF != SYNC):
                 raise _BadFrame(f"a frame of unknown kind {kind}")
             if nbytes > limit:
                 raise _BadFrame(f"a frame announcing {nbytes} bytes, more than the {limit} a "
@@ -196,7 +200,7 @@ class Inbox:
                         return
                 _deliver(posted, source, tag, memoryview(payload), kind)
             else:
-                _deliver_from_socket(posted, source, tag, nbytes, conn)
+                _deliver_from_socket(posted, source, tag, nbytes, conn, kind)
         except (OSError, ConnectionError):
             # The receive being filled is no longer posted: _drop names it, else its Wait
             # would block for ever.
@@ -272,6 +276,33 @@ class Inbox:
                 return
         _deliver(posted, source, tag, memoryview(payload), kind)
 
+    def deliver_local(self, key, source, tag, payload):
+        """A message from this very process (an acknowledgement to ourselves), matched as if it had
+        arrived: no round trip through our own socket."""
+        box = self.box(key)
+        with self._lock:
+            posted = next((p for p in box.posted if p.matches(source, tag)), None)
+            if posted is None:
+                box.unexpected.append((self._worlds[key][source], tag, bytearray(payload), BYTES))
+                return
+            box.posted.remove(posted)
+        _deliver(posted, source, tag, memoryview(payload))
+
+    def find_unexpected(self, key, source, tag, take):
+        """The first arrived, unreceived message of communicator `key` that matches (source, tag)
+        (ANY_TAG: user tags only), as (source rank, tag, payload, kind), removed when `take`;
+        None when none has arrived. What probes read."""
+        box = self.box(key)
+        with self._lock:
+            members = self._members[key]
+            for i, (world, tg, payload, kind) in enumerate(box.unexpected):
+                src = members[world]
+                if source in (ANY_SOURCE, src) and (tag == tg or (tag == ANY_TAG and tg >= 0)):
+                    if take:
+                        del box.unexpected[i]
+                    return src, tg, payload, kind
+        return None
+
     def withdraw(self, key, posted):
         box = self.box(key)
         with self._lock:
@@ -310,6 +341,7 @@ def _deliver(posted, source, tag, payload, kind=BYTES):
     error = _check_fits(posted, source, tag, len(payload))
     if error is None and posted.view is not None:
         posted.view[:len(payload)] = payload
+    acknowledge(posted.owner, source, kind)  # before the receive completes: the sender is done first
     _complete(posted, source, tag, len(payload), error, payload)
 
 
@@ -322,7 +354,7 @@ def _discard(conn, nbytes):
         nbytes -= step
 
 
-def _deliver_from_socket(posted, source, tag, nbytes, conn):
+def _deliver_from_socket(posted, source, tag, nbytes, conn, kind=BYTES):
     error = _check_fits(posted, source, tag, nbytes)
     payload = None
     if error is not None:
@@ -331,7 +363,22 @@ def _deliver_from_socket(posted, source, tag, nbytes, conn):
         _recv_into(conn, posted.view[:nbytes])
     else:  # an object: its pickle, at most MAX_MESSAGE bytes (checked before)
         payload = memoryview(_recv_exact(conn, nbytes))
+    acknowledge(posted.owner, source, kind)
     _complete(posted, source, tag, nbytes, error, payload)
+
+
+def acknowledge(owner, source, kind):
+    """Answer the match of a synchronous send (kind SYNC | n << 8) with its acknowledgement."""
+    if kind & 0xFF != SYNC or owner is None:
+        return
+    tag = SYNC_ACK_TAG - (kind >> 8)
+    if owner._comm.world_ranks[source] == owner._ctx.rank:
+        owner._ctx.inbox.deliver_local(owner._key, owner._comm.rank, tag, b"")
+        return
+    try:
+        owner.send_now(b"", source, tag)
+    except (GpucollError, OSError) as exc:  # the sender is gone: its send fails on its own side
+        log.warn("P2P", "could not acknowledge a synchronous send from rank %d: %s", source, exc)
 
 
 def _complete(posted, source, tag, nbytes, error, payload):
@@ -344,7 +391,7 @@ def _complete(posted, source, tag, nbytes, error, payload):
     value = None
     if error is None and posted.view is None:  # an object receive
         try:
-            value = pickle.loads(payload)
+            value = pickle.loads(payload) if len(payload) else None  # an empty message is None
         except Exception as exc:  # the receiver's error, raised by its wait(); the reader thread lives on
             error = exc
     posted.request._finish(value, error)

@@ -1,0 +1,474 @@
+"""Buffer arguments as mpi4py reads them -> bytes in memory, a count and a datatype.
+
+    buf                               the whole buffer; the datatype from its format
+    [buf, datatype]                   datatype: an MPI.Datatype or a type code such as 'i'
+    [buf, count, datatype]            count elements (per rank where the call has blocks)
+    [buf, (count, displ), datatype]   starting displ elements in
+    [buf, counts, displs, datatype]   vector calls (Gatherv, ...): one count and displacement per rank
+    None                              nothing (with PROC_NULL, or a count of 0)
+
+`buf` is anything with the buffer protocol (NumPy arrays, bytearray, array.array), a CPU
+DLPack tensor (`__dlpack__`) or an object with `__cuda_array_interface__` whose memory is host
+memory; GPU arrays (CuPy, torch) are handed to gpucoll's GPU path untouched (`Msg.gpu`).
+A message is a 1-D uint8 view (`raw`) starting at its first byte, `count` elements of
+`datatype`; `data()` gives its bytes packed, `store()` writes packed bytes back.
+"""
+import ctypes
+import operator
+
+import numpy as np
+
+from ..buffers import maybe_gpu_buffer
+from ..comm import IN_PLACE
+from ..errors import InvalidUsageError
+from ..p2p import PROC_NULL
+from . import datatype as _dt
+from .constants import INTEGERS as _C
+
+ERR_BUFFER, ERR_COUNT, ERR_TYPE = _C["ERR_BUFFER"], _C["ERR_COUNT"], _C["ERR_TYPE"]
+
+
+class _Bottom:
+    """mpi4py's MPI.BOTTOM: the address 0, for messages whose datatype holds absolute addresses."""
+
+    def __repr__(self):
+        return "BOTTOM"
+
+    def __reduce__(self):
+        return "BOTTOM"
+
+    def __int__(self):
+        return 0
+
+    __index__ = __int__
+
+
+BOTTOM = _Bottom()
+
+
+def is_in_place(obj):
+    return obj is None or obj is IN_PLACE
+
+
+# --- bytes of a buffer object ---------------------------------------------------------------
+def _is_device_pointer(ptr):
+    """Whether CUDA (when this process has it) knows ptr as device memory."""
+    try:
+        from .._native import cuda
+    except ImportError:
+        return False
+    if not cuda.available():
+        return False
+    try:
+        cuda.pointer_device(ptr)
+        return True
+    except Exception:  # CUDA does not know this pointer: it is ordinary host memory
+        return False
+
+
+def _gpu_buffer(obj, what):
+    """gpucoll's GpuBuffer when obj's memory is on a GPU; None for host memory (NumPy, the buffer
+    protocol, CPU DLPack tensors, interfaces over memory CUDA does not know)."""
+    if isinstance(obj, (np.ndarray, bytes, bytearray, memoryview)):
+        return None
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if isinstance(cai, dict):
+        data = cai.get("data")
+        ptr = data[0] if isinstance(data, tuple) and data and isinstance(data[0], int) else 0
+        if not (ptr and _is_device_pointer(ptr)):
+            return None
+        from ..gpu.buffers import _from_cai
+
+        return maybe_gpu_buffer(obj, what) or _from_cai(obj, what)
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        from .dlpack import device_of, read
+
+        if device_of(obj)[0] == 1:  # kDLCPU
+            return None
+        if not _is_device_pointer(read(obj, False).address):
+            return None  # memory CUDA does not know (no CUDA in this process): host memory
+        return maybe_gpu_buffer(obj, what)
+    return maybe_gpu_buffer(obj, what)
+
+
+def as_array(obj, readonly, what):
+    """A NumPy array over the memory of a host buffer object (not copied); raises for others."""
+    if isinstance(obj, np.ndarray):
+        arr = obj
+    else:
+        try:
+            arr = np.asarray(memoryview(obj))
+        except TypeError:
+            arr = None
+        if arr is None and hasattr(obj, "__dlpack__"):
+            from . import dlpack
+
+            arr = dlpack.as_array(obj, writable=not readonly)
+        elif arr is None and hasattr(obj, "__cuda_array_interface__"):
+            from . import cai
+
+            arr = cai.as_array(obj, writable=not readonly)
+        if arr is None:
+            raise TypeError(f"{what}: a {type(obj).__name__} is not a buffer (expecting an object with the "
+                            "buffer protocol, DLPack or __cuda_array_interface__, or a list/tuple "
+                            "[buf, count, datatype])")
+    if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
+        raise BufferError(f"{what}: the buffer is not contiguous (shape {arr.shape}, strides {arr.strides}); "
+                          "pass a contiguous copy")
+    if not readonly and not arr.flags.writeable:
+        raise BufferError(f"{what}: the buffer is read-only; the result needs a writable buffer")
+    return arr
+
+
+def is_plain(msg):
+    """Whether a message's buffer has the buffer protocol itself (not a DLPack or interface view)."""
+    buf = msg[0] if isinstance(msg, (list, tuple)) and msg else msg
+    if isinstance(buf, (np.ndarray, bytes, bytearray, memoryview)) or buf is None or buf is BOTTOM:
+        return True
+    try:
+        memoryview(buf)
+        return True
+    except TypeError:
+        return False
+
+
+def _raw(arr):
+    flat = arr.reshape(-1, order="A") if arr.ndim != 1 else arr
+    return flat.view(np.uint8) if flat.dtype.itemsize and flat.size else np.zeros(0, np.uint8) \
+        if arr.nbytes == 0 else flat.view(np.uint8)
+
+
+def _inferred(arr, what):
+    dt = arr.dtype
+    if dt.char == "B" or dt.kind == "V" and not dt.names:
+        return _dt.NAMES["BYTE"]
+    if not dt.isnative:
+        raise BufferError(f"{what}: the buffer's byte order is not this machine's ({dt.str})")
+    t = _dt.for_numpy(dt)
+    if t is None:
+        raise KeyError(f"{what}: cannot map the buffer's format {dt.str!r} to an MPI datatype")
+    return _dt.Datatype._of(t)
+
+
+def as_datatype(value, what):
+    if isinstance(value, _dt.Datatype):
+        return value
+    if isinstance(value, str):
+        found = _dt.from_typechar(value)
+        if found is None:
+            raise KeyError(f"{what}: cannot map {value!r} to an MPI datatype")
+        return found
+    raise TypeError(f"{what}: {value!r} is not an MPI datatype")
+
+
+def _is_datatype(value):
+    return isinstance(value, (_dt.Datatype, str))
+
+
+def _index(value, what, name):
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what}: the {name} {value!r} is not an integer") from None
+
+
+# --- messages -------------------------------------------------------------------------------
+class Msg:
+    """count elements of datatype, starting at raw[0] (raw: the bytes from there to the buffer's
+    end). gpu: the caller's GPU object, passed to gpucoll's GPU path as it is."""
+
+    __slots__ = ("raw", "count", "datatype", "t", "gpu", "shift", "plain")
+
+    def __init__(self, raw, count, datatype, gpu=None, shift=0, plain=True):
+        self.raw, self.count, self.datatype, self.gpu = raw, count, datatype, gpu
+        self.t = datatype._t
+        self.shift = shift  # raw[0] is this many bytes past the first element's address (BOTTOM messages)
+        # False for DLPack and interface views: gpucoll's threads get copies, never the view itself,
+        # so that the exporter's capsule is let go in the caller's thread
+        self.plain = plain
+
+    def with_count(self, count):
+        """The same buffer and datatype with another count."""
+        return Msg(self.raw, count, self.datatype, self.gpu, self.shift, self.plain)
+
+    def sub(self, start, count):
+        """count elements from byte `start` of this message's memory."""
+        return Msg(self.raw[start:], count, self.datatype, self.gpu, self.shift, self.plain)
+
+    @property
+    def nbytes(self):
+        """Bytes of data (packed): count x the datatype's size."""
+        return self.count * self.t.size if self.t is not None else 0
+
+    def dense(self):
+        """True when the packed bytes are the memory itself: elements one after the other, each
+        one run of bytes (then data() is a view and received bytes land in place)."""
+        t = self.t
+        return t is None or self.count == 0 or (self.plain and self._contiguous())
+
+    def _contiguous(self):
+        return self.shift == 0 and self.t.contiguous()
+
+    def span(self):
+        return self.raw[:self.count * self.t.extent] if self.t is not None else self.raw[:0]
+
+    def data(self):
+        """The message's bytes, packed (a view when the layout is dense)."""
+        if self.count == 0 or self.t is None:
+            return np.zeros(0, np.uint8)
+        if self.dense():
+            return self.span()
+        if self._contiguous():
+            return self.span().copy()
+        return self.raw[self.t.byte_index(self.count) - self.shift]
+
+    def store(self, data):
+        """Write packed bytes (as data() gives them) into the message's memory; fewer bytes (a
+        shorter message received) fill the first elements, in typemap order, and leave the rest."""
+        if self.count == 0 or self.t is None or len(data) == 0:
+            return
+        if self._contiguous():
+            self.span()[:len(data)] = data
+        else:
+            self.raw[self.t.byte_index(self.count)[:len(data)] - self.shift] = data
+
+    def elements(self):
+        """A NumPy array of the elements (what reductions work on) and whether it is a copy
+        that store() must write back."""
+        t = self.t
+        if t.np is not None and t.np.itemsize == t.extent and t.lb == 0 and self.shift == 0 and self.plain:
+            return self.span().view(t.np), False
+        e = t.element()
+        if e is None or e.np is None:
+            raise InvalidUsageError(f"reductions need a datatype made of one basic type; {t.name or 'this one'} "
+                                    "mixes several", error_class=ERR_TYPE)
+        return self.data().copy().view(e.np), True
+
+
+def _split(msg, what, vector):
+    """(buf, count, displ, datatype) of mpi4py's message forms."""
+    count = displ = dtype = None
+    if isinstance(msg, (list, tuple)):
+        n = len(msg)
+        if n == 2:
+            buf, count = msg
+            if _is_datatype(count):
+                count, dtype = None, count
+            elif isinstance(count, tuple) or (not vector and isinstance(count, list)):
+                count, displ = count
+        elif n == 3:
+            buf, count, dtype = msg
+            if isinstance(count, tuple) or (not vector and isinstance(count, list)):
+                count, displ = count
+        elif n == 4:
+            buf, count, displ, dtype = msg
+        else:
+            raise ValueError(f"{what}: a message is [buf, count, displ, datatype] (2 to 4 items), not {n} items")
+    else:
+        buf = msg
+    return buf, count, displ, dtype
+
+
+def _buffer(buf, dtype, readonly, what):
+    """(raw bytes, datatype, gpu object) of a message's buffer part."""
+    if buf is None or buf is BOTTOM:
+        if dtype is None:
+            raise ValueError(f"{what}: a None buffer needs an explicit datatype")
+        return np.zeros(0, np.uint8), as_datatype(dtype, what), None
+    gpu = _gpu_buffer(buf, what)
+    if gpu is not None:
+        datatype = as_datatype(dtype, what) if dtype is not None else _dt.Datatype._of(_dt.for_numpy(
+            _dt._dtypes.numpy_dtype(gpu.code)) or _dt._BY_NAME["BYTE"])
+        return None, datatype, buf
+    arr = as_array(buf, readonly, what)
+    datatype = as_datatype(dtype, what) if dtype is not None else _inferred(arr, what)
+    return _raw(arr), datatype, None
+
+
+def simple(msg, readonly, rank=0, blocks=0, what="buffer"):
+    """The Msg of a buffer argument; None for PROC_NULL. blocks >= 2: an inferred count is per
+    block (the per-rank buffers of Gather, Scatter, Allgather, Alltoall)."""
+    if rank == PROC_NULL:
+        return None
+    if not (isinstance(msg, (list, tuple)) or msg is None or msg is BOTTOM or _is_buffer_like(msg)):
+        raise TypeError(f"{what}: expecting a buffer or a list/tuple [buf, count, datatype], not "
+                        f"{type(msg).__name__}")
+    buf, count, displ, dtype = _split(msg, what, vector=False)
+    raw, datatype, gpu = _buffer(buf, dtype, readonly, what)
+    t = datatype._t
+    if buf is BOTTOM and count:
+        return at_address(0, _index(count, what, "count"), datatype, what)
+    if gpu is not None:
+        if count is not None or displ is not None:
+            raise NotImplementedError(f"{what}: counts and displacements in specifications of GPU buffers "
+                                      "(pass the GPU array itself, or a slice of it)")
+        return Msg(None, None, datatype, gpu)
+    length = raw.size
+    if displ is not None:
+        displ = _index(displ, what, "displacement")
+        if displ < 0:
+            raise ValueError(f"{what}: negative displacement {displ}")
+        if displ > 0:
+            extent = _extent_for(t, what, "handle a displacement")
+            if displ * extent > length:
+                raise ValueError(f"{what}: displacement {displ} is out of bounds: the buffer holds "
+                                 f"{length // extent} elements")
+            raw = raw[displ * extent:]
+            length = raw.size
+    if count is not None:
+        count = _index(count, what, "count")
+        if count < 0:
+            raise ValueError(f"{what}: negative count {count}")
+        if count > 0 and buf is None:
+            raise ValueError(f"{what}: the buffer is None but the count is {count}")
+        if count and t is not None:
+            need = (max(blocks, 1) * count - 1) * t.extent + t.true_ub
+            if need > length:
+                per = f" ({count} for each of {blocks} ranks)" if blocks >= 2 else ""
+                raise ValueError(f"{what}: {count * max(blocks, 1)} elements{per} of {t.name or 'the datatype'} "
+                                 f"need {need} bytes; the buffer holds {length}")
+    elif length > 0:
+        extent = _extent_for(t, what, "infer the count")
+        if length % extent:
+            raise ValueError(f"{what}: cannot infer the count: the buffer's {length} bytes are not a multiple "
+                             f"of the datatype's extent {extent}")
+        count = length // extent
+        if blocks >= 2:
+            if count % blocks:
+                raise ValueError(f"{what}: cannot infer the count: {count} elements are not a multiple of "
+                                 f"the {blocks} ranks' blocks")
+            count //= blocks
+    else:
+        count = 0
+    return Msg(raw, count, datatype, plain=is_plain(buf))
+
+
+def at_address(address, count, datatype, what):
+    """The Msg of count elements of datatype at an absolute address (MPI.BOTTOM messages, whose
+    datatypes hold addresses from MPI.Get_address)."""
+    t = datatype._t
+    if t is None:
+        raise ValueError(f"{what}: the datatype is MPI.DATATYPE_NULL")
+    if count == 0:
+        return Msg(np.zeros(0, np.uint8), 0, datatype)
+    lo = address + min(t.true_lb, t.true_lb + (count - 1) * t.extent)
+    hi = address + max(t.true_ub, t.true_ub + (count - 1) * t.extent)
+    if lo <= 0:
+        raise ValueError(f"{what}: with MPI.BOTTOM the datatype must hold absolute addresses "
+                         f"(from MPI.Get_address); this one starts at address {lo}")
+    raw = np.ctypeslib.as_array((ctypes.c_ubyte * (hi - lo)).from_address(lo))
+    return Msg(raw, count, datatype, shift=lo - address)
+
+
+def _extent_for(t, what, doing):
+    if t is None:
+        raise ValueError(f"{what}: cannot {doing}: the datatype is MPI.DATATYPE_NULL")
+    if t.extent <= 0:
+        raise ValueError(f"{what}: cannot {doing}: the datatype's extent is {t.extent}")
+    return t.extent
+
+
+def _is_buffer_like(obj):
+    if isinstance(obj, (np.ndarray, bytes, bytearray, memoryview)):
+        return True
+    try:
+        memoryview(obj)
+        return True
+    except TypeError:
+        return hasattr(obj, "__dlpack__") or hasattr(obj, "__cuda_array_interface__") or \
+            _gpu_buffer(obj, "buffer") is not None
+
+
+class VMsg:
+    """A vector message: counts[i] elements at displs[i] (in extents of datatype) for rank i."""
+
+    __slots__ = ("raw", "counts", "displs", "datatype", "t", "plain")
+
+    def __init__(self, raw, counts, displs, datatype, plain=True):
+        self.raw, self.counts, self.displs, self.datatype = raw, counts, displs, datatype
+        self.t = datatype._t
+        self.plain = plain
+
+    def block(self, i):
+        """Rank i's part as a Msg."""
+        start = self.displs[i] * self.t.extent if self.t is not None else 0
+        return Msg(self.raw[start:], self.counts[i], self.datatype, plain=self.plain)
+
+
+def vector(msg, readonly, rank, blocks, what="buffer"):
+    """The VMsg of a vector buffer argument; None for PROC_NULL."""
+    if rank == PROC_NULL:
+        return None
+    if not (isinstance(msg, (list, tuple)) or msg is None or msg is BOTTOM or _is_buffer_like(msg)):
+        raise TypeError(f"{what}: expecting a buffer or a list/tuple [buf, counts, displs, datatype]")
+    buf, counts, displs, dtype = _split(msg, what, vector=True)
+    raw, datatype, gpu = _buffer(buf, dtype, readonly, what)
+    if gpu is not None:
+        raise NotImplementedError(f"{what}: vector collectives (Gatherv, Alltoallv, ...) on GPU buffers")
+    t = datatype._t
+    if counts is None:
+        total = 0
+        if raw.size:
+            extent = _extent_for(t, what, "infer the counts")
+            if raw.size % extent:
+                raise ValueError(f"{what}: cannot infer the counts: {raw.size} bytes are not a multiple of the "
+                                 f"datatype's extent {extent}")
+            total = raw.size // extent
+        counts = [total // blocks + (total % blocks > i) for i in range(blocks)]
+    elif _integral(counts):
+        counts = [operator.index(counts)] * blocks
+    else:
+        counts = _int_list(counts, blocks, what, "counts")
+    if displs is None:
+        displs, at = [], 0
+        for c in counts:
+            displs.append(at)
+            at += c
+    elif _integral(displs):
+        displs = [operator.index(displs) * i for i in range(blocks)]
+    else:
+        displs = _int_list(displs, blocks, what, "displacements")
+    if any(c < 0 for c in counts):
+        raise ValueError(f"{what}: negative count in {counts}")
+    if t is not None and any(c and (d + c - 1) * t.extent + t.true_ub > raw.size for c, d in zip(counts, displs)):
+        raise ValueError(f"{what}: counts {counts} at displacements {displs} reach past the buffer's "
+                         f"{raw.size // max(t.extent, 1)} elements")
+    return VMsg(raw, counts, displs, datatype, plain=is_plain(buf))
+
+
+def _integral(value):
+    """An integer (a NumPy one, or a 0-d integer array, included), as opposed to a sequence."""
+    if isinstance(value, bool):
+        return False
+    try:
+        operator.index(value)
+        return True
+    except TypeError:
+        return False
+
+
+def _int_list(values, blocks, what, name):
+    values = [_index(v, what, name) for v in values]
+    if len(values) < blocks:
+        raise ValueError(f"{what}: {len(values)} {name} given, the communicator needs {blocks}")
+    return values[:blocks]
+
+
+def local_pair(inbuf, inoutbuf):
+    """(a, b, datatype) for Op.Reduce_local: the two messages' elements, checked to match."""
+    a = simple(inbuf, True, what="inbuf")
+    b = simple(inoutbuf, False, what="inoutbuf")
+    if a.gpu is not None or b.gpu is not None:
+        raise NotImplementedError("Reduce_local on GPU buffers")
+    if a.datatype != b.datatype:
+        raise ValueError(f"Reduce_local: inbuf is {a.datatype.Get_name()} but inoutbuf is "
+                         f"{b.datatype.Get_name()}")
+    if a.count != b.count:
+        raise ValueError(f"Reduce_local: inbuf has {a.count} elements, inoutbuf {b.count}")
+    x, _ = a.elements()
+    y, copied = b.elements()
+
+    def finish():
+        if copied:
+            b.store(y.view(np.uint8))
+    return x, y, b.datatype, finish

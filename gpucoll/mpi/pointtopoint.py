@@ -1,0 +1,314 @@
+"""The point-to-point methods of MPI.Comm over gpucoll's point to point.
+
+Messages travel as their packed bytes (a view of the buffer when its layout is contiguous).
+gpucoll's sends are eager: a send completes once its bytes are handed to the connection,
+whether or not a receive is posted. That is what buffered (Bsend) and ready (Rsend) sends
+promise, so they are sends. A synchronous send (Ssend) completes only when the receiver has
+matched the message: it travels marked, and the receiver's point to point answers the match
+with an acknowledgement (gpucoll/p2p.py, SYNC). Probe, Iprobe, Mprobe and Improbe look at the
+messages that arrived; a matched probe takes the message (and acknowledges a synchronous one).
+"""
+import itertools
+import time
+
+import numpy as np
+
+from .. import config
+from .. import p2p as _p2p
+from ..errors import InvalidUsageError
+from ..errors import TimeoutError as GpucollTimeout
+from . import message as _m
+from .composite import Composite, done
+from .constants import INTEGERS as _C
+from .matched import Message
+from .request import Prequest, Request
+from .status import reset
+
+ANY_SOURCE, ANY_TAG, PROC_NULL = _C["ANY_SOURCE"], _C["ANY_TAG"], _C["PROC_NULL"]
+
+
+def _proc_null_status(status):
+    if status is not None:
+        reset(status)
+        status.source = PROC_NULL
+
+
+def _withdraw(state):
+    """Take back a posted receive whose paired send failed (a stale receive would take the next
+    message meant for another call)."""
+    part = state.parts[0] if isinstance(state, Composite) else state
+    posted, p2p = getattr(part, "posted", None), getattr(part, "p2p", None)
+    if posted is not None and p2p is not None:
+        p2p._ctx.inbox.withdraw(p2p._key, posted)
+
+
+def _check_peer(core, rank, name, what, wildcard=False):
+    """MPI.Exception(ERR_RANK) for a rank that is not PROC_NULL (ANY_SOURCE) nor in the communicator."""
+    if rank == PROC_NULL or (wildcard and rank == ANY_SOURCE):
+        return
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < core.size:
+        raise InvalidUsageError(f"{what}: {name} rank {rank!r} is out of range for a communicator of size "
+                                f"{core.size}", error_class=_C["ERR_RANK"])
+
+
+def _check_tag(tag, what, wildcard=False):
+    """MPI.Exception(ERR_TAG) for a tag that is not >= 0 (or ANY_TAG where a receive allows it)."""
+    if wildcard and tag == ANY_TAG:
+        return
+    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not 0 <= tag <= 2**31 - 1:
+        raise InvalidUsageError(f"{what}: message tag {tag!r} is not allowed: use an integer from 0 to 2**31-1",
+                                error_class=_C["ERR_TAG"])
+
+
+def issend_state(core, payload, dest, tag, what):
+    """A synchronous send of payload (bytes) started: complete once dest has matched it."""
+    from ..request import CompletedRequest
+
+    if dest == PROC_NULL:
+        return CompletedRequest(what)
+    p2p = core._p2p
+    dest = p2p._check_peer(dest, "destination")
+    tag = _core_p2p_tag(tag)
+    n = next(_SYNC_IDS) % (1 << 24)
+    ack = p2p._post(memoryview(bytearray(0)), dest, _p2p.SYNC_ACK_TAG - n, None, 0, f"{what} (waiting for the "
+                    "receiver to match it)")
+    task = p2p._send_task(payload, dest, tag, _p2p.SYNC | (n << 8))
+    if len(payload) <= _INLINE_MAX:  # written now (small): only the receiver's match is awaited
+        p2p._sender(dest).run(task)
+        return Composite([ack], None, what)
+    return Composite([p2p._sender(dest).submit(task, what), ack], None, what)
+
+
+def _core_p2p_tag(tag):
+    from ..comm import _user_tag
+
+    return _user_tag(tag)
+
+
+_SYNC_IDS = itertools.count()
+_INLINE_MAX = 64 << 10  # an Isend up to this size is written in the caller's thread, as a Send
+
+
+class PointToPoint:
+    """Mixed into MPI.Comm (which supplies `_c()`)."""
+
+    __slots__ = ()
+
+    # --- sends ---------------------------------------------------------------------------------
+    def _send_bytes(self, buf, dest, what):
+        _check_peer(self._c(what), dest, "destination", what)
+        msg = _m.simple(buf, True, dest, what=f"{what} buf")
+        if msg is None:
+            return np.zeros(0, np.uint8)
+        if msg.gpu is not None:
+            return msg.gpu
+        return msg.data()  # a copy for DLPack and interface views (see message.Msg.plain)
+
+    def Send(self, buf, dest, tag=0):
+        """Send buf to dest (returns once the bytes are handed over: sends are eager)."""
+        core = self._c("Send")
+        _check_tag(tag, "Send")
+        core.Send(self._send_bytes(buf, dest, "Send"), dest, tag)
+
+    Bsend = Rsend = Send
+
+    def Isend(self, buf, dest, tag=0):
+        core = self._c("Isend")
+        _check_tag(tag, "Isend")
+        data = self._send_bytes(buf, dest, "Isend")
+        if isinstance(data, np.ndarray) and data.size <= _INLINE_MAX:
+            core.Send(data, dest, tag)  # written now (small: it cannot block for long): complete at once
+            return Request._of(done(name="Isend"))
+        return Request._of(core.Isend(data, dest, tag))
+
+    Ibsend = Irsend = Isend
+
+    def _issend(self, buf, dest, tag, what):
+        core = self._c(what)
+        _check_tag(tag, what)
+        data = self._send_bytes(buf, dest, what)
+        if not isinstance(data, np.ndarray):
+            raise NotImplementedError(f"{what} of GPU buffers (synchronous sends are on host memory)")
+        payload = memoryview(data).cast("B") if data.size else memoryview(b"")
+        return issend_state(core, payload, dest, tag, what)
+
+    def Ssend(self, buf, dest, tag=0):
+        """Send buf; return once dest has matched the message (a receive or a matched probe)."""
+        self._issend(buf, dest, tag, "Ssend").Wait()
+
+    def Issend(self, buf, dest, tag=0):
+        return Request._of(self._issend(buf, dest, tag, "Issend"))
+
+    def Send_init(self, buf, dest, tag=0):
+        return Prequest._persistent(lambda: self.Isend(buf, dest, tag))
+
+    Bsend_init = Rsend_init = Send_init
+
+    def Ssend_init(self, buf, dest, tag=0):
+        return Prequest._persistent(lambda: self.Issend(buf, dest, tag))
+
+    # --- receives ---------------------------------------------------------------------------------
+    def _irecv_state(self, buf, source, tag, what):
+        """The state of a started receive into buf (a gpucoll request, or a composite that
+        unpacks into a non-contiguous layout)."""
+        from .collectives import _Landing
+
+        core = self._c(what)
+        _check_peer(core, source, "source", what, wildcard=True)
+        _check_tag(tag, what, wildcard=True)
+        msg = _m.simple(buf, False, source, what=f"{what} buf")
+        if msg is None:
+            return core.Irecv(np.zeros(0, np.uint8), PROC_NULL, tag)
+        if msg.gpu is not None:
+            return core.Irecv(msg.gpu, source, tag)
+        land = _Landing(msg)
+        state = core.Irecv(land.buf, source, tag)
+        if land.direct:
+            return state
+        return Composite([state], lambda: land.finish(state.status.nbytes), what, status_part=state)
+
+    def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Receive into buf; status (an MPI.Status) gets the source, tag and size."""
+        if source == PROC_NULL:
+            self._c("Recv")
+            _proc_null_status(status)
+            return
+        state = self._irecv_state(buf, source, tag, "Recv")
+        if status is not None:
+            reset(status)
+        state.Wait(status)
+
+    def Irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
+        return Request._of(self._irecv_state(buf, source, tag, "Irecv"))
+
+    def Recv_init(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
+        return Prequest._persistent(lambda: self.Irecv(buf, source, tag))
+
+    # --- both ways ----------------------------------------------------------------------------------
+    def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE, recvtag=ANY_TAG, status=None):
+        data = self._send_bytes(sendbuf, dest, "Sendrecv")  # both messages are checked before anything starts
+        self._sendrecv(data, dest, sendtag, recvbuf, source, recvtag, status, "Sendrecv")
+
+    def Sendrecv_replace(self, buf, dest, sendtag=0, source=ANY_SOURCE, recvtag=ANY_TAG, status=None):
+        """Send buf, then receive into the same buf."""
+        data = self._send_bytes(buf, dest, "Sendrecv_replace")
+        data = data.copy() if isinstance(data, np.ndarray) else data
+        self._sendrecv(data, dest, sendtag, buf, source, recvtag, status, "Sendrecv_replace")
+
+    def _sendrecv(self, data, dest, sendtag, recvbuf, source, recvtag, status, what):
+        core = self._c(what)
+        recv = None if source == PROC_NULL else self._irecv_state(recvbuf, source, recvtag, what)
+        try:
+            core.Send(data, dest, sendtag)
+        except BaseException:
+            _withdraw(recv)
+            raise
+        if recv is None:
+            _proc_null_status(status)
+            return
+        if status is not None:
+            reset(status)
+        recv.Wait(status)
+
+    def _isendrecv(self, data, dest, sendtag, recvbuf, source, recvtag, what):
+        core = self._c(what)
+        recv = self._irecv_state(recvbuf, source, recvtag, what)
+        try:
+            send = core.Isend(data, dest, sendtag)
+        except BaseException:
+            _withdraw(recv)
+            raise
+        return Request._of(Composite([recv, send], None, what, status_part=recv))
+
+    def Isendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE, recvtag=ANY_TAG):
+        data = self._send_bytes(sendbuf, dest, "Isendrecv")
+        return self._isendrecv(data, dest, sendtag, recvbuf, source, recvtag, "Isendrecv")
+
+    def Isendrecv_replace(self, buf, dest, sendtag=0, source=ANY_SOURCE, recvtag=ANY_TAG):
+        data = self._send_bytes(buf, dest, "Isendrecv_replace")
+        data = data.copy() if isinstance(data, np.ndarray) else data
+        return self._isendrecv(data, dest, sendtag, buf, source, recvtag, "Isendrecv_replace")
+
+    # --- probes ---------------------------------------------------------------------------------------
+    def _find(self, source, tag, take, what):
+        """The first arrived message matching (source, tag), as (source, tag, payload); removed from
+        the arrived ones when `take` (a matched probe); None when none has arrived."""
+        core = self._c(what)
+        if source != ANY_SOURCE:
+            core._p2p._check_peer(source, "source")
+        found = core._ctx.inbox.find_unexpected(core._p2p._key, source, tag, take=False)
+        if found is not None and found[3] == _p2p.OFFER:
+            raise NotImplementedError(f"{what}: probing a message sent from GPU memory")
+        if found is not None and take:
+            found = core._ctx.inbox.find_unexpected(core._p2p._key, found[0], found[1], take=True)
+        if found is None:
+            return None
+        if take:  # a matched probe matches a synchronous send (acknowledged outside the inbox's lock)
+            _p2p.acknowledge(core._p2p, found[0], found[3])
+        return found[:3]
+
+    def _probe(self, source, tag, take, block, what):
+        if source == PROC_NULL:
+            self._c(what)
+            return (PROC_NULL, ANY_TAG, None)
+        found = self._find(source, tag, take, what)
+        if found is not None or not block:
+            return found
+        timeout = config.TIMEOUT.get()
+        deadline, delay = time.monotonic() + timeout, 0.00002
+        while found is None:
+            if time.monotonic() > deadline:
+                src = "any rank" if source == ANY_SOURCE else f"rank {source}"
+                raise GpucollTimeout(f"{what}: no message from {src} with "
+                                     f"{'any tag' if tag == ANY_TAG else f'tag {tag}'} within {timeout:g} s "
+                                     "(GPUCOLL_TIMEOUT)")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.001)
+            found = self._find(source, tag, take, what)
+        return found
+
+    @staticmethod
+    def _fill(status, found):
+        if status is not None:
+            reset(status)
+            status.source, status.tag = found[0], found[1]
+            status.nbytes = 0 if found[2] is None else len(found[2])
+
+    def Probe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Wait until a matching message has arrived (without receiving it); True."""
+        self._fill(status, self._probe(source, tag, False, True, "Probe"))
+        return True
+
+    def Iprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Whether a matching message has arrived (without receiving it)."""
+        found = self._probe(source, tag, False, False, "Iprobe")
+        if found is None:
+            return False
+        self._fill(status, found)
+        return True
+
+    def Mprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Wait for a matching message and take it: only the returned Message receives it."""
+        found = self._probe(source, tag, True, True, "Mprobe")
+        self._fill(status, found)
+        return Message._matched(self, found)
+
+    def Improbe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        found = self._probe(source, tag, True, False, "Improbe")
+        if found is None:
+            return None
+        self._fill(status, found)
+        return Message._matched(self, found)
+
+    # Python objects
+    def probe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return self.Probe(source, tag, status)
+
+    def iprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return self.Iprobe(source, tag, status)
+
+    def mprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return self.Mprobe(source, tag, status)
+
+    def improbe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return self.Improbe(source, tag, status)

@@ -1,0 +1,150 @@
+"""gpucoll.MPI's mpi4py features, exact results on 3 ranks (tests/scripts/mpi_features.py):
+the Status and Request APIs, buffer specifications, logical and pair reductions, user ops,
+Scan/Exscan, communicator management, Ssend and probes, error classes, DLPack buffers, vector
+collectives, derived datatypes, and NotImplementedError for what gpucoll lacks."""
+import pytest
+
+N = 3
+UNDEFINED, PROC_NULL, ANY_TAG = -32766, -2, -1
+IDENT, CONGRUENT = 0, 1
+
+
+def digits(values):
+    """The user op of the script: concatenation of decimal digits, in rank order."""
+    return int("".join(str(v) for v in values))
+
+
+@pytest.fixture(scope="module")
+def results():
+    from conftest import run_job
+
+    job = run_job(N, "mpi_features.py", timeout=90).check()
+    res = job.json_lines()
+    assert sorted(res) == list(range(N)), job.describe()
+    return res
+
+
+def test_status(results):
+    for r, got in results.items():
+        left = (r - 1) % N
+        assert got["status"] == [left, 7, 0, 5, 20, 5, UNDEFINED, False, 3, [left, 7, 0], left]
+
+
+def test_requests(results):
+    for r, got in results.items():
+        left = (r - 1) % N
+        first, done, bufs, nulled, flag, null_source, waitany_nulls, testsome_nulls = got["requests"]
+        assert first == [UNDEFINED, False]          # Testany before anything was sent
+        assert done == [0, 1, 2]                    # Waitsome until all are done; REQUEST_NULL ignored
+        assert bufs == [[left, k] for k in range(3)]
+        assert nulled is True and flag is True and null_source == -1
+        assert waitany_nulls == UNDEFINED and testsome_nulls is None
+        assert got["persistent"] == [[100 * k + left for k in range(3)], True, UNDEFINED]
+
+
+def test_buffer_specifications(results):
+    for r, got in results.items():
+        total = [float(sum(10 * k + i for k in range(N))) for i in range(6)]
+        bcast = [-1, -1, -1, 3, 4, -1] if r else [-1] * 6   # [buf, (2, 3), INT]: 2 elements from the 4th
+        assert got["specs"] == [total, bcast, PROC_NULL, 0]
+
+
+def test_logical_pair_and_long_double_reductions(results):
+    for r, got in results.items():
+        land, lor, lxor, maxloc, minloc, fmax, ld = got["reductions"]
+        x = [[k == 0, k > 0, k == 1, 0] for k in range(N)]
+        assert land == [int(all(col)) for col in zip(*x)]
+        assert lor == [int(any(col)) for col in zip(*x)]
+        assert lxor == [sum(map(bool, col)) % 2 for col in zip(*x)]
+        values = [[k % 2, -k, 5.0] for k in range(N)]
+        for j in range(3):
+            column = [values[k][j] for k in range(N)]
+            assert maxloc[j] == [max(column), column.index(max(column))]  # ties: the lowest rank
+            assert minloc[j] == [min(column), column.index(min(column))]
+        assert fmax == ([float((N - 1) ** 2), N - 1] if r == N - 1 else None)
+        assert ld == [sum(k + 0.5 for k in range(N))] * 2
+
+
+def test_user_ops_scan_exscan(results):
+    for r, got in results.items():
+        allcat, scancat, ex, local, prod, exscan, scan = got["userops"]
+        firsts, seconds = [k + 1 for k in range(N)], [9 - k for k in range(N)]
+        assert allcat == [digits(firsts), digits(seconds)]  # non-commutative: rank order kept
+        assert scancat == [digits(firsts[:r + 1]), digits(seconds[:r + 1])]
+        assert ex == ([-7, -7] if r == 0 else [sum(firsts[:r]), sum(seconds[:r])])
+        assert local == [13, 24]
+        assert prod == 6 and exscan == (None if r == 0 else sum(range(1, r + 1))) and scan == list(range(r + 1))
+
+
+def test_communicators(results):
+    evens = list(range(0, N, 2))
+    for r, got in results.items():
+        (name, world, null, cmp_clone, cmp_self, cmp_dup, inter, intra, created, grouped, split_rank, split_null,
+         shared, type_null, translated, clone_ranks) = got["comms"]
+        assert [name, world, null] == ["mine", "MPI_COMM_WORLD", "MPI_COMM_NULL"]
+        assert [cmp_clone, cmp_self, cmp_dup, inter, intra] == [CONGRUENT, IDENT, CONGRUENT, False, True]
+        assert created == (len(evens) if r in evens else None)
+        assert grouped == (evens.index(r) if r in evens else None)
+        assert split_rank == (sorted(evens, reverse=True).index(r) if r in evens else None)  # keys -rank
+        assert split_null is (r not in evens)
+        assert shared == N and type_null is True
+        assert translated == [0, evens[-1]] and clone_ranks == list(range(N))
+
+
+def test_point_to_point_beyond_send_recv(results):
+    for r, got in results.items():
+        left = (r - 1) % N
+        replaced, isendrecv, early, probe, mrecv, iprobe_after = got["p2p"]
+        assert replaced == [left, left * 10] and isendrecv == [left, -left]
+        assert early == (False if r == 0 else None)  # an Issend waits for the receiver's match
+        assert probe == [left, 3] and mrecv == [0.0, 1.0, 2.0] and iprobe_after is False
+
+
+def test_error_classes(results):
+    for got in results.values():
+        classes, exc = got["errors"]
+        assert classes == {"root": [True, True], "type": [True, True], "op": [True, True], "comm": [True, True]}
+        assert exc == [13, True, "MPI.Exception(13)", 13]
+
+
+def test_dlpack_cpu_buffers(results):
+    for got in results.values():
+        assert got["dlpack"] == [[float(N)] * 3, [v for k in range(N) for v in (k, k * k)]]
+
+
+def test_vector_collectives(results):
+    counts = [k + 1 for k in range(N)]
+    displs = [sum(counts[:k]) + k for k in range(N)]
+    layout = [-1] * (displs[-1] + counts[-1] + 1)
+    gathered, rooted = list(layout), list(layout)
+    for k in range(N):
+        gathered[displs[k]:displs[k] + counts[k]] = [k] * counts[k]
+        rooted[displs[k]:displs[k] + counts[k]] = [10 + k] * counts[k]
+    for r, got in results.items():
+        allgatherv, gatherv, scatterv, alltoallv, reduce_scatter, alltoallw = got["vector"]
+        assert allgatherv == gathered
+        assert gatherv == (rooted if r == 0 else None)
+        assert scatterv == list(range(displs[r], displs[r] + counts[r]))
+        assert alltoallv == [100 * k + r for k in range(N) for _ in range((k + r) % 3)]
+        start = sum(counts[:r])
+        assert reduce_scatter == [i * sum(range(1, N + 1)) for i in range(start, start + counts[r])]
+        assert alltoallw == [k + 0.5 for k in range(N)]
+
+
+def test_derived_datatypes(results):
+    for r, got in results.items():
+        matrix, records, packed_end, extent, roundtrip = got["datatypes"]
+        full = [[3 * i + j for j in range(3)] for i in range(4)]
+        assert matrix == (full if r == 0 else [[3 * i, -1, -1] for i in range(4)])  # column 0 only
+        assert records == [[1, 0.5], [2, 1.5]]
+        assert packed_end == 2 * 12 and extent == [0, 16] and roundtrip is True
+
+
+def test_unsupported_features_raise_not_implemented_naming_them(results):
+    for got in results.values():
+        missing = got["missing"]
+        assert "one-sided communication" in missing["Win.Create"]
+        assert "topologies" in missing["Create_cart"]
+        assert "intercommunicators" in missing["Intercomm"]
+        assert "MPI-IO" in missing["File.Open"]
+        assert all(m.startswith("gpucoll.MPI.") and "not supported by gpucoll" in m for m in missing.values())
