@@ -113,11 +113,14 @@ def test_an_impostor_of_rank_0_on_the_tcp_channel_is_refused_and_the_result_stay
     time.sleep(0.5)  # the rank has dealt with the attacker's hellos by now
     job.put("go")
     code, out, err = job.finish()
-    seen, attacker_err = attacker.communicate(timeout=30)
+    # Read through the same text stream as the readline above: it may already hold the report
+    # (communicate() would read the pipe underneath and miss what the stream buffered).
+    seen, attacker_err = attacker.stdout.read(), attacker.stderr.read()
+    attacker.wait(timeout=30)
     assert code == 0, out + err
     res = job.results()
     assert sorted(res) == [0, 1] and all(r["values"] == [3.0] * 4 for r in res.values()), res
-    assert "ATTACK " in seen, f"the attacker printed no report:\n{seen}\n{attacker_err}"
+    assert "ATTACK " in seen, f"the attacker printed no report (exit {attacker.returncode}):\n{seen}\n{attacker_err}"
     report = json.loads(seen.split("ATTACK ", 1)[1])
     assert report == {"received": 0, "answered": 0, "closed_by_peer": True}, report
     assert "TCP listener of rank 1" in err and "refused connections that did not complete the handshake" in err, err
