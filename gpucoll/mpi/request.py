@@ -303,6 +303,25 @@ class Request:
         raise request_error("Start: only persistent requests (Prequest) can be started")
 
 
+def _taking_handles(array_method):
+    """array_method(requests, ...) that also takes the requests of gpucoll's own communicators
+    (what `gpucoll.COMM_WORLD.Irecv` returns), as handles of this module."""
+    def method(requests, *args, **kwargs):
+        if not all(isinstance(r, Request) for r in requests):
+            requests = [r if isinstance(r, Request) else Request._of(r if r else None) for r in requests]
+        return array_method(requests, *args, **kwargs)
+
+    method.__name__, method.__doc__ = array_method.__name__, array_method.__doc__
+    return method
+
+
+for _name in ("Waitany", "waitany", "Testany", "testany", "Get_status_any", "Waitall", "waitall", "Testall",
+              "testall", "Get_status_all", "Waitsome", "waitsome", "Testsome", "testsome", "Get_status_some",
+              "Startall"):
+    setattr(Request, _name, staticmethod(_taking_handles(getattr(Request, _name))))
+del _name
+
+
 def _cancel_receive(state):
     """Withdraw a posted receive of gpucoll's point to point; True when it was still unmatched."""
     posted, p2p = getattr(state, "posted", None), getattr(state, "p2p", None)
@@ -317,6 +336,13 @@ def _cancel_receive(state):
 def _deadline(what, requests):
     timeout = config.TIMEOUT.get()
     return time.monotonic() + timeout, timeout
+
+
+def _none_completed(what, requests, timeout):
+    active = [r for r in requests if r._active()]
+    names = ", ".join(sorted({str(getattr(r._s, "name", None) or type(r._s).__name__) for r in active}))
+    return GpucollTimeout(f"{what}: none of {len(active)} requests ({names}) completed within {timeout:g} s "
+                          "(GPUCOLL_TIMEOUT)")
 
 
 def _poll_sleep(delay):
@@ -336,8 +362,7 @@ def _waitany(requests, status):
             if req._active() and req._s.Test(None):
                 return i, req._complete(status)
         if time.monotonic() > deadline:
-            raise GpucollTimeout(f"Waitany: none of {sum(r._active() for r in requests)} requests completed within "
-                                 f"{timeout:g} s (GPUCOLL_TIMEOUT)")
+            raise _none_completed("Waitany", requests, timeout)
         delay = _poll_sleep(delay)
 
 
@@ -387,8 +412,7 @@ def _some(requests, statuses, block):
         if done or not block:
             break
         if time.monotonic() > deadline:
-            raise GpucollTimeout(f"Waitsome: none of {sum(r._active() for r in requests)} requests completed within "
-                                 f"{timeout:g} s (GPUCOLL_TIMEOUT)")
+            raise _none_completed("Waitsome", requests, timeout)
         delay = _poll_sleep(delay)
     slots = statuses if isinstance(statuses, list) else []
     if len(slots) < len(done) and isinstance(statuses, list):
