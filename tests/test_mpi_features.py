@@ -94,10 +94,11 @@ def test_communicators(results):
 def test_point_to_point_beyond_send_recv(results):
     for r, got in results.items():
         left = (r - 1) % N
-        replaced, isendrecv, early, probe, mrecv, iprobe_after = got["p2p"]
+        replaced, isendrecv, early, probe, mrecv, iprobe_after, empty_object = got["p2p"]
         assert replaced == [left, left * 10] and isendrecv == [left, -left]
         assert early == (False if r == 0 else None)  # an Issend waits for the receiver's match
         assert probe == [left, 3] and mrecv == [0.0, 1.0, 2.0] and iprobe_after is False
+        assert empty_object is None
 
 
 def test_error_classes(results):

@@ -127,6 +127,11 @@ class Collectives:
 
     def Bcast(self, buf, root=0):
         """Copy root's buf to every rank's buf."""
+        plain = _plain(buf, writable=True)
+        if plain is not None and self._s is not None:
+            core = self._s.core
+            core.Bcast(plain, check_root(core, root))
+            return
         self._bcast(buf, root, True)
 
     def Ibcast(self, buf, root=0):
@@ -310,9 +315,11 @@ class Collectives:
     def Allreduce(self, sendbuf, recvbuf, op=_SUM):
         """recvbuf = op over every rank's sendbuf."""
         core = self._s.core if self._s is not None else None
-        if core is not None and type(recvbuf) is np.ndarray and (sendbuf is IN_PLACE or type(sendbuf) is np.ndarray) \
-                and getattr(op, "_r", None) is not None and op._r.core is not None and recvbuf.dtype in _CORE_DTYPES:
-            core.Allreduce(sendbuf, recvbuf, op._r.core)  # gpucoll's own path, fast path included
+        recv = _plain(recvbuf, writable=True)
+        send = IN_PLACE if sendbuf is IN_PLACE else _plain(sendbuf)
+        if core is not None and recv is not None and send is not None and getattr(op, "_r", None) is not None \
+                and op._r.core is not None:
+            core.Allreduce(send, recv, op._r.core)  # gpucoll's own path as it is: its fast path included
             return
         self._allreduce(sendbuf, recvbuf, op, True)
 
@@ -666,6 +673,27 @@ class Collectives:
 
     def Alltoallw_init(self, sendbuf, recvbuf, info=None):
         return Prequest._persistent(lambda: self.Ialltoallw(sendbuf, recvbuf))
+
+
+def _plain(msg, writable=False):
+    """The NumPy array of a message that gpucoll's engines take as it is: a contiguous array of one
+    of their dtypes, bare or as [array, datatype] with the datatype that is its dtype (the common
+    mpi4py idiom); None for everything else, which goes through message.simple()."""
+    if type(msg) is list or type(msg) is tuple:
+        if len(msg) != 2:
+            return None
+        arr, datatype = msg
+        t = getattr(datatype, "_t", None)
+        if type(arr) is not np.ndarray or t is None or t.np != arr.dtype or t.code is None or t.contents is not None:
+            return None
+    else:
+        arr = msg
+        if type(arr) is not np.ndarray:
+            return None
+    flags = arr.flags
+    if arr.dtype not in _CORE_DTYPES or not flags.c_contiguous or (writable and not flags.writeable):
+        return None
+    return arr
 
 
 def _wait_if(state, blocking):

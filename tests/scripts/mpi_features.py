@@ -157,8 +157,11 @@ comm.Probe(left, 9, pst)
 msg = comm.Mprobe(left, 9)
 got9 = np.zeros(3, "d")
 msg.Recv(got9)
+empty = comm.Isend([None, 0, "B"], right, 11)  # an empty message received as an object is None
+as_object = comm.recv(None, left, 11)
+empty.Wait()
 out["p2p"] = [rep.tolist(), ibuf.tolist(), ssend_early, [pst.Get_source(), pst.Get_count(MPI.DOUBLE)], got9.tolist(),
-              comm.Iprobe(left, 9)]
+              comm.Iprobe(left, 9), as_object]
 
 # --- errors: MPI.Exception with error classes ---------------------------------------------------------------
 errors = {}
