@@ -206,23 +206,28 @@ class Request:
     @staticmethod
     def Waitany(requests, status=None):
         """Index of a request that completed (waiting for one); UNDEFINED when all are null."""
+        requests = handles(requests)
         return _waitany(requests, status)[0]
 
     @staticmethod
     def waitany(requests, status=None):
+        requests = handles(requests)
         return _waitany(requests, status)
 
     @staticmethod
     def Testany(requests, status=None):
+        requests = handles(requests)
         index, flag, _ = _testany(requests, status)
         return index, flag
 
     @staticmethod
     def testany(requests, status=None):
+        requests = handles(requests)
         return _testany(requests, status)
 
     @staticmethod
     def Get_status_any(requests, status=None):
+        requests = handles(requests)
         for i, req in enumerate(requests):
             if req._active() and req.Get_status(status):
                 return i, True
@@ -236,19 +241,23 @@ class Request:
 
     @staticmethod
     def Waitall(requests, statuses=None):
+        requests = handles(requests)
         _waitall(requests, statuses)
         return True
 
     @staticmethod
     def waitall(requests, statuses=None):
+        requests = handles(requests)
         return _waitall(requests, statuses)
 
     @staticmethod
     def Testall(requests, statuses=None):
+        requests = handles(requests)
         return Request.testall(requests, statuses)[0]
 
     @staticmethod
     def testall(requests, statuses=None):
+        requests = handles(requests)
         slots = _status_slots(statuses, len(requests))
         if not all(req._done() for req in requests):
             return False, None
@@ -256,6 +265,7 @@ class Request:
 
     @staticmethod
     def Get_status_all(requests, statuses=None):
+        requests = handles(requests)
         slots = _status_slots(statuses, len(requests))
         if not all(req._done() for req in requests):
             return False
@@ -267,22 +277,27 @@ class Request:
 
     @staticmethod
     def Waitsome(requests, statuses=None):
+        requests = handles(requests)
         return _some(requests, statuses, block=True)[0]
 
     @staticmethod
     def waitsome(requests, statuses=None):
+        requests = handles(requests)
         return _some(requests, statuses, block=True)
 
     @staticmethod
     def Testsome(requests, statuses=None):
+        requests = handles(requests)
         return _some(requests, statuses, block=False)[0]
 
     @staticmethod
     def testsome(requests, statuses=None):
+        requests = handles(requests)
         return _some(requests, statuses, block=False)
 
     @staticmethod
     def Get_status_some(requests, statuses=None):
+        requests = handles(requests)
         if not any(r._active() for r in requests):
             return None
         done = [i for i, req in enumerate(requests) if req._active() and req._s.Test(None)]
@@ -301,6 +316,16 @@ class Request:
 
     def Start(self):
         raise request_error("Start: only persistent requests (Prequest) can be started")
+
+
+def handles(requests):
+    """The requests as MPI.Request handles: gpucoll's own requests (what gpucoll.COMM_WORLD's Isend
+    returns) are wrapped, MPI handles are used as they are (so that completing them nulls them)."""
+    return [r if isinstance(r, Request) else Request._of(r) for r in requests]
+
+
+def _names(requests):
+    return ", ".join(sorted({getattr(r._s, "name", None) or "request" for r in requests if r._active()}))
 
 
 def _cancel_receive(state):
@@ -336,8 +361,8 @@ def _waitany(requests, status):
             if req._active() and req._s.Test(None):
                 return i, req._complete(status)
         if time.monotonic() > deadline:
-            raise GpucollTimeout(f"Waitany: none of {sum(r._active() for r in requests)} requests completed within "
-                                 f"{timeout:g} s (GPUCOLL_TIMEOUT)")
+            raise GpucollTimeout(f"Waitany: none of {sum(r._active() for r in requests)} requests "
+                                 f"({_names(requests)}) completed within {timeout:g} s (GPUCOLL_TIMEOUT)")
         delay = _poll_sleep(delay)
 
 
@@ -387,8 +412,8 @@ def _some(requests, statuses, block):
         if done or not block:
             break
         if time.monotonic() > deadline:
-            raise GpucollTimeout(f"Waitsome: none of {sum(r._active() for r in requests)} requests completed within "
-                                 f"{timeout:g} s (GPUCOLL_TIMEOUT)")
+            raise GpucollTimeout(f"Waitsome: none of {sum(r._active() for r in requests)} requests "
+                                 f"({_names(requests)}) completed within {timeout:g} s (GPUCOLL_TIMEOUT)")
         delay = _poll_sleep(delay)
     slots = statuses if isinstance(statuses, list) else []
     if len(slots) < len(done) and isinstance(statuses, list):
