@@ -79,6 +79,14 @@ class _Landing:
             self.msg.store(self.buf if nbytes is None else self.buf[:nbytes])
 
 
+def _gpu_op(op, what):
+    """gpucoll's own op for a reduction on GPU buffers (its GPU path has only those)."""
+    if op.core is None:
+        raise NotImplementedError(f"{what} with {op.name} on GPU buffers (gpucoll reduces GPU buffers with SUM, "
+                                  "PROD, MAX, MIN, AVG, BAND, BOR, BXOR)")
+    return op.core
+
+
 def _native_reduction(msg, op):
     """The dtype view and core op when gpucoll's engines reduce this message with this op."""
     core = op.core
@@ -293,7 +301,7 @@ class Collectives:
             raise ValueError(f"Allreduce: send count {s.count} and receive count {r.count} differ")
         if r.gpu is not None or (s is not None and s.gpu is not None):
             return _issue(blocking, core.Allreduce, core.Iallreduce, IN_PLACE if s is None else s.gpu, r.gpu,
-                          rec.core)
+                          _gpu_op(rec, "Allreduce"))
         native = _native_reduction(r, rec)
         if native is not None:
             view = r.span().view(r.t.np)
@@ -341,7 +349,7 @@ class Collectives:
             s, r = _m.simple(sendbuf, True, root, what="Reduce sendbuf"), None
         if s is not None and s.gpu is not None or r is not None and r.gpu is not None:
             return _issue(blocking, core.Reduce, core.Ireduce, IN_PLACE if s is None else s.gpu,
-                          None if r is None else r.gpu, rec.core, root)
+                          None if r is None else r.gpu, _gpu_op(rec, "Reduce"), root)
         ref = r if r is not None else s
         native = _native_reduction(ref, rec)
         if native is not None:
@@ -386,7 +394,7 @@ class Collectives:
                                      f"{r.count} differ")
         if r.gpu is not None or (s is not None and s.gpu is not None):
             return _issue(blocking, core.Reduce_scatter_block, core.Ireduce_scatter_block,
-                          IN_PLACE if s is None else s.gpu, r.gpu, rec.core)
+                          IN_PLACE if s is None else s.gpu, r.gpu, _gpu_op(rec, "Reduce_scatter_block"))
         count = r.count
         native = _native_reduction(r, rec)
         if native is not None:

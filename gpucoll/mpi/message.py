@@ -25,7 +25,7 @@ from ..p2p import PROC_NULL
 from . import datatype as _dt
 from .constants import INTEGERS as _C
 
-ERR_BUFFER, ERR_COUNT, ERR_TYPE = _C["ERR_BUFFER"], _C["ERR_COUNT"], _C["ERR_TYPE"]
+ERR_TYPE = _C["ERR_TYPE"]
 
 
 class _Bottom:

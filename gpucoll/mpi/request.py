@@ -206,23 +206,28 @@ class Request:
     @staticmethod
     def Waitany(requests, status=None):
         """Index of a request that completed (waiting for one); UNDEFINED when all are null."""
+        requests = handles(requests)
         return _waitany(requests, status)[0]
 
     @staticmethod
     def waitany(requests, status=None):
+        requests = handles(requests)
         return _waitany(requests, status)
 
     @staticmethod
     def Testany(requests, status=None):
+        requests = handles(requests)
         index, flag, _ = _testany(requests, status)
         return index, flag
 
     @staticmethod
     def testany(requests, status=None):
+        requests = handles(requests)
         return _testany(requests, status)
 
     @staticmethod
     def Get_status_any(requests, status=None):
+        requests = handles(requests)
         for i, req in enumerate(requests):
             if req._active() and req.Get_status(status):
                 return i, True
@@ -236,19 +241,23 @@ class Request:
 
     @staticmethod
     def Waitall(requests, statuses=None):
+        requests = handles(requests)
         _waitall(requests, statuses)
         return True
 
     @staticmethod
     def waitall(requests, statuses=None):
+        requests = handles(requests)
         return _waitall(requests, statuses)
 
     @staticmethod
     def Testall(requests, statuses=None):
+        requests = handles(requests)
         return Request.testall(requests, statuses)[0]
 
     @staticmethod
     def testall(requests, statuses=None):
+        requests = handles(requests)
         slots = _status_slots(statuses, len(requests))
         if not all(req._done() for req in requests):
             return False, None
@@ -256,6 +265,7 @@ class Request:
 
     @staticmethod
     def Get_status_all(requests, statuses=None):
+        requests = handles(requests)
         slots = _status_slots(statuses, len(requests))
         if not all(req._done() for req in requests):
             return False
@@ -267,22 +277,27 @@ class Request:
 
     @staticmethod
     def Waitsome(requests, statuses=None):
+        requests = handles(requests)
         return _some(requests, statuses, block=True)[0]
 
     @staticmethod
     def waitsome(requests, statuses=None):
+        requests = handles(requests)
         return _some(requests, statuses, block=True)
 
     @staticmethod
     def Testsome(requests, statuses=None):
+        requests = handles(requests)
         return _some(requests, statuses, block=False)[0]
 
     @staticmethod
     def testsome(requests, statuses=None):
+        requests = handles(requests)
         return _some(requests, statuses, block=False)
 
     @staticmethod
     def Get_status_some(requests, statuses=None):
+        requests = handles(requests)
         if not any(r._active() for r in requests):
             return None
         done = [i for i, req in enumerate(requests) if req._active() and req._s.Test(None)]
@@ -303,23 +318,14 @@ class Request:
         raise request_error("Start: only persistent requests (Prequest) can be started")
 
 
-def _taking_handles(array_method):
-    """array_method(requests, ...) that also takes the requests of gpucoll's own communicators
-    (what `gpucoll.COMM_WORLD.Irecv` returns), as handles of this module."""
-    def method(requests, *args, **kwargs):
-        if not all(isinstance(r, Request) for r in requests):
-            requests = [r if isinstance(r, Request) else Request._of(r if r else None) for r in requests]
-        return array_method(requests, *args, **kwargs)
-
-    method.__name__, method.__doc__ = array_method.__name__, array_method.__doc__
-    return method
+def handles(requests):
+    """The requests as MPI.Request handles: gpucoll's own requests (what gpucoll.COMM_WORLD's Isend
+    returns) are wrapped, MPI handles are used as they are (so that completing them nulls them)."""
+    return [r if isinstance(r, Request) else Request._of(r if r else None) for r in requests]  # a null one stays null
 
 
-for _name in ("Waitany", "waitany", "Testany", "testany", "Get_status_any", "Waitall", "waitall", "Testall",
-              "testall", "Get_status_all", "Waitsome", "waitsome", "Testsome", "testsome", "Get_status_some",
-              "Startall"):
-    setattr(Request, _name, staticmethod(_taking_handles(getattr(Request, _name))))
-del _name
+def _names(requests):
+    return ", ".join(sorted({getattr(r._s, "name", None) or "request" for r in requests if r._active()}))
 
 
 def _cancel_receive(state):
@@ -336,13 +342,6 @@ def _cancel_receive(state):
 def _deadline(what, requests):
     timeout = config.TIMEOUT.get()
     return time.monotonic() + timeout, timeout
-
-
-def _none_completed(what, requests, timeout):
-    active = [r for r in requests if r._active()]
-    names = ", ".join(sorted({str(getattr(r._s, "name", None) or type(r._s).__name__) for r in active}))
-    return GpucollTimeout(f"{what}: none of {len(active)} requests ({names}) completed within {timeout:g} s "
-                          "(GPUCOLL_TIMEOUT)")
 
 
 def _poll_sleep(delay):
@@ -362,7 +361,8 @@ def _waitany(requests, status):
             if req._active() and req._s.Test(None):
                 return i, req._complete(status)
         if time.monotonic() > deadline:
-            raise _none_completed("Waitany", requests, timeout)
+            raise GpucollTimeout(f"Waitany: none of {sum(r._active() for r in requests)} requests "
+                                 f"({_names(requests)}) completed within {timeout:g} s (GPUCOLL_TIMEOUT)")
         delay = _poll_sleep(delay)
 
 
@@ -412,7 +412,8 @@ def _some(requests, statuses, block):
         if done or not block:
             break
         if time.monotonic() > deadline:
-            raise _none_completed("Waitsome", requests, timeout)
+            raise GpucollTimeout(f"Waitsome: none of {sum(r._active() for r in requests)} requests "
+                                 f"({_names(requests)}) completed within {timeout:g} s (GPUCOLL_TIMEOUT)")
         delay = _poll_sleep(delay)
     slots = statuses if isinstance(statuses, list) else []
     if len(slots) < len(done) and isinstance(statuses, list):
