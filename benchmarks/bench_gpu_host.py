@@ -18,7 +18,7 @@ import cupy as cp  # noqa: E402
 import gpucoll  # noqa: E402
 
 comm = gpucoll.COMM_WORLD
-cp.cuda.Device(int(os.environ.get("GPUCOLL_DEVICE", "0"))).use()
+cp.cuda.Device(comm.local_rank % cp.cuda.runtime.getDeviceCount()).use()
 count = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 x, y = cp.ones(count, cp.float32), cp.zeros(count, cp.float32)
 s = cp.cuda.Stream(non_blocking=True)

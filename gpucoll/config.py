@@ -186,7 +186,9 @@ SOCKET_IFNAME = declare("GPUCOLL_SOCKET_IFNAME", "str", None,
                         "Interfaces for sockets: prefixes separated by commas, ^ to exclude, = for an exact name. "
                         "Unset: loopback for a one-host job, else the interface that reaches the store.")
 NSOCKS = declare("GPUCOLL_NSOCKS", "int", 2, "TCP sockets per peer between hosts.", minimum=1)
-DEVICE = declare("GPUCOLL_DEVICE", "int", None, "GPU to use; default is the local rank.", minimum=0)
+DEVICE = declare("GPUCOLL_DEVICE", "int", None,
+                 "Pins this rank's GPU collectives to this GPU: a buffer on another GPU is refused. Unset: "
+                 "each communicator uses the GPU of its first GPU buffer.", minimum=0)
 CACHE_DIR = declare("GPUCOLL_CACHE_DIR", "str", None,
                     "Folder for compiled kernels; default ~/.cache/gpucoll.")
 

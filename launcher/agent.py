@@ -139,14 +139,13 @@ def run_agent(master, node, secret, slots=None, host=None):
     store_host, _, store_port = start["store"].rpartition(":")
     common = envmod.common_environ(os.environ, start["size"], len(start["ranks"]), store_host,
                                    int(store_port), secret.hex(), start["job_id"])
-    ngpus = envmod.count_gpus(os.environ)
     become_subreaper()
     inbox = SignalInbox()
     job = AgentJob(opts, inbox, sock, host)
     try:
         try:
             for local, r in enumerate(start["ranks"]):
-                env = envmod.rank_environ(common, r, local, ngpus, opts.exports)
+                env = envmod.rank_environ(common, r, local, opts.exports)
                 job.add(start_rank(r, argv, env, die_with_parent=True))
         except LaunchError as exc:
             job.abort()

@@ -34,8 +34,8 @@ Each rank runs in its own process group. gpurun hosts the job's rendezvous
 store (free port, per-job secret) and gives each rank:
   GPUCOLL_RANK, GPUCOLL_SIZE, GPUCOLL_LOCAL_RANK, GPUCOLL_LOCAL_SIZE,
   GPUCOLL_STORE (host:port), GPUCOLL_STORE_SECRET (hex), GPUCOLL_JOB_ID,
-  GPUCOLL_DEVICE=k for local rank k when GPUs exist (modulo their count;
-  CUDA_VISIBLE_DEVICES is not changed, so CUDA IPC works), PYTHONUNBUFFERED=1,
+  PYTHONUNBUFFERED=1 (no GPU is assigned: collectives run on the GPU of the
+  rank's buffers; CUDA_VISIBLE_DEVICES is not changed, so CUDA IPC works),
   and torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
   MASTER_PORT. MASTER_ADDR:MASTER_PORT is gpucoll's store, not a torch
   TCPStore: torch.distributed's env:// rendezvous cannot use it.

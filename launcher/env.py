@@ -1,4 +1,4 @@
-"""The environment each rank starts with: who it is, where the store is, which GPU is its.
+"""The environment each rank starts with: who it is and where the store is.
 
 gpucoll reads the GPUCOLL_* variables; RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT are set too, with torchrun's meaning, for code that reads them.
@@ -6,12 +6,7 @@ MASTER_ADDR:MASTER_PORT is gpucoll's store, which does not speak torch's TCPStor
 protocol: `torch.distributed.init_process_group("gloo")` with `env://` cannot rendezvous
 through it.
 """
-import os
-import subprocess
 import sys
-
-_PROC_GPUS = "/proc/driver/nvidia/gpus"
-
 
 def parse_exports(items, environ):
     """-x VAR[=VAL] options -> {VAR: VAL}. VAR alone takes the launcher's value; a VAR
@@ -28,39 +23,6 @@ def parse_exports(items, environ):
         else:
             print(f"gpurun: warning: -x {name}: not set here; not passed on", file=sys.stderr)
     return out
-
-
-def count_gpus(environ):
-    """Number of GPUs the ranks will see, found cheaply (no CUDA initialisation).
-
-    CUDA_VISIBLE_DEVICES when set; else the driver's /proc entries; else `nvidia-smi -L`
-    when the driver exposes no /proc entries; else 0.
-    """
-    visible = environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        items = [v for v in visible.split(",") if v.strip()]
-        # CUDA stops at the first invalid entry; "-1" is the usual way to say "none".
-        count = 0
-        for item in items:
-            if item.strip().startswith("-"):
-                break
-            count += 1
-        return count
-    try:
-        return len(os.listdir(_PROC_GPUS))
-    except OSError:
-        pass
-    if os.path.exists("/proc/driver/nvidia"):
-        return _count_with_nvidia_smi()
-    return 0
-
-
-def _count_with_nvidia_smi():
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
 def common_environ(base, size, local_size, store_host, store_port, secret_hex, job_id):
@@ -82,14 +44,12 @@ def common_environ(base, size, local_size, store_host, store_port, secret_hex, j
     return env
 
 
-def rank_environ(common, rank, local_rank, ngpus, exports):
-    """One rank's environment. Local rank k gets GPU k (modulo the GPU count) through
-    GPUCOLL_DEVICE; CUDA_VISIBLE_DEVICES is left alone so every rank sees every GPU and
-    CUDA IPC between them works. -x values come last and win."""
+def rank_environ(common, rank, local_rank, exports):
+    """One rank's environment; -x values come last and win. No GPU is assigned: a rank's
+    collectives run on the GPU its buffers are on (README, "Which GPU a rank uses"), and
+    CUDA_VISIBLE_DEVICES is left alone so that every rank sees every GPU and CUDA IPC works."""
     env = dict(common)
     env["GPUCOLL_RANK"] = env["RANK"] = str(rank)
     env["GPUCOLL_LOCAL_RANK"] = env["LOCAL_RANK"] = str(local_rank)
-    if ngpus > 0:
-        env["GPUCOLL_DEVICE"] = str(local_rank % ngpus)
     env.update(exports)
     return env

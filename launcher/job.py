@@ -63,12 +63,11 @@ def launch(opts):
         job_id = secrets.token_hex(6)
         common = envmod.common_environ(
             os.environ, opts.nprocs, opts.nprocs, host, store.port, secret_hex, job_id)
-        ngpus = envmod.count_gpus(os.environ)
         job = Job(opts, inbox)
         # The ranks start while gpurun has one thread (see start_rank); the store serves
         # from its own thread once they are all started, answering those that came early.
         for r in range(opts.nprocs):
-            env = envmod.rank_environ(common, r, r, ngpus, opts.exports)
+            env = envmod.rank_environ(common, r, r, opts.exports)
             job.add(start_rank(r, argv, env, stdin_inherit=(r == 0)))
         store.start()
         return job.run()

@@ -1,7 +1,7 @@
 """gpucoll-bench on GPU buffers: CuPy arrays, CUDA-event timing, CUDA graphs, NCCL and torch beside.
 
-Used when CuPy and a GPU are present (-g/--gpu, the default there). Every rank uses GPU
-GPUCOLL_DEVICE (gpurun gives local rank k GPU k). The input and the check are the host
+Used when CuPy and a GPU are present (-g/--gpu, the default there). Local rank k uses GPU k
+(modulo the count). The input and the check are the host
 runner's (runner.Case), copied to and from the GPU around the timed calls.
 
 Timing: -w warm-up calls, the buffers refilled (fresh input, cleared output), a barrier, then
@@ -57,7 +57,10 @@ def available():
 
 
 def device():
-    return int(os.environ.get("GPUCOLL_DEVICE", "0") or 0)
+    """One GPU per rank: local rank k uses GPU k, modulo the count."""
+    import cupy as cp
+
+    return int(os.environ.get("GPUCOLL_LOCAL_RANK", "0")) % cp.cuda.runtime.getDeviceCount()
 
 
 class GpuCase:

@@ -163,11 +163,18 @@ class GpuDispatcher:
             if self.device is None:
                 self.device = buf.device
             if buf.device != self.device:
-                raise InvalidUsageError(
-                    f"{call.kind}: {name} is on GPU {buf.device} but this rank uses GPU {self.device} "
-                    "(GPUCOLL_DEVICE; gpurun gives local rank k GPU k): allocate it on that device")
+                raise InvalidUsageError(self._wrong_device(call, name, buf.device))
             first = first or buf
         return first
+
+    def _wrong_device(self, call, name, device):
+        if config.DEVICE.get() is not None:
+            why = "GPUCOLL_DEVICE pins this rank to it"
+        else:
+            why = (f"its GPU collectives run on the GPU of its first GPU buffer; use one GPU per communicator, "
+                   f"or Dup() it for GPU {device}")
+        return (f"{call.kind}: {name} is on GPU {device} but this communicator ({self.comm.name}, rank "
+                f"{self.comm.rank}) uses GPU {self.device} ({why}): allocate it on GPU {self.device}")
 
     # --- execution ------------------------------------------------------------------------------
     def execute(self, call, seq):

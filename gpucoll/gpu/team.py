@@ -47,6 +47,8 @@ class Team:
 
         devices = comm.allgather((device, cuda.pci_bus_id(device)))
         self.devices = [d for d, _ in devices]
+        if self.rank == 0 and comm.local_size == comm.size:
+            _warn_idle_gpus(comm.name, devices, cuda.device_count())
         if config.P2P_DISABLE.get():
             mine_ok, why = False, "GPUCOLL_P2P_DISABLE=1"
         elif len({bus for _, bus in devices}) != self.size and not config.GPU_SHARED_IPC.get():
@@ -134,3 +136,15 @@ class Team:
             except GpucollError:
                 pass
             self.base = 0
+
+
+def _warn_idle_gpus(name, devices, visible):
+    """Ranks on one GPU while others sit idle is what a script that never selects a device
+    gets (its buffers all land on the current device, GPU 0): correct, but slow. Say it once."""
+    buses = [bus for _, bus in devices]
+    shared = len(set(buses)) < len(buses)
+    if shared and len(set(buses)) < visible:
+        log.warn("INIT", "communicator %s: its %d ranks put their GPU buffers on %d of this host's %d GPUs (GPUs %s), "
+                 "so ranks share a GPU and others stay idle; for one GPU per rank, select it before allocating, "
+                 "e.g. cupy.cuda.Device(comm.local_rank %% %d).use() or torch.cuda.set_device(...)",
+                 name, len(devices), len(set(buses)), visible, sorted({d for d, _ in devices}), visible)

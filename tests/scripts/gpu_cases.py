@@ -25,6 +25,7 @@ import numpy as np
 
 import cupy as cp
 import gpucoll
+from gpu_device import one_gpu_per_rank
 from gpucoll import IN_PLACE
 from gpucoll.errors import InvalidUsageError
 
@@ -36,8 +37,7 @@ except ImportError:  # torch cases are skipped
 faulthandler.enable()
 comm = gpucoll.COMM_WORLD
 N, RANK = comm.size, comm.rank
-DEV = int(os.environ.get("GPUCOLL_DEVICE", "0"))
-cp.cuda.Device(DEV).use()
+DEV = one_gpu_per_rank(comm)
 if torch is not None:
     torch.cuda.set_device(DEV)
 

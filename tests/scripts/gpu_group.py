@@ -9,7 +9,6 @@ launch; a group captured in a CUDA graph and replayed. Every result is compared 
 calls made one by one outside a group (bitwise) and with NumPy. Output: "RESULT {json}".
 """
 import json
-import os
 import sys
 import traceback
 
@@ -17,11 +16,12 @@ import numpy as np
 
 import cupy as cp
 import gpucoll
+from gpu_device import one_gpu_per_rank
 from gpucoll import IN_PLACE
 
 comm = gpucoll.COMM_WORLD
 N, RANK = comm.size, comm.rank
-cp.cuda.Device(int(os.environ.get("GPUCOLL_DEVICE", "0"))).use()
+one_gpu_per_rank(comm)
 failures, checked = [], [0]
 OPS = (gpucoll.SUM, gpucoll.MAX, gpucoll.MIN, gpucoll.PROD)
 

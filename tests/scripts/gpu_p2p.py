@@ -17,6 +17,7 @@ import numpy as np
 
 import cupy as cp
 import gpucoll
+from gpu_device import one_gpu_per_rank
 from gpucoll import ANY_SOURCE, ANY_TAG, MPI, Status
 from gpucoll.gpu import ipc
 
@@ -27,8 +28,7 @@ except ImportError:
 
 comm = gpucoll.COMM_WORLD
 RANK, PEER = comm.rank, 1 - comm.rank
-DEV = int(os.environ.get("GPUCOLL_DEVICE", "0"))
-cp.cuda.Device(DEV).use()
+DEV = one_gpu_per_rank(comm)
 failures, checked = [], [0]
 SMALL, LARGE = 1000, 3_000_001  # float32 elements: 4 KB (eager) and 12 MB (offer)
 

@@ -8,10 +8,11 @@ import time
 import cupy as cp
 
 import gpucoll
+from gpu_device import one_gpu_per_rank
 from gpucoll import IN_PLACE
 
-cp.cuda.Device(int(os.environ.get("GPUCOLL_DEVICE", "0"))).use()
 comm = gpucoll.COMM_WORLD
+one_gpu_per_rank(comm)
 n, rank = comm.size, comm.rank
 result = {}
 

@@ -65,7 +65,9 @@ elif mode == "dlpack":
 elif mode == "dlpack-gpu":
     import cupy as cp
 
-    cp.cuda.Device(int(os.environ.get("GPUCOLL_DEVICE", "0"))).use()
+    from gpu_device import one_gpu_per_rank
+
+    one_gpu_per_rank(comm)
     send, recv = cp.arange(1000, dtype=cp.float32) + r, cp.zeros(1000, cp.float32)
     comm.Allreduce(DLPackOnly(send), DLPackOnly(recv))
     out["allreduce"] = bool((recv == n * cp.arange(1000) + n * (n - 1) // 2).all())

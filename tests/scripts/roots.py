@@ -18,7 +18,6 @@ each case is only the check that GPU calls make on the host before launching a r
 (Dispatcher.agree), so that it is tested where there is no GPU.
 """
 import json
-import os
 import sys
 import time
 
@@ -31,7 +30,9 @@ AGREE = "--agree" in sys.argv
 if GPU:
     import cupy as xp
 
-    xp.cuda.Device(int(os.environ.get("GPUCOLL_DEVICE", "0"))).use()  # gpurun's choice for this rank
+    from gpu_device import one_gpu_per_rank
+
+    one_gpu_per_rank(gpucoll.COMM_WORLD)
 else:
     xp = np
 
