@@ -106,7 +106,7 @@ class Communicator:
         timeouts and debugging"): `host_fast` (host all-reduces run by the native fast path), `host`
         (algorithm -> host collectives run by the general path), `gpu_fast` (repeated GPU
         all-reduces launched from their packed launch), `gpu` (algorithm -> GPU collectives;
-        `host-staged` when they went through host memory), `groups`, `group_deferred`,
+        `host-staged` / `host-pipelined` when they went through host memory), `groups`, `group_deferred`,
         `group_p2p`, `fused_launches` and `fused_calls`."""
         fast = self._host_fast
         return self._stats.snapshot(fast.calls if fast is not None else 0)

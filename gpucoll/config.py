@@ -208,6 +208,11 @@ GPU_SHARED_IPC = declare("GPUCOLL_GPU_SHARED_IPC", "bool", False,
                          "Ranks that share a GPU still use CUDA IPC and gpucoll's kernels instead of staging "
                          "through host memory. Kernels of different processes on one GPU take turns (about 2 ms "
                          "per synchronisation on an H200): for testing the IPC path on a one-GPU machine.")
+GPU_HOST_CHUNK = declare("GPUCOLL_GPU_HOST_CHUNK", "size", 4 << 20,
+                         "GPU collectives that go through host memory (no P2P between the GPUs, ranks sharing a "
+                         "GPU, ranks on other hosts): all-reduce, broadcast and reduce move in chunks of this many "
+                         "bytes through pinned buffers, the copies overlapped with the host collectives; 0: the "
+                         "whole buffer at once through pageable memory.", minimum=0)
 GPU_COPY = declare("GPUCOLL_GPU_COPY", "choice", "ce",
                    "How large GPU broadcasts and all-gathers move registered data: ce (copy engines, "
                    "cuMemcpyAsync between mapped buffers) or sm (copy kernels).", choices=("ce", "sm"))

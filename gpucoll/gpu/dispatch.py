@@ -28,6 +28,7 @@ from ..algorithms import selector
 from ..errors import InvalidUsageError
 from ..errors import TimeoutError as GpucollTimeout
 from . import ipc, streams
+from .staged import HostStaging
 
 cuda = None  # gpucoll._native.cuda, imported on first use (GpuDispatcher.__init__)
 _FAST_MAX = 1024  # packed launches kept per communicator
@@ -83,6 +84,7 @@ class GpuDispatcher:
         self._fast = {}             # key of a repeated all-reduce -> cuda.Prepared
         self._choices = {}          # (kind, nbytes, direct possible) -> algorithm
         self._join_event = None     # orders the streams of a fused group
+        self._staging = HostStaging()  # pinned buffers of the calls that go through host memory
         self._fast_ok = not host.checks and not self.verbose and comm.size > 1
         global cuda
         if cuda is None:
@@ -128,6 +130,8 @@ class GpuDispatcher:
         if self._team is not None:
             self._team.close()
             self._team = None
+        if self._staging._hosts:
+            self._staging.close()
 
     # --- errors recorded by kernels -------------------------------------------------------------
     def check_error(self):
@@ -394,33 +398,19 @@ class GpuDispatcher:
             cuda.memcpy_async(recv, send, nbytes, stream)
 
     def _via_host(self, call, stream, seq):
-        """No P2P: copy to host memory, run the host collective, copy back (blocks)."""
-        from .._native import cuda
-        from ..buffers import HostBuffer
+        """No P2P between the GPUs: host collectives on host copies (gpu/staged.py; blocks)."""
         from ..dispatch import Call
 
-        self._log(call, seq, call.count * dtypes.ITEMSIZE[call.code], "host-staged",
-                  f"host memory ({self._team.reason})")
-        cuda.stream_synchronize(stream)
-        npdt = dtypes.numpy_dtype(call.code)
+        chunks = self._staging.chunks(call)
+        self._log(call, seq, call.count * dtypes.ITEMSIZE[call.code], "host-pipelined" if chunks else "host-staged",
+                  f"host memory{f' in {chunks} pinned chunk(s)' if chunks else ''} ({self._team.reason})")
+        cuda.set_current(self._ctx)  # the staging's events belong to this communicator's GPU
 
-        def to_host(buf):
-            arr = np.empty(buf.count, npdt)
-            if buf.count:
-                cuda.memcpy_dtoh(arr.__array_interface__["data"][0], buf.addr, arr.nbytes)
-            return HostBuffer(arr, call.code)
+        def run_host(send, recv, count):
+            hcall = Call(self.host, call.kind, send, recv, count, call.code, call.op, call.root)
+            self.comm._engine.run(hcall.run)
 
-        hrecv = to_host(call.recv) if call.recv is not None else None
-        if call.send is None:
-            hsend = None
-        elif call.send is call.recv or (call.recv is not None and call.send.addr == call.recv.addr):
-            hsend = hrecv
-        else:
-            hsend = to_host(call.send)
-        hcall = Call(self.host, call.kind, hsend, hrecv, call.count, call.code, call.op, call.root)
-        self.comm._engine.run(hcall.run)
-        if hrecv is not None and hrecv.count:
-            cuda.memcpy_htod(call.recv.addr, hrecv.addr, hrecv.array.nbytes)
+        self._staging.run(call, stream, self.comm.rank, run_host)
 
     def _grid(self, nbytes, per_block, direct=False):
         return max(1, min(self.maxblocks_direct if direct else self.maxblocks, _cdiv(nbytes, per_block)))

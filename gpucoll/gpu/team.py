@@ -49,7 +49,9 @@ class Team:
         self.devices = [d for d, _ in devices]
         if self.rank == 0 and comm.local_size == comm.size:
             _warn_idle_gpus(comm.name, devices, cuda.device_count())
-        if config.P2P_DISABLE.get():
+        if comm.local_size != comm.size:
+            mine_ok, why = False, "ranks on other hosts"  # CUDA IPC stops at the host
+        elif config.P2P_DISABLE.get():
             mine_ok, why = False, "GPUCOLL_P2P_DISABLE=1"
         elif len({bus for _, bus in devices}) != self.size and not config.GPU_SHARED_IPC.get():
             mine_ok, why = False, "several ranks share a GPU (GPUCOLL_GPU_SHARED_IPC=1 uses IPC anyway)"
