@@ -218,3 +218,15 @@ def test_row_format_matches_nccl_tests():
 def test_gpu_flag_without_a_gpu_says_so():
     result = CliRunner().invoke(cli.main, ["-np", "2", "--gpu"])
     assert result.exit_code == 2 and "needs a GPU" in result.output, result.output
+
+
+@requires("torch", None if importlib.util.find_spec("torch") else "needs torch (pip install torch)")
+def test_vs_gloo_runs_beside_and_is_checked(tmp_path):
+    out = tmp_path / "rows.json"
+    proc = run_bench("-np", "2", "-b", "8", "-e", "1K", "-f", "32", "-n", "3", "-w", "1", "--vs", "gloo",
+                     "--json", str(out), timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "# Peer: torch" in proc.stdout and "gloo" in proc.stdout, proc.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["size"] for r in rows] == [8, 256] and all(
+        r["peer"] == "gloo" and r["wrong"] == 0 and r["peer_wrong"] == 0 and r["ratio"] for r in rows), rows

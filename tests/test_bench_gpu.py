@@ -1,0 +1,54 @@
+"""gpucoll-bench on GPU buffers (`make test-gpu`): eager and CUDA-graph rows checked, a wrong
+result counted for gpucoll and for NCCL, and the peers NCCL and torch where two GPUs exist."""
+import importlib.util
+import json
+
+import pytest
+
+from test_bench import run_bench, table_rows
+from test_gpu_collectives import NGPUS, SAFE_ENV, needs_gpu
+
+pytestmark = [pytest.mark.gpu, needs_gpu]
+needs_two_gpus = pytest.mark.skipif(NGPUS < 2, reason="NCCL runs one rank per GPU: needs 2 GPUs")
+
+
+@pytest.fixture(autouse=True)
+def _no_multicast(monkeypatch):
+    for k, v in SAFE_ENV.items():
+        monkeypatch.setenv(k, v)
+
+
+@pytest.mark.parametrize("graph", [[], ["-G", "10"]])
+def test_gpu_rows_are_checked_eager_and_in_a_graph(tmp_path, graph):
+    out = tmp_path / "rows.json"
+    proc = run_bench("-np", "2", "-g", "-b", "8", "-e", "64K", "-f", "32", "-n", "20", "-w", "2", "-c", "1",
+                     *graph, "--json", str(out), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"graph: {graph[1] if graph else 0}" in proc.stdout, proc.stdout
+    saved = json.loads(out.read_text())
+    assert saved["settings"]["opts"]["gpu"] is True and saved["settings"]["opts"]["graphs"] == (10 if graph else 0)
+    rows = saved["rows"]
+    assert [r["size"] for r in rows] == [8, 256, 8192] and all(r["wrong"] == 0 for r in rows), rows
+
+
+def test_a_wrong_gpu_result_is_counted_and_fails_the_run(tmp_path):
+    out = tmp_path / "rows.json"
+    proc = run_bench("-np", "2", "-g", "-b", "1K", "-e", "1K", "-n", "3", "-w", "1", "--test-call-op", "max",
+                     "--json", str(out), timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert all(r["wrong"] == 256 * 2 for r in json.loads(out.read_text())["rows"]), out.read_text()
+
+
+@needs_two_gpus
+@pytest.mark.parametrize("peer", ["nccl", "torch"])
+def test_gpu_peers_run_beside_and_are_checked(tmp_path, peer):
+    if peer == "torch" and importlib.util.find_spec("torch") is None:
+        pytest.skip("needs torch")
+    out = tmp_path / "rows.json"
+    proc = run_bench("-np", "2", "-g", "-b", "8", "-e", "64K", "-f", "32", "-n", "20", "-w", "2", "--vs", peer,
+                     "--json", str(out), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert all(r["peer"] == peer and r["wrong"] == 0 and r["peer_wrong"] == 0 and r["ratio"] for r in rows), rows
+    assert "NCCL_NVLS_ENABLE=0" in proc.stdout
+    assert len(table_rows(proc.stdout)) == 3
