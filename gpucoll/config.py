@@ -217,6 +217,12 @@ GPU_COPY = declare("GPUCOLL_GPU_COPY", "choice", "ce",
                    "How large GPU broadcasts and all-gathers move registered data: ce (copy engines, "
                    "cuMemcpyAsync between mapped buffers) or sm (copy kernels).", choices=("ce", "sm"))
 
+# --- testing --------------------------------------------------------------------------
+TEST_HOST = declare("GPUCOLL_TEST_HOST", "str", None,
+                    "Testing only: the host name gpucoll uses for this rank instead of the machine's (%r: the "
+                    "rank), so that ranks of one machine act as ranks of different hosts: no shared memory or "
+                    "CUDA IPC between them, TCP, GPU data through host memory. Never set it for real work.")
+
 # --- the test suite (read by tests/conftest.py, never by gpucoll) ------------------
 TEST_REQUIRE = declare("GPUCOLL_TEST_REQUIRE", "str", None,
                        "Tests only: a comma list of pieces (gpu, mpi4py, mpich, slurm, pmix, multihost, sshd, "

@@ -30,7 +30,7 @@ class Bootstrap:
         self.rank = info.rank
         self.size = info.size
         self.job_id = info.job_id
-        self.host = socket.gethostname()
+        self.host = _host_name(info.rank)
         self.hosts = None
         self.local_rank = info.local_rank
         self.local_size = info.local_size
@@ -55,10 +55,18 @@ class Bootstrap:
             self.local_rank = local_rank
         if self.local_size is None:
             self.local_size = local_size
-        if (self.local_rank, self.local_size) != (local_rank, local_size):
+        if (self.local_rank, self.local_size) != (local_rank, local_size) and not config.TEST_HOST.get():
             log.warn("BOOTSTRAP", "launcher says local rank %s of %s, host names say %d of %d; using %d of %d",
                      self.local_rank, self.local_size, local_rank, local_size, local_rank, local_size)
             self.local_rank, self.local_size = local_rank, local_size
+
+
+def _host_name(rank):
+    """This rank's host name; GPUCOLL_TEST_HOST makes ranks of one machine act as other hosts."""
+    pretend = config.TEST_HOST.get()
+    if pretend:
+        return pretend.replace("%r", str(rank))
+    return socket.gethostname()
 
 
 class SingletonBootstrap(Bootstrap):
