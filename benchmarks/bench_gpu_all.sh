@@ -43,6 +43,9 @@ run bcast_staged 120 GPUCOLL_ALGO=staged GPUCOLL_GPU_STAGE_MAX=1G -o bcast -b 1G
 # beside the whole buffer at once (GPUCOLL_GPU_HOST_CHUNK=0), and NCCL kept off P2P and shared memory.
 run host_pipelined 240 GPUCOLL_P2P_DISABLE=1 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 -o allreduce -b 64K -e 256M -f 4 -n 20 -w 3 --vs nccl
 run host_whole 240 GPUCOLL_P2P_DISABLE=1 GPUCOLL_GPU_HOST_CHUNK=0 -o allreduce -b 64K -e 256M -f 4 -n 20 -w 3
+# The two ranks acting as two hosts (GPUCOLL_TEST_HOST): TCP between them, against NCCL on sockets.
+run hosts_pipelined 240 GPUCOLL_TEST_HOST=pretend%r NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 -o allreduce -b 64K -e 256M -f 4 -n 20 -w 3 --vs nccl
+run hosts_whole 240 GPUCOLL_TEST_HOST=pretend%r GPUCOLL_GPU_HOST_CHUNK=0 -o allreduce -b 64K -e 256M -f 4 -n 20 -w 3
 [ "${TORCH:-0}" = 1 ] && run torch 120 -o allreduce -b 8 -e 1M -f 32 -n 300 -w 20 --vs torch
 echo "== host time per eager call (benchmarks/bench_gpu_host.py)"
 timeout 30 $PY -m gpucoll.launcher -np 2 $PY benchmarks/bench_gpu_host.py > "$OUT/host.log" 2>&1
