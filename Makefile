@@ -6,7 +6,7 @@ NP ?= 4
 STAMP := $(VENV)/.installed
 SOURCES := pyproject.toml setup.py $(wildcard cython_src/*.pyx cython_src/*.pxd cython_src/include/*.h)
 
-.PHONY: install demo test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref bench bench-gloo bench-launch bench-multihost bench-p2p bench-gpu clean
+.PHONY: install demo test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref bench bench-gloo bench-launch bench-multihost bench-p2p bench-gpu calibrate-gpu clean
 
 install: $(STAMP)
 
@@ -91,9 +91,15 @@ bench-launch: $(STAMP)
 	$(PY) -m pip install -q '$(TORCH_PIN)'
 	$(PY) benchmarks/bench_launch.py --reps $(REPEATS) --json $(BENCH_OUT)/launch.json
 
-# The GPU table, on a machine with 2 GPUs whose $(PYTHON) has CuPy (as make test-gpu).
+# The GPU table, on a machine with 2 GPUs whose $(PYTHON) has CuPy (as make test-gpu);
+# GPUS=4 or 8 runs the same commands on that many GPUs.
+GPUS ?= 2
 bench-gpu:
-	OUT=$(BENCH_OUT)/gpu TESTS=0 PYTHON=$(PYTHON) bash benchmarks/bench_gpu_all.sh
+	OUT=$(BENCH_OUT)/gpu TESTS=0 NP=$(GPUS) PYTHON=$(PYTHON) bash benchmarks/bench_gpu_all.sh
+
+# The GPU rows of the cost table fitted on this machine's GPUs (one rank per GPU).
+calibrate-gpu:
+	$(PYTHON) benchmarks/calibrate_gpu.py --out $(BENCH_OUT)/calibrate
 
 clean:
 	rm -rf build $(VENV) .venv-mpich *.egg-info gpucoll/_native/*.so cython_src/*.c .mpi4py-suite

@@ -1,13 +1,14 @@
 #!/bin/bash
 # The GPU table of the README on a 2-GPU machine (`make bench-gpu`), then `make test-gpu`'s
 # tests in what is left of the budget (skipped with TESTS=0); logs and JSON under $OUT.
-#   bench_gpu_all.sh [BUDGET_SECONDS]
+#   [NP=4] bench_gpu_all.sh [BUDGET_SECONDS]
 # Every row is checked (-c 1: the timed calls' own output) and repeated (--repeats 3: median
 # and range). NVLink multicast stays off in everything started from here (gpucoll-bench sets
 # the same and prints them in the table's preamble).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpucoll-out}; mkdir -p "$OUT"
 BUDGET=${1:-600}
+NP=${NP:-2}  # ranks, one per GPU
 PY=${PYTHON:-python3}
 left() { echo $((BUDGET - SECONDS)); }
 {
@@ -22,10 +23,10 @@ run() {  # name timeout [VAR=value ...] gpucoll-bench args...
   local name=$1 t=$2; shift 2
   local envs=()
   while [[ "$1" == *=* && "$1" != -* ]]; do envs+=("$1"); shift; done
-  env "${envs[@]}" timeout "$t" $PY -m gpucoll.bench -np 2 --repeats 3 -c 1 --json "$OUT/$name.json" "$@" \
+  env "${envs[@]}" timeout "$t" $PY -m gpucoll.bench -np "$NP" --repeats 3 -c 1 --json "$OUT/$name.json" "$@" \
     > "$OUT/$name.log" 2>&1
   local rc=$?; [ $rc = 0 ] || failed=1
-  echo "== $name rc=$rc at ${SECONDS}s: ${envs[*]} gpucoll-bench -np 2 --repeats 3 -c 1 $*"
+  echo "== $name rc=$rc at ${SECONDS}s: ${envs[*]} gpucoll-bench -np $NP --repeats 3 -c 1 $*"
   grep -vE "^# (measuring|run |Using)" "$OUT/$name.log" | grep -v "^#  Rank" | cut -c1-200
 }
 # Eager launches, 8 B to 512 MiB; gpucoll registers the callers' buffers above
