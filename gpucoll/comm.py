@@ -97,7 +97,7 @@ class Communicator:
 
     def stats(self):
         """How many calls of this communicator took each path, as a dict (README, "Errors,
-        timeouts and debugging"): `host_fast` (host all-reduces run by the native fast path), `host`
+        timeouts and debugging"): `host_fast` (host all-reduces, bcasts, reduces and all-gathers run by the native fast paths), `host`
         (algorithm -> host collectives run by the general path), `gpu_fast` (repeated GPU
         all-reduces launched from their packed launch), `gpu` (algorithm -> GPU collectives;
         `host-staged` when they went through host memory), `groups`, `group_deferred`,
