@@ -39,7 +39,6 @@ cdef extern from "gc_shmchan.h" nogil:
         gc_chan chan
         uint64_t cap
         int side
-        int32_t peer_pid
     gc_shmchan *gc_shmchan_create(int fd, uint64_t cap, uint64_t token, uint64_t pidns,
                                   int32_t expect_pid, int *err)
     gc_shmchan *gc_shmchan_attach(int fd, int creator_pid, uint64_t token, uint64_t pidns, int *err)
@@ -228,7 +227,10 @@ cdef class ShmChannel:
 
     @staticmethod
     def create(int fd, name, capacity, uint64_t token, uint64_t pidns=0, int expect_pid=0, int peer=-1):
-        """Lay out the new, empty file `fd` as side 0; expect_pid: the peer's pid, 0 if unknown."""
+        """Lay out the new, empty file `fd` as side 0; expect_pid: the peer's pid, 0 if unknown or
+        meaningless here (another pid namespace). Until the peer attaches, a channel whose peer
+        process `expect_pid` has ended is not alive: a peer that dies before attaching fails the
+        collectives waiting for it at once, not at their deadline."""
         cdef int err = 0
         cdef gc_shmchan *ch = gc_shmchan_create(fd, <uint64_t>capacity, token, pidns, expect_pid, &err)
         cdef int en = errno
@@ -274,12 +276,6 @@ cdef class ShmChannel:
     def capacity(self):
         """Bytes per ring (the creator's choice, rounded to pages)."""
         return self._live().cap
-
-    def watch_peer(self, int pid):
-        """Until the peer attaches, take it for gone once process `pid` (of this host and pid
-        namespace; the bootstrap's) has ended: a peer that dies before attaching then fails
-        the collectives waiting for it at once, not at their deadline."""
-        self._live().peer_pid = pid
 
     @property
     def side(self):

@@ -22,6 +22,7 @@ from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 
 from gpucoll import dtypes, ops
+from gpucoll.call import BY_ID, KINDS  # the kinds' numbers: GC_KIND_* of gc_direct.h
 from gpucoll.errors import GpucollError, InvalidUsageError, LostPeerError, MismatchError, TimeoutError
 
 
@@ -81,13 +82,12 @@ cdef extern from "gc_direct.h" nogil:
                            double timeout_s)
 
 
+cdef extern from "gc_proc.h" nogil:
+    int gc_pid_dead(int32_t pid)
+
+
 cdef extern from "gc_reduce.h" nogil:
     int gc_op_valid(int dt, int op)
-
-
-# Collective kinds of a signature, by number (GC_KIND_* in gc_direct.h).
-_KINDS = (None, "allreduce", "bcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather",
-          "scatter", "barrier")
 
 
 def describe_signature(uint64_t sig):
@@ -96,8 +96,8 @@ def describe_signature(uint64_t sig):
     s = int(sig)
     kind, dt, op = s >> 60, (s >> 56) & 15, (s >> 52) & 15
     root, count = (s >> 36) & 0xffff, s & ((1 << 36) - 1)
-    name = _KINDS[kind] if kind < len(_KINDS) and _KINDS[kind] else f"collective {kind}"
-    if kind == 9:
+    name = BY_ID[kind].name if kind in BY_ID else f"collective {kind}"
+    if kind == KINDS["barrier"].id:
         return name
     words = [f"{count} x {dtypes.name(dt)}" if dt != GC_SIG_NONE else f"{count} B"]
     if op != GC_SIG_NONE:
@@ -105,6 +105,15 @@ def describe_signature(uint64_t sig):
     if root != 0xffff:
         words.append(f"root {root}")
     return f"{name} with {' '.join(words)}"
+
+
+def pid_dead(int pid):
+    """True once process `pid` of this host (and pid namespace) is gone or a zombie; False for 0
+    or less (unknown). The one liveness rule (cython_src/include/gc_proc.h)."""
+    cdef int dead
+    with nogil:
+        dead = gc_pid_dead(pid)
+    return bool(dead)
 
 
 def segment_size(int nranks, size_t slot_bytes):
@@ -391,7 +400,7 @@ cdef class DirectGroup:
     def announce(self, int kind, uint64_t count, int dtype_code, int op_code, int root,
                  double timeout_s=-1.0):
         """A barrier carrying the signature of a call run elsewhere (kind: a GC_KIND_* number,
-        as gpucoll.dispatch.KIND_IDS; count; dtype and op codes, or -1 for none; root, or -1):
+        as gpucoll.call.KINDS[kind].id; count; dtype and op codes, or -1 for none; root, or -1):
         raises MismatchError on every rank when the ranks' signatures differ."""
         dt = GC_SIG_NONE if dtype_code < 0 else dtype_code
         op = GC_SIG_NONE if op_code < 0 else op_code
@@ -400,33 +409,63 @@ cdef class DirectGroup:
         if st: self._raise(st)
 
 
-cdef class HostAllreduce:
-    """The fast path of Communicator.Allreduce on NumPy arrays over a direct group.
+cdef class HostFast:
+    """The packed host fast paths of a communicator's Allreduce, Bcast, Reduce and Allgather
+    on NumPy arrays over a direct group (installed by gpucoll/dispatch.py once a call ran on
+    the direct engine; Communicator tries them before it builds a Call).
 
-    Called with the user's (sendbuf, recvbuf, op) before anything else; it does the checks of
-    the general path in C (exact ndarray types, same dtype and size, contiguous in C or Fortran
-    order (the bytes in memory order, as MPI reads them), writable,
-    no partial overlap, an op the dtype supports, a non-empty call whose algorithm is
-    "direct"), takes the communicator's engine the way OrderedEngine.run does (only when
-    nothing is queued), and makes the native call. It returns False, having done nothing,
+    Each method is called with the user's arguments before anything else; it does the checks
+    of the general path in C (exact ndarray types, a dtype gpucoll moves, the same dtype and
+    size, contiguous in C or Fortran order (the bytes in memory order, as MPI reads them),
+    writable where the result lands, no overlap, an op the dtype supports, a root in range, a
+    non-empty call whose algorithm is "direct"), claims the communicator's ordered engine
+    (hooks.engine.enter(): only when nothing is queued), takes the next sequence number
+    (hooks.next_seq()) and makes the native call. It returns False, having done nothing,
     whenever a check fails, so that the general path runs the call and raises its usual
-    errors. A failed native call raises through dispatch.failed(), as the general path does.
+    errors. A failed native call raises through hooks.fast_failed() (gpucoll/diagnosis.py),
+    as the general path's failures do.
+
+    hooks: the dispatcher's public face: engine, next_seq(), choices (the cost table's cached
+    answers, (kind, table bytes) -> algorithm), choose(call), diagnosis (.broken), timeout,
+    fast_failed(kind, count, code, op, root, seq, exc).
     """
 
     cdef DirectGroup group
-    cdef object dispatch, engine, lock, cv, in_place, ndarray, op_type, codes, choices, make_call
+    cdef object hooks, enter, leave, next_seq, choose, diagnosis, choices
+    cdef object in_place, ndarray, op_type, codes, call_type
     cdef double timeout
-    cdef readonly unsigned long long calls  # calls this path ran (Communicator.stats()["host_fast"])
+    cdef int rank, size
+    cdef readonly unsigned long long calls  # calls these paths ran (Communicator.stats()["host_fast"])
 
-    def __init__(self, DirectGroup group, dispatch, engine, in_place, ndarray, op_type, codes, make_call):
-        self.group, self.dispatch, self.engine = group, dispatch, engine
-        self.lock, self.cv = engine._lock, engine._cv
+    def __init__(self, DirectGroup group, hooks, in_place, ndarray, op_type, codes):
+        from gpucoll.call import Call
+
+        self.group, self.hooks = group, hooks
+        self.enter, self.leave = hooks.engine.enter, hooks.engine.leave
+        self.next_seq, self.choose, self.diagnosis = hooks.next_seq, hooks.choose, hooks.diagnosis
+        self.choices = hooks.choices
         self.in_place, self.ndarray, self.op_type, self.codes = in_place, ndarray, op_type, codes
-        self.make_call = make_call  # (count, code, op) -> the Call of the general path, for errors
-        self.timeout = dispatch.timeout
-        self.choices = dispatch._choices  # the dispatcher's own cache: (kind, nbytes) -> algorithm
+        self.call_type = Call
+        self.timeout = hooks.timeout
+        self.rank, self.size = group.g.rank, group.g.nranks
 
-    def __call__(self, sendbuf, recvbuf, op):
+    cdef bint _direct(self, kind, size_t table_bytes, size_t count, int code, op, int root) except -1:
+        """The cost table picks the direct engine for this call (and the communicator works)."""
+        if self.diagnosis.broken is not None:
+            return False
+        algo = self.choices.get((kind, table_bytes))
+        if algo is None:
+            algo = self.choose(self.call_type(kind, None, None, count, code, op, root))
+        return algo == "direct"
+
+    cdef int _failed(self, int st, kind, size_t count, int code, op, int root, seq) except -1:
+        try:
+            self.group._raise(st)
+        except GpucollError as exc:
+            self.hooks.fast_failed(kind, count, code, op, root, seq, exc)
+        return 0
+
+    def allreduce(self, sendbuf, recvbuf, op):
         cdef Py_buffer rv, sv
         cdef bint have_send = False
         cdef size_t count, nbytes
@@ -454,46 +493,185 @@ cdef class HostAllreduce:
                     return False
                 try:
                     PyObject_GetBuffer(sendbuf, &sv, PyBUF_ANY_CONTIGUOUS)
-                except (BufferError, ValueError):  # read-only, not contiguous: the general path says so
+                except (BufferError, ValueError):
                     return False
                 have_send = True
                 saddr = <uintptr_t>sv.buf
                 if <size_t>sv.len != nbytes or (saddr != raddr and saddr < raddr + nbytes and raddr < saddr + nbytes):
                     return False
-            if nbytes == 0 or self.dispatch._broken:
+            if nbytes == 0:
                 return False
             count = nbytes // <size_t>rv.itemsize
-            algo = self.choices.get(("allreduce", nbytes))
-            if algo is None:
-                algo = self.dispatch._choose(self.make_call(count, code, op), nbytes)
-            if algo != "direct":
+            if not self._direct("allreduce", nbytes, count, code, op, 0) or not self.enter():
                 return False
-            engine = self.engine
-            self.lock.acquire()
-            idle = not engine._queue and not engine._busy
-            if idle:
-                engine._busy = True
-            self.lock.release()
-            if not idle:
-                return False
-            dispatch = self.dispatch
-            seq = dispatch.seq
-            dispatch.seq = seq + 1
+            seq = self.next_seq()
             self.calls += 1
             try:
                 with nogil:
                     st = gc_direct_allreduce(&self.group.g, <const void *>saddr, <void *>raddr, count, code,
                                              op_code, self.timeout)
             finally:
-                with self.cv:
-                    engine._busy = False
-                    if engine._queue or engine._closed:
-                        self.cv.notify_all()
+                self.leave()
             if st:
+                self._failed(st, "allreduce", count, code, op, 0, seq)
+            return True
+        finally:
+            PyBuffer_Release(&rv)
+            if have_send:
+                PyBuffer_Release(&sv)
+
+    def bcast(self, buf, root):
+        cdef Py_buffer bv
+        cdef size_t nbytes, count
+        cdef int st, code, r
+        if type(buf) is not self.ndarray or type(root) is not int:
+            return False
+        if root < 0 or root >= self.size:
+            return False
+        r = root
+        c = self.codes.get(buf.dtype)
+        if c is None:
+            return False
+        code = c
+        try:
+            PyObject_GetBuffer(buf, &bv, PyBUF_ANY_CONTIGUOUS | (PyBUF_WRITABLE if r != self.rank else 0))
+        except (BufferError, ValueError):
+            return False
+        try:
+            nbytes = <size_t>bv.len
+            if nbytes == 0:
+                return False
+            count = nbytes // <size_t>bv.itemsize
+            if not self._direct("bcast", nbytes, count, code, None, r) or not self.enter():
+                return False
+            seq = self.next_seq()
+            self.calls += 1
+            try:
+                with nogil:
+                    st = gc_direct_bcast(&self.group.g, bv.buf, nbytes, r, self.timeout)
+            finally:
+                self.leave()
+            if st:
+                self._failed(st, "bcast", count, code, None, r, seq)
+            return True
+        finally:
+            PyBuffer_Release(&bv)
+
+    def reduce(self, sendbuf, recvbuf, op, root):
+        cdef Py_buffer rv, sv
+        cdef bint have_recv = False, have_send = False
+        cdef size_t count, nbytes
+        cdef uintptr_t raddr = 0, saddr = 0
+        cdef int st, code, op_code, r
+        if type(op) is not self.op_type or type(root) is not int:
+            return False
+        if root < 0 or root >= self.size:
+            return False
+        r = root
+        try:
+            if r == self.rank:
+                if type(recvbuf) is not self.ndarray:
+                    return False
+                dt = recvbuf.dtype
                 try:
-                    self.group._raise(st)
-                except GpucollError as exc:
-                    dispatch.failed(self.make_call(count, code, op), seq, "direct", exc)
+                    PyObject_GetBuffer(recvbuf, &rv, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS)
+                except (BufferError, ValueError):
+                    return False
+                have_recv = True
+                raddr = saddr = <uintptr_t>rv.buf
+                nbytes = <size_t>rv.len
+            else:  # recvbuf is ignored off the root; IN_PLACE there is an error the general path raises
+                if sendbuf is self.in_place:
+                    return False
+                dt = sendbuf.dtype if type(sendbuf) is self.ndarray else None
+            if sendbuf is not self.in_place:
+                if type(sendbuf) is not self.ndarray or sendbuf.dtype is not dt:
+                    return False
+                try:
+                    PyObject_GetBuffer(sendbuf, &sv, PyBUF_ANY_CONTIGUOUS)
+                except (BufferError, ValueError):
+                    return False
+                have_send = True
+                saddr = <uintptr_t>sv.buf
+                if have_recv:
+                    if <size_t>sv.len != nbytes or (saddr != raddr and saddr < raddr + nbytes and raddr < saddr + nbytes):
+                        return False
+                else:
+                    nbytes = <size_t>sv.len
+            c = self.codes.get(dt)
+            if c is None:
+                return False
+            code, op_code = c, op.code
+            if not gc_op_valid(code, op_code) or nbytes == 0:
+                return False
+            count = nbytes // <size_t>dt.itemsize
+            if not self._direct("reduce", nbytes, count, code, op, r) or not self.enter():
+                return False
+            seq = self.next_seq()
+            self.calls += 1
+            try:
+                with nogil:
+                    st = gc_direct_reduce(&self.group.g, <const void *>saddr, <void *>raddr, count, code, op_code,
+                                          r, self.timeout)
+            finally:
+                self.leave()
+            if st:
+                self._failed(st, "reduce", count, code, op, r, seq)
+            return True
+        finally:
+            if have_recv:
+                PyBuffer_Release(&rv)
+            if have_send:
+                PyBuffer_Release(&sv)
+
+    def allgather(self, sendbuf, recvbuf):
+        cdef Py_buffer rv, sv
+        cdef bint have_send = False
+        cdef size_t total, block, count, isz
+        cdef uintptr_t raddr, saddr
+        cdef int st, code
+        if type(recvbuf) is not self.ndarray:
+            return False
+        dt = recvbuf.dtype
+        c = self.codes.get(dt)
+        if c is None:
+            return False
+        code = c
+        try:
+            PyObject_GetBuffer(recvbuf, &rv, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS)
+        except (BufferError, ValueError):
+            return False
+        try:
+            total = <size_t>rv.len
+            isz = <size_t>rv.itemsize
+            if total == 0 or (total // isz) % <size_t>self.size:
+                return False
+            block = total // <size_t>self.size
+            raddr = <uintptr_t>rv.buf
+            saddr = raddr + <size_t>self.rank * block  # IN_PLACE: this rank's block is in place
+            if sendbuf is not self.in_place:
+                if type(sendbuf) is not self.ndarray or sendbuf.dtype is not dt:
+                    return False
+                try:
+                    PyObject_GetBuffer(sendbuf, &sv, PyBUF_ANY_CONTIGUOUS)
+                except (BufferError, ValueError):
+                    return False
+                have_send = True
+                saddr = <uintptr_t>sv.buf
+                if <size_t>sv.len != block or (saddr < raddr + total and raddr < saddr + block):
+                    return False
+            count = block // isz
+            if not self._direct("allgather", total, count, code, None, 0) or not self.enter():
+                return False
+            seq = self.next_seq()
+            self.calls += 1
+            try:
+                with nogil:
+                    st = gc_direct_allgather(&self.group.g, <const void *>saddr, <void *>raddr, block, self.timeout)
+            finally:
+                self.leave()
+            if st:
+                self._failed(st, "allgather", count, code, None, 0, seq)
             return True
         finally:
             PyBuffer_Release(&rv)

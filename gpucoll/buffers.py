@@ -9,12 +9,11 @@ import numpy as np
 
 from . import dtypes
 from ._native.core import address_of
+from .call import HostBuffer  # noqa: F401 - also gpucoll.buffers.HostBuffer
 from .errors import InvalidUsageError
 from .gpu.buffers import maybe_gpu_buffer
 
-
-# NumPy dtype -> native code, for the dtypes NumPy itself has (bfloat16 comes through specs).
-_CODES = {np.dtype(name): code for code, name in enumerate(dtypes.NAMES) if name != "bfloat16"}
+_CODES = dtypes.CODES
 
 
 class Datatype:
@@ -36,22 +35,8 @@ class Datatype:
         return f"Datatype({self.name})"
 
 
-class HostBuffer:
-    """A contiguous host buffer: `array` is a 1-D NumPy view of the elements in memory order."""
-
-    __slots__ = ("array", "addr", "count", "code", "itemsize")
-    is_gpu = False
-
-    def __init__(self, array, code):
-        self.array = array
-        self.addr = address_of(array) if array.size else 0
-        self.count = array.size
-        self.code = code
-        self.itemsize = array.itemsize
-
-    @property
-    def nbytes(self):
-        return self.count * self.itemsize
+def _host(array, code):
+    return HostBuffer(array, code, address_of(array) if array.size else 0)
 
 
 def _is_gpu_object(obj):
@@ -118,7 +103,7 @@ def _from_spec(spec, what, blocks):
             raise InvalidUsageError(f"{what}: count {total}{per} exceeds the buffer's {view.size} "
                                     f"{datatype.name} elements")
         view = view[:total]
-    return HostBuffer(view, datatype.code)
+    return _host(view, datatype.code)
 
 
 def _contiguous(arr, what):
@@ -145,7 +130,8 @@ def host_buffer(obj, what="buffer", writable=False, blocks=1):
         if code is not None and flags.forc:
             if writable and not flags.writeable:
                 raise InvalidUsageError(f"{what} is read-only; the result needs a writable buffer")
-            return HostBuffer(obj if obj.ndim == 1 else obj.reshape(-1, order="A"), code)  # _flat, inline
+            flat = obj if obj.ndim == 1 else obj.reshape(-1, order="A")  # _flat and _host, inline
+            return HostBuffer(flat, code, address_of(flat) if flat.size else 0)
     gpu = maybe_gpu_buffer(obj, what)  # GpuBuffer for CuPy/torch/CAI/DLPack GPU objects
     if gpu is not None:
         return gpu
@@ -156,7 +142,7 @@ def host_buffer(obj, what="buffer", writable=False, blocks=1):
         if arr.dtype.kind == "V" or arr.dtype.name not in dtypes.NAMES:
             raise InvalidUsageError(f"{what} has dtype {arr.dtype}, which gpucoll does not reduce or move; "
                                     f"use one of: {', '.join(dtypes.NAMES)}")
-        buf = HostBuffer(_flat(arr), dtypes.code_of(arr.dtype))
+        buf = _host(_flat(arr), dtypes.code_of(arr.dtype))
     if writable and not buf.array.flags.writeable:
         raise InvalidUsageError(f"{what} is read-only; the result needs a writable buffer")
     return buf

@@ -1,8 +1,8 @@
 """The communicator: mpi4py's names and argument order, NCCL's speed.
 
 Every method checks its arguments on the calling rank before anything is sent, then
-hands a validated `Call` to the dispatcher (gpucoll/dispatch.py), which picks the
-algorithm and transport. Blocking methods return when the result is in place;
+hands a validated `Call` (gpucoll/call.py) to the dispatcher (gpucoll/dispatch.py), which
+numbers it and picks the engine. Blocking methods return when the result is in place;
 `I*` methods return a `Request`.
 
     import numpy as np, gpucoll
@@ -19,22 +19,15 @@ import numpy as np
 
 from . import ops as _ops
 from .buffers import host_buffer
+from .call import IN_PLACE, Call, check_host_stream
 from .counters import PathCounters
-from .dispatch import Call, Dispatcher
-from .engine import OrderedEngine
+from .dispatch import Dispatcher
+from .engines.handle import FastPaths, Handle
 from .errors import GpucollError, InvalidUsageError
 from .request import CompletedRequest
 from . import p2p as _p2p
 
 
-class _InPlace:
-    """Marker for mpi4py's IN_PLACE: the input is taken from the receive buffer."""
-
-    def __repr__(self):
-        return "gpucoll.IN_PLACE"
-
-
-IN_PLACE = _InPlace()
 UNDEFINED = -32766  # Split colour that leaves a rank out of every new communicator
 
 # A forked child inherits its parent's communicators: their shared memory, sockets and call
@@ -74,13 +67,14 @@ class Communicator:
         self._freed = False     # freed, or inherited by a forked child: every call raises _unusable
         self._unusable = None
         self._stats = PathCounters()  # which path each call took (stats())
-        self._engine = OrderedEngine(comm_id)
-        self._dispatch = Dispatcher(self)
+        self._fast = FastPaths()  # the packed fast paths (host, gpu) the engines install
+        self._handle = Handle(context, comm_id, self.rank, self.size, self.local_size, self._world_ranks,
+                              self._stats, self._fast, exchange=self.allgather, exchange_into=self.Allgather,
+                              barrier=self.Barrier, run=self._run, free=self.Free, subgroup=self._subgroup)
+        self._dispatch = Dispatcher(self._handle)
         self._p2p = _p2p.PointToPoint(self)
         self._children = 0  # Split/Dup counter: names children identically on every rank
-        self._gpu_fast = None  # GpuDispatcher.fast_allreduce once a GPU all-reduce was packed
         self._group = None     # inside comm.group(): the _Group collecting deferred operations
-        self._host_fast = None  # HostAllreduce once a host all-reduce ran on the direct group
         _LIVE.add(self)
 
     # --- identity ---------------------------------------------------------------
@@ -103,12 +97,12 @@ class Communicator:
 
     def stats(self):
         """How many calls of this communicator took each path, as a dict (README, "Errors,
-        timeouts and debugging"): `host_fast` (host all-reduces run by the native fast path), `host`
+        timeouts and debugging"): `host_fast` (host all-reduces, bcasts, reduces and all-gathers run by the native fast paths), `host`
         (algorithm -> host collectives run by the general path), `gpu_fast` (repeated GPU
         all-reduces launched from their packed launch), `gpu` (algorithm -> GPU collectives;
         `host-staged` / `host-pipelined` when they went through host memory), `groups`, `group_deferred`,
         `group_p2p`, `fused_launches` and `fused_calls`."""
-        fast = self._host_fast
+        fast = self._fast.host
         return self._stats.snapshot(fast.calls if fast is not None else 0)
 
     def _check_alive(self):
@@ -119,14 +113,14 @@ class Communicator:
         """In a forked child: every later call raises; the transports stay as they are (they are
         the parent's, so even Free leaves them alone)."""
         self._freed = True
-        self._gpu_fast = self._host_fast = None
+        self._fast.host = self._fast.gpu = None
         self._unusable = (
             f"communicator {self._id} belongs to process {self._pid}, which created it; this process "
             f"({os.getpid()}) is a fork of it and cannot use it: its calls would take part in the parent's "
             "collectives and corrupt both results. Use gpucoll only in the process that initialised it and "
             "pass data to and from child processes yourself, or start the children with multiprocessing's "
             "'spawn' start method, which inherits no communicator.")
-        self._engine.abandon(InvalidUsageError(self._unusable))  # requests the parent had pending
+        self._dispatch.engine.abandon(InvalidUsageError(self._unusable))  # requests the parent had pending
 
     def _check_root(self, root):
         if not isinstance(root, (int, np.integer)) or isinstance(root, bool):
@@ -166,15 +160,13 @@ class Communicator:
         """Release the communicator's transports; using it afterwards raises."""
         if self._freed:
             return
-        self._gpu_fast = self._host_fast = None
+        self._fast.host = self._fast.gpu = None
         self._unusable = f"communicator {self._id} was freed; create a new one with Dup() or Split()"
         error = None
-        if self._dispatch._gpu is not None:
-            try:  # no peer may still be using our IPC memory when it is unmapped
-                self._dispatch._gpu.quiesce()
-            except GpucollError as exc:
-                error = exc
-        self._engine.close()
+        try:  # no peer may still be using our IPC memory when it is unmapped
+            self._dispatch.quiesce()
+        except GpucollError as exc:
+            error = exc
         self._p2p.close()
         self._dispatch.close()
         self._freed = True
@@ -199,31 +191,21 @@ class Communicator:
 
     # --- the buffer collectives ---------------------------------------------------
     def _blocking(self, call, stream=None):
-        self._dispatch.number(call)
-        if call.gpu:  # enqueued on the stream in this thread (gpucoll/gpu), like NCCL
-            call.stream = stream
-            if self._group is not None:  # kept for the end of the group
-                self._group.calls.append((call, None))
-            else:
-                call.run()
-            return
-        _host_stream(stream)
-        self._engine.run(call.run)
+        call.stream = stream
+        self._dispatch.submit(call, self._group)
 
     def _nonblocking(self, call, stream=None):
-        self._dispatch.number(call)
-        if call.gpu:
-            from .gpu.request import GpuRequest
+        call.stream = stream
+        return self._dispatch.submit_nonblocking(call, self._group)
 
-            call.stream = stream
-            if self._group is not None:  # its event is recorded when the group ends
-                req = GpuRequest(call.kind, None, self._dispatch.gpu())
-                self._group.calls.append((call, req))
-                return req
-            call.run()
-            return GpuRequest(call.kind, call.stream, self._dispatch.gpu())
-        _host_stream(stream)
-        return self._engine.submit(call.run, call.kind)
+    def _run(self, call):
+        """A blocking call built by an engine (the phases of a hierarchical all-reduce)."""
+        self._check_alive()
+        self._dispatch.submit(call)
+
+    def _subgroup(self, comm_id, world_ranks):
+        """The engines' handle of a new communicator of these world ranks, made locally."""
+        return Communicator(self._ctx, comm_id, world_ranks)._handle
 
     def _allreduce_call(self, sendbuf, recvbuf, op):
         self._check_alive()
@@ -233,14 +215,14 @@ class Communicator:
         _same_shape(send, recv, "sendbuf", "recvbuf", "Allreduce")
         _overlap(send, recv, 0, "Allreduce")
         op.check(recv.code)
-        return Call(self._dispatch, "allreduce", send, recv, recv.count, recv.code, op)
+        return Call("allreduce", send, recv, recv.count, recv.code, op)
 
     def Allreduce(self, sendbuf, recvbuf, op=_ops.SUM, stream=None):
         """recvbuf = op over every rank's sendbuf (IN_PLACE: recvbuf is also the input)."""
-        fast = self._host_fast  # NumPy arrays on one host: the native fast path (cython_src/direct.pyx)
-        if fast is not None and stream is None and fast(sendbuf, recvbuf, op):
+        fast = self._fast.host  # NumPy arrays on one host: the native fast path (cython_src/direct.pyx)
+        if fast is not None and stream is None and fast.allreduce(sendbuf, recvbuf, op):
             return
-        fast = self._gpu_fast  # a repeated GPU all-reduce: one packed launch (gpucoll/gpu/dispatch.py)
+        fast = self._fast.gpu  # a repeated GPU all-reduce: one packed launch (gpucoll/gpu/dispatch.py)
         if fast is not None and self._group is None and fast(sendbuf, recvbuf, op, stream):
             return
         self._blocking(self._allreduce_call(sendbuf, recvbuf, op), stream)
@@ -252,10 +234,13 @@ class Communicator:
         self._check_alive()
         root = self._check_root(root)
         b = host_buffer(buf, "buf", writable=self.rank != root)
-        return Call(self._dispatch, "bcast", b, b, b.count, b.code, root=root)
+        return Call("bcast", b, b, b.count, b.code, root=root)
 
     def Bcast(self, buf, root=0, stream=None):
         """Copy root's buf into every rank's buf."""
+        fast = self._fast.host
+        if fast is not None and stream is None and fast.bcast(buf, root):
+            return
         self._blocking(self._bcast_call(buf, root), stream)
 
     def Ibcast(self, buf, root=0, stream=None):
@@ -276,10 +261,13 @@ class Communicator:
             send = host_buffer(sendbuf, "sendbuf")
             recv = None
         op.check(send.code)
-        return Call(self._dispatch, "reduce", send, recv, send.count, send.code, op, root)
+        return Call("reduce", send, recv, send.count, send.code, op, root)
 
     def Reduce(self, sendbuf, recvbuf, op=_ops.SUM, root=0, stream=None):
         """root's recvbuf = op over every rank's sendbuf; recvbuf is ignored elsewhere."""
+        fast = self._fast.host
+        if fast is not None and stream is None and fast.reduce(sendbuf, recvbuf, op, root):
+            return
         self._blocking(self._reduce_call(sendbuf, recvbuf, op, root), stream)
 
     def Ireduce(self, sendbuf, recvbuf, op=_ops.SUM, root=0, stream=None):
@@ -296,10 +284,13 @@ class Communicator:
             send = host_buffer(sendbuf, "sendbuf")
             _block_fits(send, recv, block, self.size, "Allgather", "sendbuf", "recvbuf")
             _overlap(send, recv, self.rank * send.nbytes, "Allgather")
-        return Call(self._dispatch, "allgather", send, recv, block, recv.code)
+        return Call("allgather", send, recv, block, recv.code)
 
     def Allgather(self, sendbuf, recvbuf, stream=None):
         """recvbuf = every rank's sendbuf, concatenated in rank order."""
+        fast = self._fast.host
+        if fast is not None and stream is None and fast.allgather(sendbuf, recvbuf):
+            return
         self._blocking(self._allgather_call(sendbuf, recvbuf), stream)
 
     def Iallgather(self, sendbuf, recvbuf, stream=None):
@@ -321,7 +312,7 @@ class Communicator:
             _block_fits(recv, send, block, self.size, "Reduce_scatter_block", "recvbuf", "sendbuf")
             _overlap(recv, send, 0, "Reduce_scatter_block")
         op.check(recv.code)
-        return Call(self._dispatch, "reduce_scatter", send, recv, block, recv.code, op)
+        return Call("reduce_scatter", send, recv, block, recv.code, op)
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=_ops.SUM, stream=None):
         """Rank i's recvbuf = op over every rank's block i of sendbuf."""
@@ -340,7 +331,7 @@ class Communicator:
             send = host_buffer(sendbuf, "sendbuf", blocks=self.size)
             _same_shape(send, recv, "sendbuf", "recvbuf", "Alltoall")
             _overlap(send, recv, 0, "Alltoall")
-        return Call(self._dispatch, "alltoall", send, recv, recv.count // self.size, recv.code)
+        return Call("alltoall", send, recv, recv.count // self.size, recv.code)
 
     def Alltoall(self, sendbuf, recvbuf, stream=None):
         """Block j of rank i's sendbuf becomes block i of rank j's recvbuf."""
@@ -366,7 +357,7 @@ class Communicator:
                 raise InvalidUsageError("Gather: IN_PLACE is only allowed on the root")
             send, recv = host_buffer(sendbuf, "sendbuf"), None
             block, code = send.count, send.code
-        return Call(self._dispatch, "gather", send, recv, block, code, root=root)
+        return Call("gather", send, recv, block, code, root=root)
 
     def Gather(self, sendbuf, recvbuf, root=0, stream=None):
         """root's recvbuf = every rank's sendbuf in rank order."""
@@ -392,7 +383,7 @@ class Communicator:
                 raise InvalidUsageError("Scatter: IN_PLACE is only allowed on the root")
             send, recv = None, host_buffer(recvbuf, "recvbuf", writable=True)
             block, code = recv.count, recv.code
-        return Call(self._dispatch, "scatter", send, recv, block, code, root=root)
+        return Call("scatter", send, recv, block, code, root=root)
 
     def Scatter(self, sendbuf, recvbuf, root=0, stream=None):
         """Block i of root's sendbuf goes to rank i's recvbuf."""
@@ -403,7 +394,7 @@ class Communicator:
 
     def _barrier_call(self):
         self._check_alive()
-        return Call(self._dispatch, "barrier", None, None, 0, 0)
+        return Call("barrier", None, None, 0, 0)
 
     def Barrier(self):
         """Return once every rank has entered the barrier."""
@@ -635,7 +626,7 @@ class _Group:
         stats.group_deferred += len(self.calls)
         stats.group_p2p += len(self.waits)
         if self.calls:
-            comm._dispatch.gpu().execute_group([call for call, _ in self.calls])
+            comm._dispatch.run_group([call for call, _ in self.calls])
             for call, req in self.calls:
                 if req is not None:
                     req.record(call.stream)
@@ -659,9 +650,7 @@ class _ScatterFailed:
         self.problem = problem
 
 
-def _host_stream(stream):
-    if stream is not None:
-        raise InvalidUsageError("stream= applies to GPU buffers only; these buffers are in host memory")
+_host_stream = check_host_stream  # point to point refuses a stream on host buffers the same way
 
 
 def _integer(value):

@@ -169,12 +169,8 @@ ALGO = declare("GPUCOLL_ALGO", "choice", "auto",
                "Force an algorithm: auto, direct, ring, tree, rhd (recursive halving/doubling), "
                "one-shot, two-shot or staged (GPU: through the IPC staging buffers).",
                choices=("auto", "direct", "ring", "tree", "rhd", "one-shot", "two-shot", "staged"))
-PROTO = declare("GPUCOLL_PROTO", "choice", "auto", "Force a protocol: auto, simple or ll (low latency).",
-                choices=("auto", "simple", "ll"))
 BUFFSIZE = declare("GPUCOLL_BUFFSIZE", "size", 4 << 20,
                    "Bytes of staging buffer per peer and channel (shared memory, sockets).", minimum=4096)
-NCHANNELS = declare("GPUCOLL_NCHANNELS", "int", 0, "Channels (parallel pipelines); 0 picks automatically.",
-                    minimum=0)
 
 # --- transports ------------------------------------------------------------------
 SHM_DISABLE = declare("GPUCOLL_SHM_DISABLE", "bool", False,

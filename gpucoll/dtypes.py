@@ -15,6 +15,8 @@ FLOATING = frozenset({FLOAT16, BFLOAT16, FLOAT32, FLOAT64})
 COMPLEX = frozenset({COMPLEX64, COMPLEX128})
 
 _BY_NAME = {name: code for code, name in enumerate(NAMES)}
+# NumPy dtype -> code, for the dtypes NumPy itself has (bfloat16 comes through buffer specs).
+CODES = {np.dtype(name): code for code, name in enumerate(NAMES) if name != "bfloat16"}
 
 
 def code_of(dtype):

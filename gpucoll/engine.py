@@ -23,23 +23,34 @@ class OrderedEngine:
         self._closed = False
         self._current = None  # the request the worker is running
 
-    def run(self, task):
-        """Run task() now, in order after anything pending; return its result."""
+    def enter(self):
+        """Claim the engine for one operation run inline by the caller, when nothing is queued
+        or running: True (then call leave() when it is done), else False (nothing claimed;
+        queue the operation with submit() to keep the order). The public hook of every inline
+        path, the native fast paths' included."""
         lock = self._lock  # the condition's own lock, taken directly: this is every call's path
         lock.acquire()
         inline = not self._queue and not self._busy
         if inline:
             self._busy = True
         lock.release()
-        if not inline:
+        return inline
+
+    def leave(self):
+        """End the operation that enter() claimed; wake the worker if something is queued."""
+        with self._cv:
+            self._busy = False
+            if self._queue or self._closed:
+                self._cv.notify_all()
+
+    def run(self, task):
+        """Run task() now, in order after anything pending; return its result."""
+        if not self.enter():
             return self.submit(task, "blocking").wait()
         try:
             return task()
         finally:
-            with self._cv:
-                self._busy = False
-                if self._queue or self._closed:
-                    self._cv.notify_all()
+            self.leave()
 
     def submit(self, task, name="request"):
         """Queue task(); the Request completes with its result or error."""

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 
+from gpucoll.ranks import ranges
 from gpucoll.transports import handshake
 
 from . import report, wire
@@ -402,31 +403,28 @@ class Head:
         self._kill_agents()
         for stream in self.streams:
             stream.close()
-        stopped_by_us = report.launcher_stop(self.stop_reason, self.stop_signal, self.opts.timeout,
-                                              self.still_running_at_stop)
-        if stopped_by_us is not None:
-            code, lines = stopped_by_us
-        elif self.stop_reason == "startup":
+        if self.stop_reason == "startup":
             message, code = self.startup_error
             lines = [f"gpurun: {message}", f"gpurun: exiting with {code}"]
         elif self.stop_reason == "lost":
             node = self.lost_node
             code = EXIT_LOST_HOST
-            lines = [f"gpurun: lost host {node.host} (node {node.index}, ranks {_ranges(node.ranks)}): its "
+            lines = [f"gpurun: lost host {node.host} (node {node.index}, ranks {ranges(node.ranks)}): its "
                      "agent's connection dropped while the job ran"]
             stopped = [r for r in self.still_running_at_stop if r not in node.ranks]
             if stopped:
                 lines.append(f"gpurun: stopped {len(stopped)} other rank(s): {report.ranks_text(stopped)}")
             lines.append(f"gpurun: exiting with {code}")
-        elif self.first_failure is not None:
-            f = self.first_failure
-            code = report.exit_code_of(f["returncode"])
-            stopped = [r for r in self.still_running_at_stop if r != f["rank"]]
-            lines = report.failure_report(f["rank"], f["host"], f["pid"], f["returncode"], f.get("tail") or [],
-                                          stopped, code)
         else:
-            codes = [n.done for n in self.nodes if n.done]
-            return codes[0] if codes else 0
+            f = self.first_failure
+            ended = report.end_of_job(self.stop_reason, self.stop_signal, self.opts.timeout,
+                                      self.still_running_at_stop,
+                                      None if f is None else (f["rank"], f["host"], f["pid"], f["returncode"],
+                                                              f.get("tail")))
+            if ended is None:
+                codes = [n.done for n in self.nodes if n.done]
+                return codes[0] if codes else 0
+            code, lines = ended
         self.stderr.write(("\n".join(lines) + "\n").encode())
         return code
 
@@ -457,10 +455,3 @@ class Head:
             stream.close()
         self.selector.close()
 
-
-def _ranges(ranks):
-    if not ranks:
-        return "none"
-    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 1:
-        return f"{ranks[0]}-{ranks[-1]}"
-    return ", ".join(str(r) for r in ranks)

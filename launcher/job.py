@@ -273,18 +273,13 @@ class Job:
         reap_orphans()
         for stream in self.streams:
             stream.close()
-        stopped_by_us = report.launcher_stop(self.stop_reason, self.stop_signal, self.opts.timeout,
-                                              self.still_running_at_stop)
-        if stopped_by_us is not None:
-            code, lines = stopped_by_us
-        elif self.first_failure is not None:
-            rank = self.first_failure
-            code = report.exit_code_of(rank.returncode)
-            tail = self.stderr_tail(rank.rank)
-            stopped = [r for r in self.still_running_at_stop if r != rank.rank]
-            lines = report.failure_report(rank.rank, self.host, rank.pid, rank.returncode, tail, stopped, code)
-        else:
+        failed = self.first_failure
+        ended = report.end_of_job(self.stop_reason, self.stop_signal, self.opts.timeout, self.still_running_at_stop,
+                                  None if failed is None else (failed.rank, self.host, failed.pid, failed.returncode,
+                                                               self.stderr_tail(failed.rank)))
+        if ended is None:
             return 0
+        code, lines = ended
         self.report(lines)
         return code
 

@@ -142,6 +142,22 @@ def launcher_stop(reason, signum, timeout, still_running):
     return None
 
 
+def end_of_job(reason, signum, timeout, still_running, first_failure):
+    """(exit code, report lines) of a job that gpurun ended (launcher_stop) or that a rank's
+    failure ended (first_failure: rank, host, pid, returncode, stderr tail of the first rank
+    that failed; the ranks still running are reported as stopped), else None: every rank
+    ended by itself, well. The one closing report of a one-host job and of a multi-host one."""
+    stopped_by_us = launcher_stop(reason, signum, timeout, still_running)
+    if stopped_by_us is not None:
+        return stopped_by_us
+    if first_failure is None:
+        return None
+    rank, host, pid, returncode, tail = first_failure
+    code = exit_code_of(returncode)
+    stopped = [r for r in still_running if r != rank]
+    return code, failure_report(rank, host, pid, returncode, tail or [], stopped, code)
+
+
 def ranks_text(ranks):
     """'0, 2, 3' (or 'none')."""
     return ", ".join(str(r) for r in sorted(ranks)) or "none"

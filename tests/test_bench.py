@@ -61,10 +61,11 @@ def test_every_collective_checks_out_on_three_ranks():
                      "-d", "int32")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = table_rows(proc.stdout)
-    assert len(rows) == 5 * 3 and all(r[-1] == "0" for r in rows)
+    assert len(rows) == 6 * 3 and all(r[-1] == "0" for r in rows)
     # Blocked collectives round the count down to a multiple of the ranks (never below one each).
     assert [int(r[1]) for r in rows[3:6]] == [3, 30, 1023]
     assert [r[4] for r in rows[9:12]] == ["1", "1", "1"]  # bcast shows its root
+    assert [r[3] for r in rows[15:18]] == ["sum"] * 3 and [r[4] for r in rows[15:18]] == ["1"] * 3  # reduce
 
 
 @needs_mpi

@@ -159,3 +159,19 @@ def test_host_allreduce_fast_path_matches_the_general_one(gpurun_job, size):
         assert got["repeated"] == [10, 0] and got["seq_step"] == 10, got
     # rank 0's Iallreduce waited for the late last rank: the blocking call behind it took the general path
     assert res[0]["behind_queued"] == [0, 2], res[0]
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_host_bcast_reduce_allgather_fast_paths_match_the_general_one(gpurun_job, size):
+    job = gpurun_job(size, "host_fast_kinds.py", timeout=120).check()
+    res = job.json_lines()
+    assert sorted(res) == list(range(size)), job.describe()
+    for rank, got in res.items():
+        assert got["installed"] is True
+        assert got["failures"] == [], got["failures"]
+        # every valid call ran on the fast path, none on the general one
+        assert got["valid"]["fast, general"] == [got["valid"]["calls"], 0], got["valid"]
+        assert got["general"] == [0, 2], "a NumPy root and an explicit own block are the general path's"
+        assert set(got["errors"].values()) == {"InvalidUsageError"}, got["errors"]
+        assert got["bad"] == [0, 0], "bad arguments are refused before either path runs"
+        assert got["after"] == [size * (size + 1) / 2] * 3

@@ -76,6 +76,7 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+#include "gc_proc.h"
 #include "gc_types.h"
 #include "gc_reduce.h"
 
@@ -128,7 +129,8 @@ typedef struct {
 } gc_direct_line;
 typedef char gc__line_is_64_bytes[sizeof(gc_direct_line) == GC_DIRECT_LINE ? 1 : -1];
 
-/* Collective kinds of a call signature: the numbers of KIND_IDS in gpucoll/dispatch.py. */
+/* Collective kinds of a call signature: the numbers of KINDS in gpucoll/call.py (tests/test_call.py
+ * compares the two). */
 enum {
     GC_KIND_ALLREDUCE = 1, GC_KIND_BCAST = 2, GC_KIND_REDUCE = 3, GC_KIND_ALLGATHER = 4,
     GC_KIND_REDUCE_SCATTER = 5, GC_KIND_ALLTOALL = 6, GC_KIND_GATHER = 7, GC_KIND_SCATTER = 8,
@@ -186,7 +188,6 @@ typedef struct {
     uint64_t bad_sig_peer, bad_sig_by;
 } gc_direct;
 
-static inline int gc__pid_dead(int32_t pid);
 static inline uint64_t gc__pidns(void);
 
 /* ---- layout ------------------------------------------------------------------------------- */
@@ -243,7 +244,7 @@ static inline int gc_direct_format(void *base, size_t size, int nranks, size_t s
  * something in its own pid namespace; a creator in another one is never judged gone. */
 static inline int gc__creator_gone(const gc_direct_hdr *h)
 {
-    return h->creator_pidns == gc__pidns() && gc__pid_dead(h->creator_pid);
+    return h->creator_pidns == gc__pidns() && gc_pid_dead(h->creator_pid);
 }
 
 /* Attacher's verdict on a mapped segment file that passed the owner and mode checks
@@ -411,28 +412,6 @@ static inline int64_t gc__deadline(double timeout_s)
     return gc__now_ns() + (int64_t)(timeout_s * 1e9);
 }
 
-/* 1 when the process is known to be gone. kill(pid, 0) still succeeds on a zombie (a dead rank
- * whose parent has not reaped it yet), so a live answer is confirmed through /proc. */
-static inline int gc__pid_dead(int32_t pid)
-{
-    if (pid <= 0)
-        return 0; /* never attached: nothing to tell; the deadline decides */
-    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH)
-        return 1;
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return errno == ENOENT;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = 0;
-    const char *p = strrchr(buf, ')'); /* the command name may itself hold ')' or spaces */
-    return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
-}
-
 static inline uint64_t gc__pidns(void)
 {
     struct stat st;
@@ -443,9 +422,9 @@ static inline int gc__rank_dead(const gc_direct *g, int r)
 {
     int32_t pid = __atomic_load_n(&g->procs[r].pid, __ATOMIC_ACQUIRE);
     if (pid > 0)
-        return g->procs[r].pidns == g->pidns && gc__pid_dead(pid);
+        return g->procs[r].pidns == g->pidns && gc_pid_dead(pid);
     /* Not attached yet: a rank that ended before its first collective never will. */
-    return g->watch && g->watch[r] > 0 && gc__pid_dead(g->watch[r]);
+    return g->watch && g->watch[r] > 0 && gc_pid_dead(g->watch[r]);
 }
 
 /* Fill the failure report: who had not posted `target`, and who of them is gone. */

@@ -18,9 +18,9 @@
  * line the peer writes.
  *
  * Liveness: each side writes its own pid and state into the header. alive() is false once the
- * peer's state says closed, or its pid no longer exists (kill(pid, 0) == ESRCH) or is a zombie.
- * Before the peer has attached, alive() watches `peer_pid` when the owner set it (the pid the
- * bootstrap gave, for a peer in this pid namespace), so a peer that ended before attaching is
+ * peer's state says closed, or its process is dead by gc_proc.h's rule (gone, or a zombie).
+ * Before side 1 has attached, side 0 watches the header's `expect_pid` (the pid the bootstrap
+ * gave, 0 for a peer outside this pid namespace), so a peer that ended before attaching is
  * noticed instead of waited for until the deadline.
  *
  * Files: gpucoll/transports/shm_segment.py creates the file exclusively (mode 0600) or opens it
@@ -52,6 +52,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "gc_chan.h"
+#include "gc_proc.h"
 
 #define GC_SHM_MAGIC      0x676370756368616eULL   /* "gcpuchan" */
 #define GC_SHM_VERSION    2u
@@ -66,7 +67,8 @@ enum { GC_SHM_STATE_NONE = 0, GC_SHM_STATE_OPEN = 1, GC_SHM_STATE_CLOSED = 2 };
 typedef struct {
     uint64_t magic;          /* written last by the creator (release): the segment is ready */
     uint32_t version;
-    int32_t expect_pid;      /* side 1's pid as the job's table says (0: unknown) */
+    int32_t expect_pid;      /* side 1's pid as the job's table says (0: unknown or another pid
+                                namespace): leftover checks, and alive() until side 1 attaches */
     uint64_t cap;            /* bytes per ring */
     int32_t pid[2];          /* each side's pid, written by that side */
     uint32_t state[2];       /* GC_SHM_STATE_*, written by that side */
@@ -95,7 +97,6 @@ typedef struct gc_shmchan {
     unsigned char *tx_data, *rx_data;
     uint64_t tx_head, tx_tail_seen;   /* our counter and the last tail we read */
     uint64_t rx_tail, rx_head_seen;
-    int32_t peer_pid;        /* the peer's pid until it attaches (0: unknown), see alive() */
     pid_t owner;             /* the process that opened it: a forked child must not close it */
 } gc_shmchan;
 
@@ -150,27 +151,6 @@ static void gc_shmchan_consume(gc_chan *c, size_t n)
     gc__store_rel(&ch->rx->tail, ch->rx_tail);
 }
 
-/* 1 unless the process with this pid is gone or a zombie (a dead child not yet reaped). */
-static inline int gc_pid_alive(pid_t pid)
-{
-    if (pid <= 0)
-        return 1;                      /* unknown: cannot tell, assume alive */
-    if (kill(pid, 0) == 0 || errno == EPERM) {
-        char path[64], buf[256];
-        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-        FILE *f = fopen(path, "r");
-        if (!f)
-            return errno == ENOENT ? 0 : 1;
-        size_t n = fread(buf, 1, sizeof buf - 1, f);
-        fclose(f);
-        buf[n] = 0;
-        /* "pid (comm) S ...": the state follows the last ')' since comm may hold ')' */
-        char *rp = strrchr(buf, ')');
-        return !(rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X'));
-    }
-    return errno != ESRCH;
-}
-
 static int gc_shmchan_alive(gc_chan *c)
 {
     gc_shmchan *ch = (gc_shmchan *)c->impl;
@@ -178,7 +158,9 @@ static int gc_shmchan_alive(gc_chan *c)
     if (__atomic_load_n(&ch->hdr->state[peer], __ATOMIC_ACQUIRE) == GC_SHM_STATE_CLOSED)
         return 0;
     int32_t pid = __atomic_load_n(&ch->hdr->pid[peer], __ATOMIC_ACQUIRE);
-    return gc_pid_alive((pid_t)(pid > 0 ? pid : ch->peer_pid));
+    if (pid <= 0 && ch->side == 0)
+        pid = ch->hdr->expect_pid; /* side 1 has not attached: watch the pid the job expects */
+    return !gc_pid_dead(pid);
 }
 
 static inline uint64_t gc_shm_round_cap(uint64_t cap)
@@ -310,7 +292,7 @@ static inline int gc_shmchan_examine(const void *hdr, size_t size, uint64_t toke
         return GC_SEG_UNKNOWN;
     if (token && h->token != token)
         return GC_SEG_FOREIGN;
-    if (!pidns || h->pidns[0] != pidns || gc_pid_alive((pid_t)h->pid[0]))
+    if (!pidns || h->pidns[0] != pidns || !gc_pid_dead(h->pid[0]))
         return GC_SEG_IN_USE;
     uint32_t peer_state = __atomic_load_n(&h->state[1], __ATOMIC_ACQUIRE);
     if (peer_state == GC_SHM_STATE_CLOSED)
@@ -320,7 +302,7 @@ static inline int gc_shmchan_examine(const void *hdr, size_t size, uint64_t toke
     int32_t peer = peer_state == GC_SHM_STATE_NONE ? h->expect_pid : h->pid[1];
     if (peer_state != GC_SHM_STATE_NONE && h->pidns[1] != pidns)
         return GC_SEG_IN_USE;
-    return peer > 0 && !gc_pid_alive((pid_t)peer) ? GC_SEG_LEFTOVER : GC_SEG_IN_USE;
+    return peer > 0 && gc_pid_dead(peer) ? GC_SEG_LEFTOVER : GC_SEG_IN_USE;
 }
 
 static inline int gc_shmchan_unlink(const char *name)

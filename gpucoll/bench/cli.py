@@ -67,9 +67,9 @@ def _dtype(ctx, param, value):
 @click.option("-d", "--datatype", "dtype", default="float32", show_default=True, callback=_dtype,
               help=f"Element type: {', '.join(runner.DTYPES)}.")
 @click.option("-r", "--root", "root", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Root rank of bcast.")
+              help="Root rank of bcast and reduce.")
 @click.option("--op", "redop", type=click.Choice(runner.REDOPS), default="sum", show_default=True,
-              help="Reduction of allreduce and reduce_scatter.")
+              help="Reduction of allreduce, reduce_scatter and reduce.")
 @click.option("--vs", "peer", type=click.Choice(peers.ALL), default=None,
               help="Also measure the same sizes with mpi (Open MPI via mpi4py) or gloo (torch); "
                    "nccl and torch need GPU buffers.")

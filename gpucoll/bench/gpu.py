@@ -240,6 +240,8 @@ class NcclBackend(_GpuTiming, _HostChannel):
         if t is None:
             raise runner.Unsupported(f"NCCL does not reduce or move {send.dtype}")
         nc, sp, s, r = self.ncomm, self.stream.ptr, send.data.ptr, recv.data.ptr
+        if collective == "reduce":
+            raise runner.Unsupported("gpucoll-bench does not measure NCCL's reduce")
         if collective in table.REDUCING:
             if redop not in self._ops:
                 raise runner.Unsupported(f"this NCCL has no {redop} reduction")

@@ -136,7 +136,7 @@ class Case:
         self.root, self.rank, self.nranks = root, rank, nranks
         self.block = count // nranks if collective in table.BLOCKED else count
         send_n, recv_n = {
-            "allreduce": (count, count), "bcast": (count, count), "alltoall": (count, count),
+            "allreduce": (count, count), "bcast": (count, count), "alltoall": (count, count), "reduce": (count, count),
             "allgather": (self.block, count), "reduce_scatter": (count, self.block),
         }[collective]
         self.send = np.empty(send_n, dtype)
@@ -163,6 +163,8 @@ class Case:
             return reduced_again(once, n, op, calls - 1) if calls > 1 else once
         if c == "reduce_scatter":
             return reduced(n, self.rank * b, (self.rank + 1) * b, dt, op)
+        if c == "reduce":  # only the root receives; elsewhere recv keeps its zeros
+            return reduced(n, 0, self.count, dt, op) if self.rank == self.root else np.zeros(self.count, dt)
         if c == "bcast":
             return pattern(self.root, 0, self.count, dt, op)
         if c == "allgather":
@@ -298,6 +300,10 @@ class MpiStyleBackend:
             return functools.partial(c.Alltoall, send, recv)
         if collective == "bcast":
             return functools.partial(c.Bcast, send, root)
+        if collective == "reduce":
+            if redop not in self._ops:
+                raise Unsupported(f"{self.name} has no {redop} reduction")
+            return functools.partial(c.Reduce, send, recv, self._ops[redop], root)
         raise Unsupported(f"gpucoll-bench does not measure {collective}")
 
 

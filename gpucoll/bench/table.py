@@ -8,9 +8,9 @@ across rank counts and against a link's bandwidth (nccl-tests' doc/PERFORMANCE.m
 """
 
 # The collectives, in the order -o all runs them.
-COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "bcast", "alltoall")
-REDUCING = frozenset({"allreduce", "reduce_scatter"})
-ROOTED = frozenset({"bcast"})
+COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "bcast", "alltoall", "reduce")
+REDUCING = frozenset({"allreduce", "reduce_scatter", "reduce"})
+ROOTED = frozenset({"bcast", "reduce"})
 # Collectives whose buffer is split into one block per rank (size must divide by ranks).
 BLOCKED = frozenset({"allgather", "reduce_scatter", "alltoall"})
 

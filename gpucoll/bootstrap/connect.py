@@ -12,6 +12,7 @@ import time
 
 from .. import config, log
 from ..errors import BootstrapError, StoreError
+from ..ranks import ranges
 from ..transports.ifaces import server_address
 from ..errors import TimeoutError as GpucollTimeout
 from .environment import LaunchInfo, detect
@@ -208,7 +209,7 @@ class StoreBootstrap(Bootstrap):
         except GpucollTimeout:
             waited = max(0.0, self._timeout - (deadline - time.monotonic()))
             missing = self._missing([(r, prefix + str(r)) for r in range(self.size)])
-            who = f"rank(s) {_ranges(missing)} never joined" if missing else "rank 0 did not publish the result"
+            who = f"rank(s) {ranges(missing)} never joined" if missing else "rank 0 did not publish the result"
             raise BootstrapError(
                 f"bootstrap exchange #{seq} timed out after {waited:.0f} s: {who} "
                 f"(store {self.address}, size {self.size}). Check that every rank was started and "
@@ -218,18 +219,6 @@ class StoreBootstrap(Bootstrap):
         if self.store is not None:
             self.store.close()
         # The store lives as long as rank 0's process: others may still be reading it.
-
-
-def _ranges(ranks):
-    """[0,1,2,5] -> '0-2,5'"""
-    out, start = [], None
-    for i, r in enumerate(ranks):
-        if start is None:
-            start = r
-        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
-            out.append(str(start) if start == r else f"{start}-{r}")
-            start = None
-    return ",".join(out)
 
 
 _KINDS = {"singleton": SingletonBootstrap, "mpi": MpiBootstrap}

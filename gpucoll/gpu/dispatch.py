@@ -25,6 +25,7 @@ import numpy as np
 from .. import config, dtypes, log
 from .. import ops as _ops
 from ..algorithms import selector
+from ..call import IN_PLACE, KINDS, ROOTED, Call, addresses
 from ..errors import InvalidUsageError
 from ..errors import TimeoutError as GpucollTimeout
 from . import ipc, streams
@@ -37,8 +38,7 @@ _BOOL_OPS = {_ops.SUM.code: _ops.BOR.code, _ops.MAX.code: _ops.BOR.code, _ops.BO
              _ops.AVG.code: _ops.BOR.code, _ops.PROD.code: _ops.BAND.code, _ops.MIN.code: _ops.BAND.code,
              _ops.BAND.code: _ops.BAND.code, _ops.BXOR.code: _ops.BXOR.code}
 _COMPLEX = {dtypes.COMPLEX64: dtypes.FLOAT32, dtypes.COMPLEX128: dtypes.FLOAT64}
-_ROOTED = ("bcast", "reduce", "gather", "scatter")
-_BLOCKED = ("allgather", "reduce_scatter", "alltoall", "gather", "scatter")  # nbytes = size x block
+_ROOTED = ROOTED
 _STAGED_COPY = {"allgather": "ag_staged", "bcast": "bc_staged", "alltoall": "a2a_staged", "gather": "ga_staged",
                 "scatter": "sc_staged"}
 _DIRECT_COPY = {"allgather": "ag_direct", "alltoall": "a2a_direct"}
@@ -61,16 +61,19 @@ def _native_form(call):
     if code == dtypes.BOOL:
         return dtypes.UINT8, count, _BOOL_OPS[op]
     if code in _COMPLEX:
-        if call.kind in ("allreduce", "reduce", "reduce_scatter") and op not in (_ops.SUM.code, _ops.AVG.code):
+        if KINDS[call.kind].reducing and op not in (_ops.SUM.code, _ops.AVG.code):
             raise InvalidUsageError(f"{call.op.name} on complex GPU buffers is not supported; use SUM or AVG")
         return _COMPLEX[code], count * 2, op
     return code, count, op
 
 
 class GpuDispatcher:
+    """comm: the communicator's engine handle (gpucoll/engines/handle.py); host: its
+    dispatcher (numbering, the ordered host engine, agreement and cross-checks)."""
+
     def __init__(self, comm, host):
         self.comm, self.host = comm, host
-        self.stats = comm._stats  # which path each call took (Communicator.stats())
+        self.stats = comm.stats  # which path each call took (Communicator.stats())
         self.device = config.DEVICE.get()
         self.forced = config.ALGO.get()
         self.maxblocks = min(config.GPU_BLOCKS.get() or 64, 256)          # kernels through staging
@@ -91,8 +94,6 @@ class GpuDispatcher:
             from .._native import cuda as _cuda
 
             cuda = _cuda
-        from ..comm import IN_PLACE
-
         self._in_place = IN_PLACE
         self._cupy_type = self._torch_type = None
         self._cupy_stream = self._torch_stream = None
@@ -121,11 +122,11 @@ class GpuDispatcher:
             return
         cuda.set_current(team.ctx)
         cuda.ctx_synchronize()
-        self.comm.Barrier()
+        self.comm.barrier()
         self.check_error()
 
     def close(self):
-        self.comm._gpu_fast = None
+        self.comm.fast.gpu = None
         self._fast.clear()
         if self._team is not None:
             self._team.close()
@@ -196,7 +197,7 @@ class GpuDispatcher:
         stream = streams.resolve(call.stream, buf)
         call.stream = stream
         if self.host.checks and self.comm.size > 1:
-            self.host._cross_check(call, seq)  # GPUCOLL_DEBUG_CHECKS: same signature on every rank
+            self.host.cross_check(call)  # GPUCOLL_DEBUG_CHECKS: same signature on every rank
         if call.count == 0:
             return None
         if self.comm.size == 1:
@@ -213,7 +214,7 @@ class GpuDispatcher:
             # compare their calls on the host first and all raise in this call, before any
             # launch (the host threads meet; the GPU streams are not waited for). Through the
             # host engine: after the host collectives still queued, which use the same segment.
-            self.comm._engine.run(lambda: self.host.agree(call, seq))
+            self.host.engine.run(lambda: self.host.agree(call))
         return team
 
     def _run(self, team, seq, launch, *args):
@@ -269,7 +270,7 @@ class GpuDispatcher:
         nbytes = count * dtypes.ITEMSIZE[code]
         if self._choose(team, "allreduce", nbytes) != "one-shot":
             return None
-        send, recv = self.host._buffers(call)
+        send, recv = addresses(call, self.comm.rank)
         return code, nbytes, send, recv, count, op
 
     def _launch_fused(self, team, code, items):
@@ -338,9 +339,7 @@ class GpuDispatcher:
             return False
         if type(stream) is not int:
             stream = streams.handle(stream)
-        host = self.host
-        seq = host.seq
-        host.seq = seq + 1
+        seq = self.host.next_seq()
         self._kinds[seq & 255] = "allreduce"
         self.stats.gpu_fast += 1
         try:
@@ -378,37 +377,33 @@ class GpuDispatcher:
         if len(self._fast) >= _FAST_MAX:
             self._fast.clear()
         self._fast[key] = prep
-        self.comm._gpu_fast = self.fast_allreduce
+        self.comm.fast.gpu = self.fast_allreduce
 
-    def _log(self, call, seq, nbytes, algo, via="P2P/IPC"):
+    def _log(self, call, seq, algo, via="P2P/IPC"):
         """Count the path a call takes (Communicator.stats()) and log it at INFO."""
         self.stats.gpu[algo] += 1
         if self.verbose:
-            log.info("COLL", "%s #%d %d B %s%s%s %s via %s", call.kind, seq, nbytes, dtypes.name(call.code),
+            log.info("COLL", "%s #%d %d B %s%s%s %s via %s", call.kind, seq, call.nbytes, dtypes.name(call.code),
                      f" {call.op.name}" if call.op else "",
                      f" root {call.root}" if call.kind in _ROOTED else "", algo, via)
 
     def _single(self, call, stream, seq):
         from .._native import cuda
 
-        nbytes = call.count * dtypes.ITEMSIZE[call.code]
-        self._log(call, seq, nbytes, "copy", "local")
-        send, recv = self.host._buffers(call)
+        self._log(call, seq, "copy", "local")
+        send, recv = addresses(call, self.comm.rank)
         if send and recv and send != recv:
-            cuda.memcpy_async(recv, send, nbytes, stream)
+            cuda.memcpy_async(recv, send, call.nbytes, stream)
 
     def _via_host(self, call, stream, seq):
         """No P2P between the GPUs: host collectives on host copies (gpu/staged.py; blocks)."""
-        from ..dispatch import Call
-
         chunks = self._staging.chunks(call)
-        self._log(call, seq, call.count * dtypes.ITEMSIZE[call.code], "host-pipelined" if chunks else "host-staged",
+        self._log(call, seq, "host-pipelined" if chunks else "host-staged",
                   f"host memory{f' in {chunks} pinned chunk(s)' if chunks else ''} ({self._team.reason})")
         cuda.set_current(self._ctx)  # the staging's events belong to this communicator's GPU
 
         def run_host(send, recv, count):
-            hcall = Call(self.host, call.kind, send, recv, count, call.code, call.op, call.root)
-            self.comm._engine.run(hcall.run)
+            self.host.submit(Call(call.kind, send, recv, count, call.code, call.op, call.root))
 
         self._staging.run(call, stream, self.comm.rank, run_host)
 
@@ -434,7 +429,7 @@ class GpuDispatcher:
             row[1 + i] = 1
         row[0] = ok
         table = np.empty(_REG_ROW * self.comm.size, np.uint8)
-        self.comm.Allgather(row, table)
+        self.comm.exchange_into(row, table)
         table = table.reshape(self.comm.size, _REG_ROW)
         if not table[:, 0].all():
             return False
@@ -507,16 +502,16 @@ class GpuDispatcher:
 
     def _launch(self, team, call, stream, seq):
         kind, n = call.kind, self.comm.size
-        send, recv = self.host._buffers(call)
+        send, recv = addresses(call, self.comm.rank)
         code, count, op = _native_form(call)
         isz = dtypes.ITEMSIZE[code]
-        block = count * isz  # the per-rank block (the whole vector for allreduce, bcast, reduce)
-        nbytes = block * n if kind in _BLOCKED else block
+        block = count * isz  # the per-rank block (the whole vector for allreduce, bcast, reduce): call.nbytes
+        nbytes = call.table_bytes(n)  # the cost table's size: n x block for the per-rank kinds
         distinct = send != recv or kind in ("allreduce", "allgather", "bcast")
         algo = self._choose(team, kind, nbytes, distinct)
         if algo == "direct" and not self._register(team, 0 if kind == "bcast" else send, recv):
             algo = self._choose(team, kind, nbytes, direct_ok=False)  # not shareable (e.g. a pool allocator)
-        self._log(call, seq, nbytes, self._label(kind, algo))
+        self._log(call, seq, self._label(kind, algo))
         L = team.launcher
         slot = team.slot
         if kind == "allreduce":

@@ -14,7 +14,7 @@ import ctypes
 import numpy as np
 
 from .. import config, dtypes
-from ..buffers import HostBuffer
+from ..call import HostBuffer
 
 PIPELINED = frozenset({"allreduce", "bcast", "reduce"})
 
@@ -84,7 +84,7 @@ class HostStaging:
                 bring_up(i)
             for i, (lo, hi) in enumerate(pieces):
                 cuda.event_synchronize(self._events[i % 2])
-                host = HostBuffer(views[i % 2][:hi - lo], call.code)
+                host = HostBuffer(views[i % 2][:hi - lo], call.code, self._hosts[i % 2])
                 run_host(host, host if gets_result else None, hi - lo)
                 if down:
                     cuda.memcpy_async(call.recv.addr + lo * itemsize, self._hosts[i % 2], (hi - lo) * itemsize,
@@ -112,9 +112,10 @@ def _whole(call, stream, run_host):
 
     def to_host(buf):
         arr = np.empty(buf.count, npdt)
+        addr = arr.__array_interface__["data"][0] if buf.count else 0
         if buf.count:
-            cuda.memcpy_dtoh(arr.__array_interface__["data"][0], buf.addr, arr.nbytes)
-        return HostBuffer(arr, call.code)
+            cuda.memcpy_dtoh(addr, buf.addr, arr.nbytes)
+        return HostBuffer(arr, call.code, addr)
 
     hrecv = to_host(call.recv) if call.recv is not None else None
     if call.send is None:

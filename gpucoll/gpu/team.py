@@ -45,7 +45,7 @@ class Team:
         if self.size > MAXR:
             self.ok, self.reason = False, f"more than {MAXR} ranks"
 
-        devices = comm.allgather((device, cuda.pci_bus_id(device)))
+        devices = comm.exchange((device, cuda.pci_bus_id(device)))
         self.devices = [d for d, _ in devices]
         if self.rank == 0 and comm.local_size == comm.size:
             _warn_idle_gpus(comm.name, devices, cuda.device_count())
@@ -69,7 +69,7 @@ class Team:
             cuda.memset_d8(self.base, 0, STAGE_OFFSET)
             cuda.stream_synchronize(0)
             handle = cuda.ipc_get_mem_handle(self.base)
-        table = comm.allgather((mine_ok and self.ok, why, handle))
+        table = comm.exchange((mine_ok and self.ok, why, handle))
         failed = [(r, w) for r, (ok, w, _) in enumerate(table) if not ok]
         if failed:
             self.ok = False
@@ -90,7 +90,7 @@ class Team:
         self.err_host, err_dev = cuda.host_alloc_mapped(64)
         self.launcher.set_team(self.ctx, stage, flags, self.base + SYNC_OFFSET, self.slot, self.rank, self.size,
                                timeout_ns, self.err_host, err_dev)
-        comm.allgather(None)  # every rank mapped every block before anyone signals
+        comm.exchange(None)  # every rank mapped every block before anyone signals
         if log.enabled("info", "INIT"):
             log.info("INIT", "GPU team on communicator %s: rank %d GPU %d, peers %s via P2P/IPC (%s), "
                      "%d B of IPC memory, staging slot %d B", comm.name, self.rank, device,

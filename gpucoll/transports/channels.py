@@ -16,8 +16,8 @@ class ChannelSet:
 
     def __init__(self, comm, purpose, use_shm, timeout=None, check=None):
         self._comm = comm
-        self._ctx = comm._ctx
-        self._id = f"{comm._id}/{purpose}"
+        self._ctx = comm.ctx
+        self._id = f"{comm.id}/{purpose}"
         self._use_shm = use_shm
         self._ptrs = np.zeros(comm.size, dtype=np.uint64)
         self._objs = {}

@@ -32,24 +32,14 @@ import time
 
 from .. import config, errors, log
 from .._native import core
+from .._native import direct as _direct
 from . import shm_segment
 
 
 def pid_alive(pid):
-    """False once the process of this host is gone (or only a zombie waiting to be reaped)."""
-    if not pid or pid <= 0:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True
+    """False once the process of this host is gone (or only a zombie waiting to be reaped): the
+    rule of cython_src/include/gc_proc.h, which the native waits use too."""
+    return not _direct.pid_dead(pid or 0)
 
 
 class ShmChannels:
@@ -97,13 +87,12 @@ class ShmChannels:
             fd = shm_segment.create(path, 0, token)
             try:
                 chan = core.ShmChannel.create(fd, name, self.capacity, token, shm_segment.PIDNS,
-                                              self._pid(peer), peer)
+                                              self._pid(peer, self.watch), peer)
             except BaseException:
                 shm_segment.unlink_quietly(path)
                 raise
             finally:
                 os.close(fd)
-            chan.watch_peer(self._pid(peer, self.watch))
             self._created[peer] = name
             log.info("SHM", "created %s (%s, %d B per ring) for rank %d", name, self.comm_id,
                      chan.capacity, peer)

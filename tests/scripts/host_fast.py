@@ -1,4 +1,4 @@
-"""The native fast path of host all-reduces (cython_src/direct.pyx HostAllreduce), 2+ ranks.
+"""The native fast path of host all-reduces (cython_src/direct.pyx HostFast), 2+ ranks.
 
     gpurun -np N python host_fast.py      # prints "RESULT {json}" on every rank
 
@@ -20,7 +20,7 @@ comm = gpucoll.COMM_WORLD
 n, r = comm.size, comm.rank
 out = {"failures": []}
 comm.Allreduce(IN_PLACE, np.ones(4, np.float32))
-out["installed"] = comm._host_fast is not None
+out["installed"] = comm._fast.host is not None
 
 
 def counts():

@@ -58,12 +58,13 @@ def call(comm, kind, n, root):
     """Run one rooted collective; return what MPI says this rank ends up with (None: nothing)."""
     if AGREE:
         from gpucoll import dtypes
-        from gpucoll.dispatch import Call
+        from gpucoll.call import Call
 
         op = gpucoll.SUM if kind == "reduce" else None
         dispatch = comm._dispatch
-        checked = dispatch.number(Call(dispatch, kind, None, None, n, dtypes.FLOAT32, op, root))
-        dispatch.agree(checked, checked.seq)
+        checked = Call(kind, None, None, n, dtypes.FLOAT32, op, root)
+        checked.seq = dispatch.next_seq()
+        dispatch.agree(checked)
         return None, None
     if kind == "bcast":
         x = xp.asarray(data(rank, n))

@@ -146,7 +146,7 @@ if mode in ("squat-user", "squat-token"):
 
 elif mode == "fork":
     comm.Allreduce(IN_PLACE, np.ones(4))  # warm-up: installs the fast path on the direct engine
-    out = {"fast_path": comm._host_fast is not None}
+    out = {"fast_path": comm._fast.host is not None}
     if rank != 0:
         time.sleep(1.0)  # rank 0 forks while its Iallreduce waits for this rank
     p = np.ones(4)
@@ -218,7 +218,7 @@ elif mode == "fortran":
         check(f"allreduce #{i}", y, want)
         comm.Allreduce(IN_PLACE, x)
         check(f"in place #{i}", x, want)
-    out["fast_path"] = comm._host_fast is not None or pairs
+    out["fast_path"] = comm._fast.host is not None or pairs
     # Elements go in memory order, as in MPI: a C-ordered receive buffer gets them in that order.
     c = np.empty((3, 4))
     comm.Allreduce(np.asfortranarray(base + rank), c)

@@ -1,0 +1,85 @@
+"""The direct engine: every rank of a one-host communicator maps one shared segment and runs
+each collective as one native call over it (cython_src/include/gc_direct.h), no channel, no
+schedule. Cost-table row: "direct" (gpucoll/algorithms/selector.py), every kind.
+
+Packed fast path: once a call of a kind that has one ran here, `fast_path()` builds the
+communicator's HostFast (cython_src/direct.pyx), which the communicator's Allreduce, Bcast,
+Reduce and Allgather try first on NumPy arrays.
+"""
+from .. import dtypes
+from ..call import IN_PLACE, KINDS, addresses
+
+ROWS = ("direct",)
+FAST_KINDS = frozenset({"allreduce", "bcast", "reduce", "allgather"})
+
+
+def _op(call):
+    return call.op.code if call.op is not None else 0
+
+
+# kind -> f(group, call, send address, recv address, timeout): the one native call of each kind.
+_RUN = {
+    "allreduce": lambda g, c, s, r, t: g.allreduce(s, r, c.count, c.code, _op(c), t),
+    "bcast": lambda g, c, s, r, t: g.bcast(r, c.count, dtypes.ITEMSIZE[c.code], c.root, t),
+    "reduce": lambda g, c, s, r, t: g.reduce(s, r, c.count, c.code, _op(c), c.root, t),
+    "allgather": lambda g, c, s, r, t: g.allgather(s, r, c.count, dtypes.ITEMSIZE[c.code], t),
+    "reduce_scatter": lambda g, c, s, r, t: g.reduce_scatter_block(s, r, c.count, c.code, _op(c), t),
+    "alltoall": lambda g, c, s, r, t: g.alltoall(s, r, c.count, dtypes.ITEMSIZE[c.code], t),
+    "gather": lambda g, c, s, r, t: g.gather(s, r, c.count, dtypes.ITEMSIZE[c.code], c.root, t),
+    "scatter": lambda g, c, s, r, t: g.scatter(s, r, c.count, dtypes.ITEMSIZE[c.code], c.root, t),
+    "barrier": lambda g, c, s, r, t: g.barrier(t),
+}
+assert set(_RUN) == set(KINDS)
+
+
+class DirectEngine:
+    rows = ROWS
+
+    def __init__(self, handle, timeout, check_alive):
+        self.handle = handle
+        self.timeout = timeout
+        self._check_alive = check_alive
+        self._group = None
+
+    def group(self):
+        """The DirectGroup, made on first use (every rank makes it in the same call). Its waits
+        belong to that call: GPUCOLL_TIMEOUT (a rank may reach its first collective late), and
+        they stop as soon as a rank of the communicator is known to have ended."""
+        if self._group is None:
+            from ..transports.shm_direct import create_or_attach
+            from ..transports.shm_segment import JobSegments
+
+            h, ctx = self.handle, self.handle.ctx
+            group = create_or_attach(JobSegments(ctx.job_id, ctx.secret), h.id, h.rank, h.size,
+                                     creator_pid=ctx.pids[h.world_ranks[0]], timeout=self.timeout,
+                                     check=self._check_alive)
+            group.watch([ctx.watch_pid(w) for w in h.world_ranks])  # ranks that never attach
+            self._group = group
+        return self._group
+
+    def can_run(self, call):
+        return not call.gpu
+
+    def run(self, call, algo):
+        send, recv = addresses(call, self.handle.rank)
+        _RUN[call.kind](self.group(), call, send, recv, self.timeout)
+
+    def announce(self, call):
+        """A barrier of the segment carrying the call's signature (raises MismatchError on
+        every rank when they differ): for calls run where nothing compares signatures."""
+        op = call.op.code if call.op is not None else -1
+        self.group().announce(KINDS[call.kind].id, call.count, call.code, op, call.root, self.timeout)
+
+    def fast_path(self, hooks):
+        """The communicator's packed host fast path (HostFast) over this engine's group.
+        hooks: the dispatcher's public face for it (see HostFast)."""
+        import numpy as np
+
+        from .. import ops
+        from .._native.direct import HostFast
+
+        return HostFast(self.group(), hooks, IN_PLACE, np.ndarray, ops.Op, dtypes.CODES)
+
+    def close(self):
+        if self._group is not None:
+            self._group.close()
