@@ -673,9 +673,9 @@ def _integer(value):
 
 
 def _user_tag(tag):
-    """Tags of user messages are integers >= 0, as in MPI (negative ones are gpucoll's own)."""
-    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or tag < 0:
-        raise InvalidUsageError(f"message tag {tag!r} is not allowed: use an integer >= 0")
+    """Tags of user messages are integers from 0 to TAG_UB, as in MPI (negative ones are gpucoll's own)."""
+    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not 0 <= tag <= _p2p.TAG_UB:
+        raise InvalidUsageError(f"message tag {tag!r} is not allowed: use an integer from 0 to {_p2p.TAG_UB}")
     return int(tag)
 
 
