@@ -247,6 +247,26 @@ cdef class Engine:
             raise MemoryError("point to point: no memory for a matched probe")
         return src, rtag, nbytes, flags, (_req(self, out, NULL) if take else None)
 
+    def send(self, uint64_t comm, int dest, int32_t tag, buf):
+        """Start a send: None when it is done already without error (small messages), else its Req."""
+        cdef Req q = self.isend(comm, dest, tag, buf, 0)
+        if q.r.done and q.r.err == GC_OK:
+            return None
+        return q
+
+    def recv(self, uint64_t comm, int source, int32_t tag, buf, double timeout):
+        """Receive into buf, waiting up to timeout seconds: (source, tag, bytes) when it is done
+        without error, else its Req (timed out, or failed)."""
+        cdef Req q = self.irecv(comm, source, tag, buf)
+        cdef gc_p2p_req *one = q.r
+        cdef int i = 0
+        if not one.done:
+            with nogil:
+                i = gc_p2p_wait(self.e, &one, 1, 1, timeout)
+        if i >= 0 and one.err == GC_OK:
+            return one.src, one.rtag, one.nbytes
+        return q
+
     def forget(self, uint64_t comm):
         with nogil:
             gc_p2p_forget(self.e, comm)

@@ -416,7 +416,8 @@ class Communicator:
 
     # --- point to point -------------------------------------------------------------
     # Host buffers go through gpucoll/p2p.py; GPU buffers through gpucoll/gpu/p2p.py, in the
-    # order of `stream=` (default: the caller's current stream), matched by the same inbox.
+    # order of `stream=` (default: the caller's current stream), matched by the same engine.
+    # Send and Recv of a plain NumPy array try p2p's short path first (every call's path).
     def _send(self, buf, dest, tag, stream, nonblocking, what="buf"):
         self._check_alive()
         b, tag = host_buffer(buf, what), _user_tag(tag)
@@ -450,12 +451,18 @@ class Communicator:
         _wait_enqueued(req, status)
 
     def Send(self, buf, dest, tag=0, stream=None):
+        if stream is None and type(buf) is np.ndarray and self._group is None and not self._freed \
+                and self._p2p.send_array(buf, dest, tag):
+            return
         self._send(buf, dest, tag, stream, False)
 
     def Isend(self, buf, dest, tag=0, stream=None):
         return self._send(buf, dest, tag, stream, True)
 
     def Recv(self, buf, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG, status=None, stream=None):
+        if stream is None and type(buf) is np.ndarray and self._group is None and not self._freed \
+                and self._p2p.recv_array(buf, source, tag, status):
+            return
         self._enqueued(self._irecv(buf, source, tag, status, stream))
 
     def Irecv(self, buf, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG, stream=None):

@@ -250,6 +250,8 @@ class PointToPoint:
         self._ranks = {w: r for r, w in enumerate(self._world)}
         self._engine = self._ctx.p2p
         self._native = self._engine.native
+        self._ready = self._engine.links.ready
+        self._size = len(self._world)
         self._timeout = config.TIMEOUT.get()
         self._lock = threading.Lock()
         self._gpu = None  # gpucoll.gpu.p2p.GpuPointToPoint, made by the first GPU buffer either way
@@ -326,16 +328,40 @@ class PointToPoint:
     def send(self, buf, dest, tag):
         if dest == PROC_NULL:
             return
-        if type(dest) is int and 0 <= dest < len(self._world) and type(tag) is int and 0 <= tag <= TAG_UB:
-            world = self._world[dest]  # the common case, kept short: a small send is done on return
-            if world in self._engine.links.ready:
-                data = self._payload(buf)
-                req = self._native.isend(self._key, world, tag, data, 0)
-                if req.done and req.err == 0:
-                    return
-                P2PRequest("Send", self, req, "send", dest, tag, keep=data, cap=len(data)).Wait()
-                return
         self._start_send(self._payload(buf), dest, tag, "Send").Wait()
+
+    # The short paths of Communicator.Send / Recv: a C-contiguous NumPy array of plain values, an
+    # in-range rank and tag, a channel that exists. False: take the general path (which checks
+    # everything and says what is wrong).
+    def send_array(self, arr, dest, tag):
+        if type(dest) is not int or type(tag) is not int or not 0 <= tag <= TAG_UB or not 0 <= dest < self._size:
+            return False
+        world = self._world[dest]
+        if world not in self._ready or arr.dtype.hasobject or not arr.flags.c_contiguous:
+            return False
+        req = self._native.send(self._key, world, tag, arr)
+        if req is not None:  # not done at once, or failed: the general request waits and explains
+            P2PRequest("Send", self, req, "send", dest, tag, keep=arr, cap=arr.nbytes).Wait()
+        return True
+
+    def recv_array(self, arr, source, tag, status):
+        if type(source) is not int or type(tag) is not int or not (0 <= tag <= TAG_UB or tag == ANY_TAG):
+            return False
+        if 0 <= source < self._size:
+            world = self._world[source]
+        elif source == ANY_SOURCE:
+            world = ANY_SOURCE
+        else:
+            return False
+        if arr.dtype.hasobject or not arr.flags.c_contiguous or not arr.flags.writeable:
+            return False
+        got = self._native.recv(self._key, world, tag, arr, self._timeout)
+        if type(got) is tuple:
+            if status is not None:
+                status.source, status.tag, status.nbytes = self._ranks.get(got[0], ANY_SOURCE), got[1], got[2]
+            return True
+        P2PRequest("Recv", self, got, "recv", source, tag, status, keep=arr, cap=arr.nbytes).Wait()
+        return True
 
     def isend(self, buf, dest, tag):
         if dest == PROC_NULL:

@@ -1032,7 +1032,7 @@ static int gc_p2p_wait(gc_p2p *e, gc_p2p_req **reqs, int n, int all, double time
         pthread_mutex_unlock(&e->mu);
         if (now > 0 && timeout >= 0 && now - start > timeout)
             return -1;
-        if (spins < 2000) {
+        if (spins < 128) {   /* a short spin, then give the core away: ranks may share cores */
 #if defined(__x86_64__) || defined(__i386__)
             __builtin_ia32_pause();
 #endif
