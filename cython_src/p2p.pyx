@@ -51,6 +51,7 @@ cdef extern from "gc_p2p.h" nogil:
     int gc_p2p_iprobe(gc_p2p *e, uint64_t comm, int source, int32_t tag, int *src, int32_t *rtag,
                       uint64_t *nbytes, uint32_t *flags, int take, gc_p2p_req **out)
     int gc_p2p_withdraw(gc_p2p *e, gc_p2p_req *r, int err)
+    int gc_p2p_send_now(gc_p2p *e, uint64_t comm, int dest, int32_t tag, const char *buf, uint64_t len)
     void gc_p2p_forget(gc_p2p *e, uint64_t comm)
     int gc_p2p_unexpected(gc_p2p *e, uint64_t comm)
     void gc_p2p_counts(gc_p2p *e, int *posted, int *unexpected)
@@ -249,6 +250,14 @@ cdef class Engine:
 
     def send(self, uint64_t comm, int dest, int32_t tag, buf):
         """Start a send: None when it is done already without error (small messages), else its Req."""
+        cdef Py_buffer view
+        cdef int sent
+        PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE | PyBUF_ANY_CONTIGUOUS)
+        with nogil:
+            sent = gc_p2p_send_now(self.e, comm, dest, tag, <const char *>view.buf, <uint64_t>view.len)
+        PyBuffer_Release(&view)
+        if sent:
+            return None
         cdef Req q = self.isend(comm, dest, tag, buf, 0)
         if q.r.done and q.r.err == GC_OK:
             return None

@@ -418,6 +418,15 @@ class Communicator:
     # Host buffers go through gpucoll/p2p.py; GPU buffers through gpucoll/gpu/p2p.py, in the
     # order of `stream=` (default: the caller's current stream), matched by the same engine.
     # Send and Recv of a plain NumPy array try p2p's short path first (every call's path).
+    def _gpu_p2p(self):
+        """The GPU side of this communicator's point to point, made for the first GPU buffer."""
+        gpu = self._p2p.gpu
+        if gpu is None:
+            from .gpu.p2p import GpuPointToPoint
+
+            gpu = self._p2p.gpu = GpuPointToPoint(self._p2p)
+        return gpu
+
     def _send(self, buf, dest, tag, stream, nonblocking, what="buf"):
         self._check_alive()
         b, tag = host_buffer(buf, what), _user_tag(tag)
@@ -425,7 +434,7 @@ class Communicator:
             return CompletedRequest("Isend") if nonblocking else None
         grouped = not nonblocking and self._group is not None  # starts now, completes with the group
         if b.is_gpu:
-            req = self._p2p.gpu().send(b, dest, tag, stream, nonblocking or grouped)
+            req = self._gpu_p2p().send(b, dest, tag, stream, nonblocking or grouped)
         else:
             _host_stream(stream)
             req = self._p2p.isend(b, dest, tag) if nonblocking or grouped else self._p2p.send(b, dest, tag)
@@ -438,7 +447,7 @@ class Communicator:
         self._check_alive()
         b = host_buffer(buf, what, writable=True)
         if b.is_gpu:
-            return self._p2p.gpu().recv(b, source, tag, status, stream, nonblocking=True)
+            return self._gpu_p2p().recv(b, source, tag, status, stream, nonblocking=True)
         _host_stream(stream)
         return self._p2p.irecv(b, source, tag, status)
 

@@ -18,7 +18,6 @@ import hashlib
 import os
 import pickle
 import struct
-import threading
 
 import numpy as np
 
@@ -35,8 +34,16 @@ TAG_UB = 2**31 - 1  # the largest user tag
 RESERVED_TAG_MAX = -1000  # tags at or below this are gpucoll's own (objects, GPU replies)
 OBJECT_GATHER_TAG = -1001
 OBJECT_SCATTER_TAG = -1002
-GPU_REPLY_TAG = -1003  # a GPU receiver's answer to an offer (gpucoll/gpu/p2p.py)
-GPU_BYTES_TAG = -1004  # the bytes of an offer that the receiver could not map
+GPU_BYTES_TAG = -1004  # the bytes of a GPU offer that the receiver could not map
+# A GPU offer (gpucoll/gpu/p2p.py makes and pulls them; a host receive only asks for the bytes):
+# IPC memory handle, offset, bytes, interprocess event handle, sequence number n. The receiver
+# answers offer n with a pickled tuple tagged reply_tag(n).
+OFFER = struct.Struct("!64sQQ64sI")
+_REPLY_TAG_BASE = -(1 << 30)
+
+
+def reply_tag(seq):
+    return _REPLY_TAG_BASE - seq
 
 
 def _memory_bytes():
@@ -179,7 +186,7 @@ class P2PRequest(Request):
             reported = tag if self._report_tag is None else self._report_tag
             self.status.source, self.status.tag, self.status.nbytes = source, reported, nbytes
             if err == native.OK and flags & native.OFFER:  # GPU memory offered to a host buffer
-                p2p.gpu().ask_for_bytes(self, source, tag, self._native.data())
+                p2p.ask_for_bytes(self, source, tag, self._native.data())
                 return
         if err == native.OK:
             if self._object:
@@ -253,8 +260,7 @@ class PointToPoint:
         self._ready = self._engine.links.ready
         self._size = len(self._world)
         self._timeout = config.TIMEOUT.get()
-        self._lock = threading.Lock()
-        self._gpu = None  # gpucoll.gpu.p2p.GpuPointToPoint, made by the first GPU buffer either way
+        self.gpu = None  # gpucoll.gpu.p2p.GpuPointToPoint, made by the communicator for the first GPU buffer
 
     # --- ranks and tags ---------------------------------------------------------------------------
     def _check_peer(self, peer, what):
@@ -280,15 +286,6 @@ class PointToPoint:
         """True when `rank` is another process on this host (CUDA IPC can reach its memory)."""
         world = self._world[rank]
         return rank != self._comm.rank and self._ctx.hosts[world] == self._ctx.hosts[self._ctx.rank]
-
-    def gpu(self):
-        """GPU buffers' point to point on this communicator (gpucoll/gpu/p2p.py)."""
-        with self._lock:
-            if self._gpu is None:
-                from .gpu.p2p import GpuPointToPoint
-
-                self._gpu = GpuPointToPoint(self)
-            return self._gpu
 
     def error(self, req, err):
         """The exception of a request that the engine finished with status err."""
@@ -434,6 +431,19 @@ class PointToPoint:
             req = P2PRequest("Mrecv", self, native, "recv", rank, tg)
         return rank, tg, nbytes, flags, req
 
+    def ask_for_bytes(self, req, source, tag, offer):
+        """A GPU offer matched a receive that cannot pull it (a host buffer, memory it cannot
+        map): receive the bytes instead. They come with GPU_BYTES_TAG; the status reports `tag`."""
+        if len(offer) != OFFER.size:
+            req._error = GpucollError(f"rank {source} sent a malformed GPU offer ({len(offer)} bytes instead of "
+                                      f"{OFFER.size})")
+            return
+        seq = OFFER.unpack(offer)[4]
+        req._native = self._native.irecv(self._key, self._world[source], GPU_BYTES_TAG, req._keep)
+        req._report_tag = tag
+        req._settled = False
+        self.send_bytes(pickle.dumps(("bytes",)), source, reply_tag(seq), "GPU answer").Wait()
+
     def withdraw(self, req):
         """Take back a receive that nothing matched yet: True when it was still unmatched (it is
         then finished without error)."""
@@ -447,6 +457,6 @@ class PointToPoint:
         return self._native.unexpected(self._key)
 
     def close(self):
-        if self._gpu is not None:
-            self._gpu.close()
+        if self.gpu is not None:
+            self.gpu.close()
         self._native.forget(self._key)

@@ -2,8 +2,6 @@
 matching order across the eager and rendezvous protocols, bad input and faults
 (tests/scripts/p2p_native.py). Each case runs over shared memory (one host) and over TCP
 (GPUCOLL_SHM_DISABLE=1: the protocol between hosts, bytes streamed after the receive matched)."""
-import os
-
 import pytest
 
 TRANSPORTS = {"shm": {}, "tcp": {"GPUCOLL_SHM_DISABLE": "1"}}

@@ -128,6 +128,7 @@ struct gc_p2p_out {            /* a frame queued toward one peer */
     const char *payload;
     uint64_t plen, off;        /* off: bytes of header + payload pushed so far */
     gc_p2p_req *req;           /* completes when pushed (EAGER, DATA) */
+    char *own;                 /* a copy of the payload this frame owns (freed with it), or NULL */
 };
 
 typedef struct {
@@ -304,6 +305,7 @@ static int gc_p2p__push(gc_p2p *e, int peer)
             if (r->where == GC_W_OUT)  /* an EAGER send without SYNC, or a rendezvous' DATA */
                 gc_p2p__finish(r, GC_OK);
         }
+        free(o->own);
         free(o);
     }
     return moved;
@@ -491,7 +493,7 @@ static int gc_p2p__arrive(gc_p2p *e, int peer, const gc_p2p_hdr *h)
             gc_p2p__lose(e, peer, GC_P2P_BAD_KIND, h->kind);
             return -1;
         }
-        gc_p2p_req *r = gc_p2p__match_posted(e, h->comm, peer, h->tag);
+        gc_p2p_req *r = gc_p2p__match_posted(e, h->comm, peer, h->tag);  /* RTS: matched on arrival */
         if (r) {
             gc_p2p__rendezvous(e, r, peer, h);
         } else {
@@ -652,6 +654,7 @@ static void gc_p2p__lose(gc_p2p *e, int peer, int why, uint64_t value)
         gc_p2p_out *next = o->next;
         if (o->req && o->req->where == GC_W_OUT)
             gc_p2p__finish(o->req, GC_ERR_PEER);
+        free(o->own);
         free(o);
         o = next;
     }
@@ -840,6 +843,51 @@ static gc_p2p_req *gc_p2p_isend(gc_p2p *e, uint64_t comm, int dest, int32_t tag,
         gc_p2p__progress(e);  /* a small message leaves now */
     pthread_mutex_unlock(&e->mu);
     return r;
+}
+
+/* A small send to a connected peer that the channel takes whole at once: 1 (done, no request
+ * made), else 0 (nothing was written: use gc_p2p_isend). */
+static int gc_p2p_send_now(gc_p2p *e, uint64_t comm, int dest, int32_t tag, const char *buf, uint64_t len)
+{
+    if (dest == e->me || len + GC_P2P_HDR_BYTES > GC_P2P_COALESCE)
+        return 0;
+    int sent = 0;
+    pthread_mutex_lock(&e->mu);
+    gc_p2p_peer *p = &e->peers[dest];
+    if (p->chan && !p->lost && !p->out_head && len <= (uint64_t)p->eager_max) {
+        char frame[GC_P2P_COALESCE];
+        gc_p2p_hdr *h = (gc_p2p_hdr *)frame;
+        memset(h, 0, sizeof *h);
+        h->comm = comm;
+        h->tag = tag;
+        h->kind = GC_P2P_EAGER;
+        h->nbytes = len;
+        h->id = e->next_id++;
+        if (len) memcpy(frame + GC_P2P_HDR_BYTES, buf, len);
+        /* A shared-memory ring takes all or nothing below cap/8; a TCP channel may take a part,
+         * which must then be offered again unchanged: queue the rest. */
+        ssize_t k = p->chan->send(p->chan, frame, (size_t)(GC_P2P_HDR_BYTES + len));
+        if (k == (ssize_t)(GC_P2P_HDR_BYTES + len)) {
+            sent = 1;
+        } else if (k > 0) {   /* the rest goes at the next progress pass, from a copy */
+            char *own = (char *)malloc(len ? len : 1);
+            gc_p2p_out *o = own ? gc_p2p__queue(e, dest, h, own, len, NULL) : NULL;
+            if (o) {
+                if (len) memcpy(own, buf, len);
+                o->own = own;
+                o->off = (uint64_t)k;
+                sent = 1;
+            } else {          /* half a frame in the stream and no memory: the stream is broken */
+                free(own);
+                gc_p2p__lose(e, dest, GC_P2P_CHAN_ERR, (uint64_t)(-GC_ERR_NOMEM));
+            }
+        } else if (k < 0) {
+            gc_p2p__lose(e, dest, GC_P2P_CHAN_ERR, (uint64_t)(-k));
+        }
+        if (sent) gc_p2p__pull(e, dest);  /* whatever came meanwhile */
+    }
+    pthread_mutex_unlock(&e->mu);
+    return sent;
 }
 
 /* Post a receive from world rank source (or GC_P2P_ANY) with tag (or GC_P2P_ANY) into cap bytes

@@ -25,7 +25,6 @@ Point-to-point calls cannot be captured in a CUDA graph (they need the host to m
 """
 import itertools
 import pickle
-import struct
 import threading
 import time
 import weakref
@@ -35,13 +34,11 @@ import numpy as np
 from .. import config, log
 from ..errors import GpucollError, InvalidUsageError
 from ..errors import TimeoutError as GpucollTimeout
-from ..p2p import GPU_BYTES_TAG, OFFER_FLAG, P2PRequest
+from ..p2p import GPU_BYTES_TAG, OFFER, OFFER_FLAG, P2PRequest, reply_tag
 from . import ipc, streams
 
 EAGER_MAX = 64 << 10  # GPU messages up to this size go through host memory at once (no rendezvous)
-_OFFER = struct.Struct("!64sQQ64sI")  # memory handle, offset, bytes, event handle, sequence number
-_REPLY_TAG_BASE = -(1 << 30)  # the answer to offer n carries tag _REPLY_TAG_BASE - n (gpucoll's own tags)
-_SEQ_MOD = 1 << 20
+_SEQ_MOD = 1 << 20  # offers are numbered modulo this (the number picks the answer's tag)
 
 cuda = None  # gpucoll._native.cuda, imported on first use
 
@@ -53,10 +50,6 @@ def _cuda():
 
         cuda = _c
     return cuda
-
-
-def _reply_tag(seq):
-    return _REPLY_TAG_BASE - seq
 
 
 class GpuRecvRequest(P2PRequest):
@@ -195,7 +188,7 @@ class GpuPointToPoint:
             self._spare_events.append(event)
 
     def _answer(self, dest, seq, answer):
-        self.p2p.send_bytes(pickle.dumps(answer), dest, _reply_tag(seq), "GPU answer").Wait()
+        self.p2p.send_bytes(pickle.dumps(answer), dest, reply_tag(seq), "GPU answer").Wait()
 
     def progress(self):
         """Serve the offers that reached this communicator's pending GPU receives."""
@@ -243,8 +236,8 @@ class GpuPointToPoint:
         seq = next(self._seq) % _SEQ_MOD
         event = self._ipc_event()
         cuda.event_record(event[0], stream)  # the data is ready when the stream gets here
-        reply = p2p.irecv_bytes(dest, _reply_tag(seq), name=f"{what} (the answer to its offer)")
-        offer = _OFFER.pack(handle, offset, buf.nbytes, event[1], seq)
+        reply = p2p.irecv_bytes(dest, reply_tag(seq), name=f"{what} (the answer to its offer)")
+        offer = OFFER.pack(handle, offset, buf.nbytes, event[1], seq)
         sent = p2p.send_bytes(offer, dest, tag, what, OFFER_FLAG)
         req = GpuSendRequest(what, p2p, reply._native, "recv", dest, tag, keep=offer, cap=buf.nbytes)
         req.gpu, req.buf, req.dest, req.stream, req.event, req.offer_req = self, buf, dest, stream, event, sent
@@ -291,11 +284,11 @@ class GpuPointToPoint:
     def pull(self, req, source, tag, offer):
         """An offer matched a GPU receive: copy from the sender's memory on the receive's stream."""
         target = req.target
-        if len(offer) != _OFFER.size:  # the engine bounds an offer's size; its layout is checked here
+        if len(offer) != OFFER.size:  # the engine bounds an offer's size; its layout is checked here
             req._error = GpucollError(f"rank {source} sent a malformed GPU offer ({len(offer)} bytes instead of "
-                                      f"{_OFFER.size})")
+                                      f"{OFFER.size})")
             return
-        handle, offset, nbytes, event_handle, seq = _OFFER.unpack(offer)
+        handle, offset, nbytes, event_handle, seq = OFFER.unpack(offer)
         req.status.nbytes = nbytes
         if nbytes > target.buf.nbytes:
             self._answer(source, seq, ("error", "truncated"))
@@ -326,19 +319,9 @@ class GpuPointToPoint:
             log.info("P2P", "Recv %d B from rank %d tag %d pulled via P2P/IPC", nbytes, source, tag)
 
     def ask_for_bytes(self, req, source, tag, offer):
-        """An offer matched a receive that cannot pull it (a host buffer, unmappable memory):
-        receive the bytes instead (they come with GPU_BYTES_TAG; the status reports `tag`)."""
-        if len(offer) != _OFFER.size:
-            req._error = GpucollError(f"rank {source} sent a malformed GPU offer ({len(offer)} bytes)")
-            return
-        seq = _OFFER.unpack(offer)[4]
-        world = self.p2p._world[source]
-        req._native = self.p2p._native.irecv(self.p2p._key, world, GPU_BYTES_TAG, req._keep)
-        req._report_tag = tag
-        req._settled = False
-        if isinstance(req, GpuRecvRequest):
-            self._pending.add(req)
-        self._answer(source, seq, ("bytes",))
+        """An offer matched a GPU receive that cannot map the sender's memory: the bytes instead."""
+        self.p2p.ask_for_bytes(req, source, tag, offer)
+        self._pending.add(req)
 
     def close(self):
         self._pending = weakref.WeakSet()
