@@ -193,6 +193,15 @@ def table(title, runs, sizes, test, ours, peer, peer_name, repeats):
     return rows
 
 
+def _gpus():
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # no CuPy, no driver, no device
+        return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=2000, help="round trips per size up to 64 KiB")
@@ -214,6 +223,9 @@ def main():
     gpurun = [gpurun] if os.access(gpurun, os.X_OK) else [sys.executable, "-m", "gpucoll.launcher"]
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     mpiexec = mpiexec if os.access(mpiexec, os.X_OK) else shutil.which("mpiexec")
+    if args.gpu and _gpus() < 2:
+        print("# --gpu: no GPU rows: they need CuPy and 2 GPUs", file=sys.stderr)
+        args.gpu = False
     libs = [("gpucoll", "mpi")] + ([("gpucoll-gpu", "mpi-gpu")] if args.gpu else [])
     runs, errors = [], []
     with tempfile.TemporaryDirectory() as tmp:

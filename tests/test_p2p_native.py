@@ -2,6 +2,8 @@
 matching order across the eager and rendezvous protocols, bad input and faults
 (tests/scripts/p2p_native.py). Each case runs over shared memory (one host) and over TCP
 (GPUCOLL_SHM_DISABLE=1: the protocol between hosts, bytes streamed after the receive matched)."""
+import os
+
 import pytest
 
 TRANSPORTS = {"shm": {}, "tcp": {"GPUCOLL_SHM_DISABLE": "1"}}
@@ -99,3 +101,43 @@ def test_a_message_above_2_to_the_31_bytes_arrives_intact(gpurun_job):
     job = run(gpurun_job, "huge", "shm", timeout="60", limit=120).check()
     res = job.json_lines()
     assert res[1] == {"whole": True, "count": (1 << 31) + 4099}, res
+
+
+@pytest.fixture(scope="module")
+def two_hosts():
+    from conftest import unavailable
+    from netns import TestHosts, missing_requirement
+
+    why = missing_requirement()
+    if why:
+        unavailable("multihost", why)
+    with TestHosts(2, networks=("eth",)) as hosts:
+        yield hosts
+
+
+@pytest.mark.multihost
+@pytest.mark.parametrize("mode", ["order", "truncate", "crossing"])
+def test_point_to_point_between_two_hosts(two_hosts, mode):
+    """One rank on each of two network-namespace hosts: the TCP channel, rendezvous by CTS/DATA."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import GPURUN, SCRIPTS, _SCRUB
+    from netns import NSEXEC
+
+    a, b = two_hosts.names
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUB and k != "GPUCOLL_SOCKET_IFNAME"}
+    env.update(PYTHONDONTWRITEBYTECODE="1", GPUCOLL_TIMEOUT="2" if mode == "crossing" else "20")
+    proc = two_hosts.run(0, [*GPURUN, "--hosts", f"{a},{b}", "--launcher", "local", "--launcher-cmd",
+                             f"{NSEXEC} {{host}}", sys.executable, os.path.join(SCRIPTS, "p2p_native.py"), mode],
+                         env=env, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = {int(line[1:line.index("]")]): json.loads(line.split("RESULT ", 1)[1])
+           for line in proc.stdout.splitlines() if "] RESULT " in line}
+    if mode == "order":
+        assert all(res[1]["whole"]) and res[1]["tagged"] == {"7": True, "8": True, "9": True}, res
+    elif mode == "truncate":
+        assert [e["type"] for e in res[1]["errors"]] == ["GpucollError"] * 2 and res[1]["next"] is True, res
+    else:
+        assert all(r["sendrecv"] == [True, 8 << 20] and r["small_crossed"] for r in res.values()), res
