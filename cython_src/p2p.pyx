@@ -13,7 +13,9 @@ gpucoll/p2p.py; here every call only crosses into C, with the GIL released where
 cimport cython
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, free
-from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE, PyBUF_WRITABLE, PyBUF_ANY_CONTIGUOUS
+from libc.string cimport strchr
+from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE, PyBUF_WRITABLE, PyBUF_ANY_CONTIGUOUS,
+                             PyBUF_FORMAT)
 from cpython.bytes cimport PyBytes_FromStringAndSize
 
 
@@ -174,6 +176,19 @@ cdef class Req:
         _orphans.append(pin)
 
 
+cdef int _plain(object buf, Py_buffer *view, int flags):
+    """Get buf's buffer for a short path: 1, or 0 when it does not take one (not contiguous,
+    read-only where flags ask for writable, or holding Python objects)."""
+    try:
+        PyObject_GetBuffer(buf, view, flags | PyBUF_ANY_CONTIGUOUS | PyBUF_FORMAT)
+    except (BufferError, ValueError, TypeError):
+        return 0
+    if view.format != NULL and strchr(view.format, 79) != NULL:  # 'O': pointers to objects
+        PyBuffer_Release(view)
+        return 0
+    return 1
+
+
 cdef Req _req(Engine eng, gc_p2p_req *r, Py_buffer *view):
     if r == NULL:
         if view != NULL:
@@ -248,25 +263,51 @@ cdef class Engine:
             raise MemoryError("point to point: no memory for a matched probe")
         return src, rtag, nbytes, flags, (_req(self, out, NULL) if take else None)
 
+    # The short paths of blocking and nonblocking calls on plain buffers: None when buf does not
+    # take them (the caller's general path then checks it and says what is wrong).
     def send(self, uint64_t comm, int dest, int32_t tag, buf):
-        """Start a send: None when it is done already without error (small messages), else its Req."""
+        """Start a send: True when it is done already without error (small messages), else its Req."""
         cdef Py_buffer view
         cdef int sent
-        PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE | PyBUF_ANY_CONTIGUOUS)
+        cdef gc_p2p_req *r
+        if not _plain(buf, &view, PyBUF_SIMPLE):
+            return None
         with nogil:
             sent = gc_p2p_send_now(self.e, comm, dest, tag, <const char *>view.buf, <uint64_t>view.len)
-        PyBuffer_Release(&view)
         if sent:
-            return None
-        cdef Req q = self.isend(comm, dest, tag, buf, 0)
-        if q.r.done and q.r.err == GC_OK:
-            return None
+            PyBuffer_Release(&view)
+            return True
+        with nogil:
+            r = gc_p2p_isend(self.e, comm, dest, tag, <const char *>view.buf, <uint64_t>view.len, 0)
+        cdef Req q = _req(self, r, &view)
+        if r.done and r.err == GC_OK:
+            return True
         return q
+
+    def start_send(self, uint64_t comm, int dest, int32_t tag, buf):
+        cdef Py_buffer view
+        cdef gc_p2p_req *r
+        if not _plain(buf, &view, PyBUF_SIMPLE):
+            return None
+        with nogil:
+            r = gc_p2p_isend(self.e, comm, dest, tag, <const char *>view.buf, <uint64_t>view.len, 0)
+        return _req(self, r, &view)
+
+    def start_recv(self, uint64_t comm, int source, int32_t tag, buf):
+        cdef Py_buffer view
+        cdef gc_p2p_req *r
+        if not _plain(buf, &view, PyBUF_WRITABLE):
+            return None
+        with nogil:
+            r = gc_p2p_irecv(self.e, comm, source, tag, <char *>view.buf, <uint64_t>view.len, 0)
+        return _req(self, r, &view)
 
     def recv(self, uint64_t comm, int source, int32_t tag, buf, double timeout):
         """Receive into buf, waiting up to timeout seconds: (source, tag, bytes) when it is done
         without error, else its Req (timed out, or failed)."""
-        cdef Req q = self.irecv(comm, source, tag, buf)
+        cdef Req q = self.start_recv(comm, source, tag, buf)
+        if q is None:
+            return None
         cdef gc_p2p_req *one = q.r
         cdef int i = 0
         if not one.done:

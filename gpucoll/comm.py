@@ -466,6 +466,10 @@ class Communicator:
         self._send(buf, dest, tag, stream, False)
 
     def Isend(self, buf, dest, tag=0, stream=None):
+        if stream is None and type(buf) is np.ndarray and not self._freed:
+            req = self._p2p.isend_array(buf, dest, tag)
+            if req is not None:
+                return req
         return self._send(buf, dest, tag, stream, True)
 
     def Recv(self, buf, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG, status=None, stream=None):
@@ -475,6 +479,10 @@ class Communicator:
         self._enqueued(self._irecv(buf, source, tag, status, stream))
 
     def Irecv(self, buf, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG, stream=None):
+        if stream is None and type(buf) is np.ndarray and not self._freed:
+            req = self._p2p.irecv_array(buf, source, tag)
+            if req is not None:
+                return req
         return self._irecv(buf, source, tag, None, stream)
 
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=_p2p.ANY_SOURCE,

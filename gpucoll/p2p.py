@@ -155,16 +155,26 @@ class P2PRequest(Request):
     """A send or receive of the native engine. Wait() gives up after GPUCOLL_TIMEOUT, naming
     what it waited for; a receive's status is filled in when it completes."""
 
-    __slots__ = ("_native", "_p2p", "_settled", "_op", "peer", "tag", "status", "_object", "_keep", "_cap",
+    __slots__ = ("_native", "_p2p", "_settled", "_op", "peer", "tag", "_status", "_object", "_keep", "_cap",
                  "_report_tag")
 
     def __init__(self, name, p2p, native_req, op, peer, tag, status=None, obj=False, keep=None, cap=0):
-        # Request.__init__'s threading.Event is not needed (on every call's path: set fields directly)
-        self.name, self._error, self._value = name, None, None
-        self._native, self._p2p, self._settled = native_req, p2p, False
-        self._op, self.peer, self.tag, self._object, self._keep, self._cap = op, peer, tag, obj, keep, cap
-        self.status = status if status is not None or op != "recv" else Status()
-        self._report_tag = None  # the tag the status reports when it is not the message's (GPU offers)
+        # Request.__init__'s threading.Event is not needed (on every call's path: set fields directly);
+        # _report_tag: the tag the status reports when it is not the message's (GPU offers)
+        (self.name, self._error, self._value, self._native, self._p2p, self._settled, self._op, self.peer, self.tag,
+         self._status, self._object, self._keep, self._cap, self._report_tag) = (
+            name, None, None, native_req, p2p, False, op, peer, tag, status, obj, keep, cap, None)
+
+    @property
+    def status(self):
+        """What a receive got (made on first use)."""
+        if self._status is None:
+            self._status = Status()
+        return self._status
+
+    @status.setter
+    def status(self, value):
+        self._status = value
 
     @property
     def _done(self):  # made on use: a request refers to nothing that refers back (no cycle to collect)
@@ -201,8 +211,11 @@ class P2PRequest(Request):
         self._error = p2p.error(self, err)
 
     def _fill(self, status):
-        if status is not self.status and self.status is not None:
-            status.source, status.tag, status.nbytes = self.status.source, self.status.tag, self.status.nbytes
+        if self._op != "recv":  # a send's status stays as it is (Request._fill)
+            return
+        mine = self.status
+        if status is not mine:
+            status.source, status.tag, status.nbytes = mine.source, mine.tag, mine.nbytes
 
     def Wait(self, status=None):
         while not self._settled:  # a GPU offer to a host buffer is followed by its bytes: wait again
@@ -210,14 +223,18 @@ class P2PRequest(Request):
             if not self._native.wait(timeout):
                 self._timed_out(timeout)
             self._settle()
-        return super().Wait(status)
+        if status is not None:
+            self._fill(status)
+        if self._error is not None:
+            raise self._error
+        return True
 
     def Test(self, status=None):
         while not self._settled:
             if not self._native.test():
                 return False
             self._settle()
-        return super().Test(status)
+        return self.Wait(status)
 
     def _timed_out(self, timeout):
         p2p = self._p2p
@@ -330,29 +347,50 @@ class PointToPoint:
     # The short paths of Communicator.Send / Recv: a C-contiguous NumPy array of plain values, an
     # in-range rank and tag, a channel that exists. False: take the general path (which checks
     # everything and says what is wrong).
-    def send_array(self, arr, dest, tag):
+    def _send_world(self, dest, tag):
+        """The world rank to send to for the short paths, or None."""
         if type(dest) is not int or type(tag) is not int or not 0 <= tag <= TAG_UB or not 0 <= dest < self._size:
-            return False
+            return None
         world = self._world[dest]
-        if world not in self._ready or arr.dtype.hasobject or not arr.flags.c_contiguous:
+        return world if world in self._ready else None
+
+    def send_array(self, arr, dest, tag):
+        world = self._send_world(dest, tag)
+        if world is None:
             return False
-        req = self._native.send(self._key, world, tag, arr)
-        if req is not None:  # not done at once, or failed: the general request waits and explains
-            P2PRequest("Send", self, req, "send", dest, tag, keep=arr, cap=arr.nbytes).Wait()
+        got = self._native.send(self._key, world, tag, arr)
+        if got is True:
+            return True
+        if got is None:
+            return False
+        P2PRequest("Send", self, got, "send", dest, tag, keep=arr, cap=arr.nbytes).Wait()  # waits and explains
         return True
 
-    def recv_array(self, arr, source, tag, status):
+    def isend_array(self, arr, dest, tag):
+        """Isend's short path: the request, or None to take the general path."""
+        world = self._send_world(dest, tag)
+        req = None if world is None else self._native.start_send(self._key, world, tag, arr)
+        return None if req is None else P2PRequest("Isend", self, req, "send", dest, tag, keep=arr, cap=arr.nbytes)
+
+    def _recv_world(self, source, tag):
+        """The world rank to receive from for the short paths (ANY_SOURCE as is), or None."""
         if type(source) is not int or type(tag) is not int or not (0 <= tag <= TAG_UB or tag == ANY_TAG):
-            return False
+            return None
         if 0 <= source < self._size:
-            world = self._world[source]
-        elif source == ANY_SOURCE:
-            world = ANY_SOURCE
-        else:
+            return self._world[source]
+        return ANY_SOURCE if source == ANY_SOURCE else None
+
+    def irecv_array(self, arr, source, tag):
+        """Irecv's short path: the request, or None to take the general path."""
+        world = self._recv_world(source, tag)
+        req = None if world is None else self._native.start_recv(self._key, world, tag, arr)
+        return None if req is None else P2PRequest("Irecv", self, req, "recv", source, tag, keep=arr, cap=arr.nbytes)
+
+    def recv_array(self, arr, source, tag, status):
+        world = self._recv_world(source, tag)
+        got = None if world is None else self._native.recv(self._key, world, tag, arr, self._timeout)
+        if got is None:
             return False
-        if arr.dtype.hasobject or not arr.flags.c_contiguous or not arr.flags.writeable:
-            return False
-        got = self._native.recv(self._key, world, tag, arr, self._timeout)
         if type(got) is tuple:
             if status is not None:
                 status.source, status.tag, status.nbytes = self._ranks.get(got[0], ANY_SOURCE), got[1], got[2]
