@@ -223,18 +223,21 @@ class P2PRequest(Request):
             if not self._native.wait(timeout):
                 self._timed_out(timeout)
             self._settle()
-        if status is not None:
-            self._fill(status)
-        if self._error is not None:
-            raise self._error
-        return True
+        return self._outcome(status)
 
     def Test(self, status=None):
         while not self._settled:
             if not self._native.test():
                 return False
             self._settle()
-        return self.Wait(status)
+        return self._outcome(status)
+
+    def _outcome(self, status):
+        if status is not None:
+            self._fill(status)
+        if self._error is not None:
+            raise self._error
+        return True
 
     def _timed_out(self, timeout):
         p2p = self._p2p

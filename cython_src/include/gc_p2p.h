@@ -1,8 +1,8 @@
 /* Point to point: MPI matching and the eager / rendezvous protocols over gc_chan channels.
  *
- * One engine per process. It owns no channel: Python opens one gc_chan per peer process (shared
- * memory within a host, TCP between hosts, both authenticated; gpucoll/p2p_links.py) and hands its
- * address to gc_p2p_set_channel. Every message travels as a frame on the sender's channel to the
+ * One engine per process. It owns no channel: Python opens one gc_chan per peer process
+ * (shared memory within a host, TCP between hosts, both authenticated;
+ * gpucoll/transports/links.py) and hands its address to gc_p2p_set_channel. Every message travels as a frame on the sender's channel to the
  * receiver, a fixed 48-byte header (gc_p2p_hdr) and, for some kinds, a payload:
  *
  *   EAGER  comm, tag, nbytes, id, flags + the nbytes of the message     (small messages)
