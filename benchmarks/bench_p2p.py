@@ -1,17 +1,22 @@
-"""Host point to point between two ranks of one host: gpucoll beside Open MPI (mpi4py).
+"""Host point to point between two ranks of one host: gpucoll beside Open MPI (mpi4py), the OSU set.
 
-    python benchmarks/bench_p2p.py                   # 8 B to 16 MiB, factor 8, 3 runs each
-    python benchmarks/bench_p2p.py --repeats 5 --json p2p.json
+    python benchmarks/bench_p2p.py                       # 8 B to 256 MiB, factor 8, 3 runs each
+    python benchmarks/bench_p2p.py --repeats 5 --json p2p.json --max 16M
+    python benchmarks/bench_p2p.py --gpu                 # also GPU rows (CuPy and 2 GPUs), NCCL beside
 
-Each run starts the same ping-pong under `gpurun -np 2` with gpucoll, then under
-`mpiexec -n 2` with mpi4py; --repeats runs alternate the two. Rank 0 sends NumPy bytes and
-waits for them back (blocking Send, then Recv); a run's one-way time is half the median
-round trip, after a warm-up. Every round trip is checked outside the timed part (the first
-and last bytes carry the iteration's number, and the whole buffer is compared after the
-last one); #wrong counts the round trips that came back wrong. The table gives each time's
-median over the runs with its range, gpucoll's bandwidth, and the ratio peer time / gpucoll
-time taken run by run (above 1: gpucoll is faster; none on a wrong row). The exit status is
-1 when a run was wrong or a library could not run.
+Each run starts the same rank program under `gpurun -np 2` with gpucoll, then under
+`mpiexec -n 2` with mpi4py; --repeats runs alternate the two. Three tests, as OSU's:
+
+  latency  blocking Send then Recv ping-pong; one-way time = median round trip / 2
+  bw       rank 0 starts a window of Isends (64, fewer for large messages), rank 1 as many
+           Irecvs; Waitall; rank 1 answers with a 4-byte message; bandwidth = window bytes / time
+  bibw     both ranks do both at once (Irecvs, Isends, Waitall): bytes both ways / time
+
+Every message is checked outside the timed part (the first and last bytes carry the iteration's
+number; the whole buffer after the last iteration); #wrong counts the messages that came back
+wrong. Each cell is the median over the runs with its range; ratio = Open MPI time / gpucoll time
+(latency) or gpucoll bandwidth / Open MPI's (bw, bibw), taken run by run: above 1 gpucoll is
+faster (none on a wrong row). The exit status is 1 when a run was wrong or a library could not run.
 """
 import argparse
 import json
@@ -26,44 +31,119 @@ from gpucoll.bench import context, summary
 RANK_PROGRAM = r'''
 import json, sys, time
 import numpy as np
-lib, sizes, iters = sys.argv[1], [int(s) for s in sys.argv[2].split(",")], int(sys.argv[3])
-if lib == "mpi":
+lib, sizes, iters, tests = sys.argv[1], [int(s) for s in sys.argv[2].split(",")], int(sys.argv[3]), sys.argv[4]
+gpu = lib.endswith("-gpu")
+if lib.startswith("mpi"):
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
+    Waitall = MPI.Request.Waitall
 else:
     import gpucoll
     comm = gpucoll.COMM_WORLD
+    Waitall = gpucoll.Request.Waitall
 rank = comm.Get_rank()
 peer = 1 - rank
+xp = np
+if gpu:
+    import cupy as cp
+    cp.cuda.Device(rank).use()
+    xp = cp
+    if lib.startswith("mpi"):  # NCCL send/recv through CuPy is the peer on GPUs
+        from cupy.cuda import nccl
+        uid = comm.bcast(nccl.get_unique_id() if rank == 0 else None, root=0)
+        nc = nccl.NcclCommunicator(2, uid, rank)
+        stream = cp.cuda.Stream.null
+        def Send(a, dest, tag):
+            nc.send(a.data.ptr, a.nbytes, nccl.NCCL_CHAR, dest, stream.ptr)
+        def Recv(b, src, tag):
+            nc.recv(b.data.ptr, b.nbytes, nccl.NCCL_CHAR, src, stream.ptr)
+            stream.synchronize()
+if not (gpu and lib.startswith("mpi")):
+    def Send(a, dest, tag):
+        comm.Send(a, dest, tag)
+    def Recv(b, src, tag):
+        comm.Recv(b, src, tag)
+        if gpu:
+            cp.cuda.Stream.null.synchronize()
+
+def stamp(a, i):
+    a[0] = a[-1] = i % 256
+
+def stamped(b, i):
+    return int(b[0]) == i % 256 and int(b[-1]) == i % 256
+
+def window(nbytes):
+    return max(1, min(64, (64 << 20) // nbytes))
+
 out = {}
 for nbytes in sizes:
-    a = (np.arange(nbytes) % 251).astype(np.uint8)
-    b = np.empty(nbytes, np.uint8)
-    n = iters if nbytes <= (64 << 10) else max(10, iters // 20)
-    times, wrong = [], 0
-    for i in range(n + 10):
-        comm.Barrier() if i % 50 == 0 else None
-        a[0] = a[-1] = i % 256  # this round trip's stamp
-        t0 = time.perf_counter()
-        if rank == 0:
-            comm.Send(a, peer, 1)
-            comm.Recv(b, peer, 1)
-        else:
-            comm.Recv(b, peer, 1)
-            comm.Send(b, peer, 1)
-        if i >= 10:
-            times.append(time.perf_counter() - t0)
-            wrong += int(b[0] != i % 256 or b[-1] != i % 256)  # outside the timed part
-    wrong += int(not np.array_equal(a, b))  # the last round trip, every byte
-    times.sort()
-    out[nbytes] = {"one_way": times[len(times) // 2] / 2, "wrong": wrong}
+    a = (xp.arange(nbytes) % 251).astype(xp.uint8)
+    b = xp.empty(nbytes, xp.uint8)
+    small = nbytes <= (64 << 10)
+    n = iters if small else max(10, iters // 20 if nbytes <= (16 << 20) else 4)
+    res = {}
+    if "latency" in tests:
+        times, wrong = [], 0
+        for i in range(n + 10):
+            comm.Barrier() if i % 50 == 0 else None
+            stamp(a, i)
+            t0 = time.perf_counter()
+            if rank == 0:
+                Send(a, peer, 1)
+                Recv(b, peer, 1)
+            else:
+                Recv(b, peer, 1)
+                Send(b, peer, 1)
+            if i >= 10:
+                times.append(time.perf_counter() - t0)
+                wrong += int(not stamped(b, i))  # outside the timed part
+        wrong += int(not bool((a == b).all()))  # the last round trip, every byte
+        times.sort()
+        res["latency"] = {"t": times[len(times) // 2] / 2, "wrong": wrong}
+    if not gpu and ("bw" in tests or "bibw" in tests):
+        w = window(nbytes)
+        ack = np.zeros(4, np.uint8)
+        reps = max(3, n // w)
+        for test in ("bw", "bibw"):
+            if test not in tests:
+                continue
+            times, wrong = [], 0
+            for i in range(reps + 2):
+                comm.Barrier()
+                stamp(a, i)
+                t0 = time.perf_counter()
+                reqs = []
+                if rank == 1 or test == "bibw":
+                    reqs += [comm.Irecv(b, peer, 2) for _ in range(w)]
+                if rank == 0 or test == "bibw":
+                    reqs += [comm.Isend(a, peer, 2) for _ in range(w)]
+                Waitall(reqs)
+                if rank == 1:
+                    comm.Send(ack, peer, 3)
+                else:
+                    comm.Recv(ack, peer, 3)
+                if i >= 2:
+                    times.append(time.perf_counter() - t0)
+                    if rank == 1 or test == "bibw":
+                        wrong += int(not stamped(b, i))
+            if rank == 1 or test == "bibw":
+                wrong += int(not bool((a == b).all()))
+            times.sort()
+            moved = w * nbytes * (2 if test == "bibw" else 1)
+            res[test] = {"t": times[len(times) // 2], "gbps": moved / times[len(times) // 2] / 1e9, "wrong": wrong}
+    out[nbytes] = res
+everything = comm.gather(out, root=0)
 if rank == 0:
-    sys.stdout.write("RESULT " + json.dumps(out) + "\n")
+    merged = {}
+    for nbytes in sizes:  # the wrong counts of both ranks
+        r0, r1 = everything[0][nbytes], everything[1][nbytes]
+        merged[nbytes] = {k: dict(v, wrong=v["wrong"] + r1[k]["wrong"]) for k, v in r0.items()}
+    sys.stdout.write("RESULT " + json.dumps(merged) + "\n")
 '''
 
 
 def run(argv, env=None):
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1200, env=env)
     for line in proc.stdout.splitlines():
         tail = line.split("RESULT ", 1)
         if len(tail) == 2:
@@ -78,69 +158,112 @@ def human(nbytes):
     return f"{nbytes} B"
 
 
+def size(text):
+    text = text.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(text.rstrip("KMG")) * mult
+
+
+def table(title, runs, sizes, test, ours, peer, peer_name, repeats):
+    """Print and return the rows of one test."""
+    latency = test == "latency"
+    unit = "us" if latency else "GB/s"
+    print(f"\n# {title}; each cell: median [min-max] of {repeats} runs; ratio: "
+          + ("peer time / gpucoll time" if latency else "gpucoll bandwidth / peer bandwidth") + ", run by run")
+    print(f"{'size':>10} {'gpucoll (' + unit + ')':>24} {'#wrong':>6} {peer_name + ' (' + unit + ')':>24} "
+          f"{'#wrong':>6} {'ratio':>20}")
+    rows = []
+    for nbytes in sizes:
+        mine = [r[ours][nbytes][test] for r in runs if test in r[ours].get(nbytes, {})]
+        theirs = [r[peer][nbytes][test] for r in runs if peer in r and test in r[peer].get(nbytes, {})]
+        if not mine:
+            continue
+        value = (lambda o: o["t"] * 1e6) if latency else (lambda o: o["gbps"])
+        t, p = [value(o) for o in mine], [value(o) for o in theirs]
+        wrong, peer_wrong = sum(o["wrong"] for o in mine), sum(o["wrong"] for o in theirs)
+        ratios = ([(b / a if latency else a / b) for a, b in zip(t, p)]
+                  if len(p) == len(t) and not wrong and not peer_wrong else [])
+        row = dict(size=nbytes, test=test, gpucoll=summary.spread(t), gpucoll_wrong=wrong,
+                   peer=summary.spread(p) if p else None, peer_wrong=peer_wrong if theirs else None,
+                   ratio=summary.spread(ratios) if ratios else None)
+        rows.append(row)
+        print(f"{human(nbytes):>10} {summary.spread_text(t):>24} {wrong:6d} "
+              + (f"{summary.spread_text(p):>24} {peer_wrong:6d}" if p else f"{'-':>24} {'-':>6}")
+              + f" {summary.spread_text(ratios) if ratios else '-':>20}")
+    return rows
+
+
+def _gpus():
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # no CuPy, no driver, no device
+        return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=2000, help="round trips per size up to 64 KiB")
-    ap.add_argument("--max", type=int, default=16 << 20, help="largest message in bytes")
+    ap.add_argument("--min", type=size, default=8, help="smallest message (8)")
+    ap.add_argument("--max", type=size, default=256 << 20, help="largest message (256M)")
+    ap.add_argument("--tests", default="latency,bw,bibw", help="which of latency,bw,bibw (all)")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each library, alternating (3)")
+    ap.add_argument("--gpu", action="store_true", help="also GPU rows (latency; CuPy and 2 GPUs), NCCL beside")
     ap.add_argument("--json", help="write the settings, every run and the rows here")
     args = ap.parse_args()
-    sizes, s = [], 8
+    sizes, s = [], args.min
     while s <= args.max:
         sizes.append(s)
         s *= 8
-    spec = [",".join(map(str, sizes)), str(args.iters)]
+    if sizes[-1] != args.max and args.max > args.min:
+        sizes.append(args.max)
+    spec = [",".join(map(str, sizes)), str(args.iters), args.tests]
     gpurun = os.path.join(os.path.dirname(sys.executable), "gpurun")
     gpurun = [gpurun] if os.access(gpurun, os.X_OK) else [sys.executable, "-m", "gpucoll.launcher"]
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     mpiexec = mpiexec if os.access(mpiexec, os.X_OK) else shutil.which("mpiexec")
+    if args.gpu and _gpus() < 2:
+        print("# --gpu: no GPU rows: they need CuPy and 2 GPUs", file=sys.stderr)
+        args.gpu = False
+    libs = [("gpucoll", "mpi")] + ([("gpucoll-gpu", "mpi-gpu")] if args.gpu else [])
     runs, errors = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        prog = os.path.join(tmp, "pingpong.py")
+        prog = os.path.join(tmp, "osu.py")
         with open(prog, "w") as f:
             f.write(RANK_PROGRAM)
         for i in range(args.repeats):
             print(f"# run {i + 1}/{args.repeats} ...", file=sys.stderr)
-            run_ = {"gpucoll": run([*gpurun, "-np", "2", "--no-tag-output", sys.executable, prog, "gpucoll", *spec])}
-            try:
-                if mpiexec is None:
-                    raise RuntimeError("no mpiexec (pip install '.[test]')")
-                run_["mpi"] = run([mpiexec, "--allow-run-as-root", "--oversubscribe", "-n", "2", sys.executable,
-                                   prog, "mpi", *spec])
-            except (RuntimeError, subprocess.TimeoutExpired) as exc:
-                errors.append(f"Open MPI: {exc}")
+            run_ = {}
+            for ours, peer in libs:
+                run_[ours] = run([*gpurun, "-np", "2", "--no-tag-output", sys.executable, prog, ours, *spec])
+                try:
+                    if mpiexec is None:
+                        raise RuntimeError("no mpiexec (pip install '.[test]')")
+                    run_[peer] = run([mpiexec, "--allow-run-as-root", "--oversubscribe", "-n", "2", sys.executable,
+                                      prog, peer, *spec])
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                    errors.append(f"{peer}: {exc}")
             runs.append(run_)
 
-    print(f"# host point to point, 2 ranks, blocking Send + Recv ping-pong; one-way time = median round trip / 2;"
-          f" each time: median [min-max] of {args.repeats} runs; ratio = Open MPI time / gpucoll time, run by run")
-    print(f"{'size':>10} {'gpucoll (us)':>24} {'GB/s':>7} {'#wrong':>6} {'Open MPI (us)':>24} {'#wrong':>6}"
-          f" {'ratio':>20}")
     rows = []
-    for nbytes in sizes:
-        ours = [r["gpucoll"][nbytes] for r in runs]
-        theirs = [r["mpi"][nbytes] for r in runs if "mpi" in r]
-        t = [o["one_way"] * 1e6 for o in ours]
-        p = [o["one_way"] * 1e6 for o in theirs]
-        wrong, peer_wrong = sum(o["wrong"] for o in ours), sum(o["wrong"] for o in theirs)
-        ratios = ([b["one_way"] / a["one_way"] for a, b in zip(ours, theirs)]
-                  if len(theirs) == len(ours) and not wrong and not peer_wrong else [])
-        row = dict(size=nbytes, gpucoll_us=summary.spread(t), gpucoll_wrong=wrong,
-                   mpi_us=summary.spread(p) if p else None, mpi_wrong=peer_wrong if theirs else None,
-                   ratio=summary.spread(ratios) if ratios else None)
-        rows.append(row)
-        mid = row["gpucoll_us"][0]
-        print(f"{human(nbytes):>10} {summary.spread_text(t):>24} {nbytes / mid / 1e3:7.3f} {wrong:6d} "
-              + (f"{summary.spread_text(p):>24} {peer_wrong:6d}" if p else f"{'-':>24} {'-':>6}")
-              + f" {summary.spread_text(ratios) if ratios else '-':>20}")
+    names = {"latency": "one-way time (blocking Send + Recv ping-pong / 2)",
+             "bw": "bandwidth (a window of Isends, one way)", "bibw": "bidirectional bandwidth (windows both ways)"}
+    for test in args.tests.split(","):
+        rows += table(f"host point to point, 2 ranks of one host: {names[test]}", runs, sizes, test, "gpucoll", "mpi",
+                      "Open MPI", args.repeats)
+    if args.gpu:
+        rows += table("GPU point to point, 2 GPUs: one-way time", runs, sizes, "latency", "gpucoll-gpu", "mpi-gpu",
+                      "NCCL", args.repeats)
     for e in errors:
         print(f"# {e}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(settings=context.describe(command=" ".join(sys.argv), iters=args.iters, sizes=sizes,
-                                                     repeats=args.repeats),
+                                                     tests=args.tests, repeats=args.repeats),
                            rows=rows, runs=[{k: {str(s): v for s, v in r.items()} for k, r in run_.items()}
                                             for run_ in runs]), f, indent=1)
-    bad = any(r["gpucoll_wrong"] or r["mpi_wrong"] for r in rows)
+    bad = any(r["gpucoll_wrong"] or r["peer_wrong"] for r in rows)
     return 1 if bad or errors else 0
 
 

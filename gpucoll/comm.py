@@ -407,7 +407,17 @@ class Communicator:
 
     # --- point to point -------------------------------------------------------------
     # Host buffers go through gpucoll/p2p.py; GPU buffers through gpucoll/gpu/p2p.py, in the
-    # order of `stream=` (default: the caller's current stream), matched by the same inbox.
+    # order of `stream=` (default: the caller's current stream), matched by the same engine.
+    # Send and Recv of a plain NumPy array try p2p's short path first (every call's path).
+    def _gpu_p2p(self):
+        """The GPU side of this communicator's point to point, made for the first GPU buffer."""
+        gpu = self._p2p.gpu
+        if gpu is None:
+            from .gpu.p2p import GpuPointToPoint
+
+            gpu = self._p2p.gpu = GpuPointToPoint(self._p2p)
+        return gpu
+
     def _send(self, buf, dest, tag, stream, nonblocking, what="buf"):
         self._check_alive()
         b, tag = host_buffer(buf, what), _user_tag(tag)
@@ -415,7 +425,7 @@ class Communicator:
             return CompletedRequest("Isend") if nonblocking else None
         grouped = not nonblocking and self._group is not None  # starts now, completes with the group
         if b.is_gpu:
-            req = self._p2p.gpu().send(b, dest, tag, stream, nonblocking or grouped)
+            req = self._gpu_p2p().send(b, dest, tag, stream, nonblocking or grouped)
         else:
             _host_stream(stream)
             req = self._p2p.isend(b, dest, tag) if nonblocking or grouped else self._p2p.send(b, dest, tag)
@@ -428,7 +438,7 @@ class Communicator:
         self._check_alive()
         b = host_buffer(buf, what, writable=True)
         if b.is_gpu:
-            return self._p2p.gpu().recv(b, source, tag, status, stream, nonblocking=True)
+            return self._gpu_p2p().recv(b, source, tag, status, stream, nonblocking=True)
         _host_stream(stream)
         return self._p2p.irecv(b, source, tag, status)
 
@@ -441,15 +451,29 @@ class Communicator:
         _wait_enqueued(req, status)
 
     def Send(self, buf, dest, tag=0, stream=None):
+        if stream is None and type(buf) is np.ndarray and self._group is None and not self._freed \
+                and self._p2p.send_array(buf, dest, tag):
+            return
         self._send(buf, dest, tag, stream, False)
 
     def Isend(self, buf, dest, tag=0, stream=None):
+        if stream is None and type(buf) is np.ndarray and not self._freed:
+            req = self._p2p.isend_array(buf, dest, tag)
+            if req is not None:
+                return req
         return self._send(buf, dest, tag, stream, True)
 
     def Recv(self, buf, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG, status=None, stream=None):
+        if stream is None and type(buf) is np.ndarray and self._group is None and not self._freed \
+                and self._p2p.recv_array(buf, source, tag, status):
+            return
         self._enqueued(self._irecv(buf, source, tag, status, stream))
 
     def Irecv(self, buf, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG, stream=None):
+        if stream is None and type(buf) is np.ndarray and not self._freed:
+            req = self._p2p.irecv_array(buf, source, tag)
+            if req is not None:
+                return req
         return self._irecv(buf, source, tag, None, stream)
 
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=_p2p.ANY_SOURCE,
@@ -662,9 +686,9 @@ def _integer(value):
 
 
 def _user_tag(tag):
-    """Tags of user messages are integers >= 0, as in MPI (negative ones are gpucoll's own)."""
-    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or tag < 0:
-        raise InvalidUsageError(f"message tag {tag!r} is not allowed: use an integer >= 0")
+    """Tags of user messages are integers from 0 to TAG_UB, as in MPI (negative ones are gpucoll's own)."""
+    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not 0 <= tag <= _p2p.TAG_UB:
+        raise InvalidUsageError(f"message tag {tag!r} is not allowed: use an integer from 0 to {_p2p.TAG_UB}")
     return int(tag)
 
 

@@ -2,9 +2,10 @@
 
 `init()` runs the bootstrap once, exchanges what every rank needs to reach every
 other (host, pid, point-to-point and transport addresses) and builds COMM_WORLD.
-The listeners (point-to-point inbox, TCP endpoint) bind to loopback when every rank
-is on this host, else to the interface that GPUCOLL_SOCKET_IFNAME selects or the one
-that reaches the store; only peers that prove the job's secret get through them.
+The one listener of the process (the TCP endpoint, which also takes the announcements of
+point-to-point channels) binds to loopback when every rank is on this host, else to the
+interface that GPUCOLL_SOCKET_IFNAME selects or the one that reaches the store; only peers
+that prove the job's secret get through it.
 """
 import atexit
 import json
@@ -20,19 +21,13 @@ class Context:
     """What every communicator of this process shares."""
 
     def __init__(self, boot):
-        from .p2p import Inbox, connect_to
-
-        self._connect_to = connect_to
         self.boot = boot
         self.rank, self.size, self.job_id = boot.rank, boot.size, boot.job_id
         self.secret = boot.info.secret or _fresh_secret(boot)
         self.hosts = boot.hosts
         self.interface = _listen_interface(boot)
-        self.inbox = Inbox(self.secret, self.rank, self.size, self.interface.address)
-        self.p2p_connections = {}
-        self._p2p_lock = threading.Lock()
         self._tcp = None
-        mine = {"pid": os.getpid(), "pidns": _pid_namespace(), "p2p": self.inbox.address}
+        mine = {"pid": os.getpid(), "pidns": _pid_namespace()}
         if self.size > 1:
             mine["tcp"] = self.tcp().address
         table = [json.loads(b) for b in boot.allgather(json.dumps(mine).encode())]
@@ -40,8 +35,10 @@ class Context:
         # A pid says whether a process lives only on its host and in its pid namespace.
         self._watchable = [t.get("pidns") == mine["pidns"] != 0 and h == self.hosts[self.rank]
                            for t, h in zip(table, self.hosts)]
-        self.p2p_addresses = [t["p2p"] for t in table]
         self.tcp_addresses = [t.get("tcp") for t in table]
+        from .p2p import Engine
+
+        self.p2p = Engine(self)  # point to point of every communicator (after the table: links need it)
 
     def watch_pid(self, world_rank):
         """The pid of `world_rank` when this process can tell whether it lives (same host, same
@@ -63,15 +60,6 @@ class Context:
 
             self._tcp = TcpEndpoint(self.rank, self.secret, interface=self.interface)
         return self._tcp
-
-    def connect_p2p(self, world_rank):
-        with self._p2p_lock:
-            conn = self.p2p_connections.get(world_rank)
-            if conn is None:
-                conn = self._connect_to(self.p2p_addresses[world_rank], self.secret, self.rank, world_rank,
-                                        config.INIT_TIMEOUT.get())
-                self.p2p_connections[world_rank] = conn
-            return conn
 
 
 def _pid_namespace():

@@ -30,9 +30,6 @@ LAYERS = [
 
 # Cycles allowed for now, each with why; remove an entry as soon as its cycle is gone.
 ALLOWED_CYCLES = [
-    # Point to point is being rewritten apart from the collectives: this pair goes once the
-    # GPU side stops using the host side's privates (_TimedRequest, _check_peer, _sender, ...).
-    frozenset({"gpucoll.p2p", "gpucoll.gpu.p2p"}),
     # gpucoll.MPI's datatypes: Datatype builds derived types and packs through message.py,
     # which reads Datatype back (imports inside functions close the circle).
     frozenset({"gpucoll.mpi.datatype", "gpucoll.mpi.derived", "gpucoll.mpi.message"}),

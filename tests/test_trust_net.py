@@ -144,11 +144,11 @@ def test_six_silent_connections_do_not_stall_the_tcp_collective(tmp_path):
     assert all(r["seconds"] < 5 for r in res.values()), res
 
 
-# --- the point-to-point inbox -----------------------------------------------------------------
+# --- point-to-point channels ------------------------------------------------------------------
 
 class Recorder:
-    """A TCP relay to `target` that records what its one client sends: how an attacker on
-    the path captures a rank's point-to-point connection."""
+    """A TCP relay to `target` that records what its first client sends: how an attacker on
+    the path captures a rank's point-to-point channel."""
 
     def __init__(self, target):
         host, _, port = target.rpartition(":")
@@ -159,10 +159,13 @@ class Recorder:
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self):
-        client, _ = self.server.accept()
-        upstream = socket.create_connection(self.target)
-        threading.Thread(target=self._pump, args=(upstream, client, None), daemon=True).start()
-        self._pump(client, upstream, self.sent)
+        record = self.sent  # the first connection only; later ones are relayed as they are
+        while True:
+            client, _ = self.server.accept()
+            upstream = socket.create_connection(self.target)
+            threading.Thread(target=self._pump, args=(upstream, client, None), daemon=True).start()
+            threading.Thread(target=self._pump, args=(client, upstream, record), daemon=True).start()
+            record = None
 
     @staticmethod
     def _pump(src, dst, record):
@@ -184,7 +187,7 @@ class Recorder:
 
 
 def _replay(tmp_path, payload, *extra):
-    job = LiveJob("p2p", tmp_path, env={"GPUCOLL_TIMEOUT": 15})
+    job = LiveJob("p2p", tmp_path, env={"GPUCOLL_TIMEOUT": 15, "GPUCOLL_SHM_DISABLE": 1, "GPUCOLL_NSOCKS": 1})
     address = json.loads(job.wait_line("ADDR ", 1))["p2p"]
     recorder = Recorder(address)
     job.put("proxy", recorder.address)
@@ -204,7 +207,7 @@ def test_a_replayed_p2p_hello_followed_by_a_pickle_runs_no_code(tmp_path):
     assert code == 0, out + err
     assert res[1]["got"] == "'real'", res
     assert seen["closed_by_peer"] and seen["replayed"] > 0, seen
-    assert "point-to-point inbox of rank 1" in err and "could not prove" in err, err
+    assert "TCP listener of rank 1" in err and "could not prove" in err, err
 
 
 def test_a_frame_announcing_2_to_the_62_bytes_does_not_stop_delivery(tmp_path):
@@ -266,7 +269,7 @@ def test_the_listeners_of_a_one_host_job_bind_loopback_only(tmp_path):
     code, out, err = job.finish()
     assert code == 0, out + err
     for rank, socks in listening.items():
-        assert len(socks) >= 2, f"rank {rank} listens on {socks}: expected its inbox and its TCP endpoint"
+        assert len(socks) == 1, f"rank {rank} listens on {socks}: expected its one listener"
         assert all(ip == "127.0.0.1" for ip, _ in socks), f"rank {rank} listens on {socks}"
 
 

@@ -1,17 +1,19 @@
 """Point to point on GPU buffers (Send, Recv, Isend, Irecv, Sendrecv), in stream order.
 
 Matching (source, tag, ANY_SOURCE, ANY_TAG, no overtaking between two ranks) is the host
-inbox's (gpucoll/p2p.py); only the data path is the GPU's:
+engine's (gpucoll/p2p.py, the public face of cython_src/include/gc_p2p.h); only the data path
+is the GPU's:
 
 * To another process of this host, above EAGER_MAX bytes: the sender records an interprocess
-  CUDA event on its stream and sends an offer (its buffer's IPC handle, offset and size, the
-  event's handle) instead of the bytes. The receiver's progress thread maps the buffer (once
-  per allocation, gpucoll/gpu/ipc.py), makes its stream wait for the sender's event, copies
-  peer to local on that stream (copy engine over NVLink or PCIe), records an interprocess
-  event of its own and answers with its handle; the sender's stream then waits for that event,
-  so later work there may overwrite the buffer. Send returns once the receiver has answered
-  (a rendezvous, like MPI's large sends); the answer comes from a progress thread, so two ranks
-  that send to each other before receiving (Sendrecv, Isend/Irecv) do not deadlock.
+  CUDA event on its stream and sends an offer instead of the bytes (an eager message flagged
+  OFFER: its buffer's IPC handle, offset and size, the event's handle and a sequence number).
+  The receiver maps the buffer (once per allocation, gpucoll/gpu/ipc.py), makes its stream wait
+  for the sender's event, copies peer to local on that stream (copy engine over NVLink or PCIe),
+  records an interprocess event of its own (one per source, reused) and answers with its
+  handle; the sender's stream then waits for that event, so later work there may overwrite the
+  buffer. Send returns once the receiver has answered (a rendezvous, like MPI's large sends).
+  Whoever waits for an answer also serves the offers that reached its own pending GPU receives,
+  so two ranks that send to each other before receiving (Sendrecv, Isend/Irecv) do not deadlock.
 * Otherwise (small messages, another host, GPUCOLL_P2P_DISABLE=1, memory that cannot be shared,
   a receiver that cannot map it, a host receive buffer) the bytes travel through host memory:
   the sender copies them down once its stream has reached the call, the receiver copies them
@@ -21,22 +23,22 @@ A receive completes when its data is enqueued on the receiver's stream: Recv ret
 an Irecv request's Wait() blocks until the data has landed, Wait(stream=s) makes s wait.
 Point-to-point calls cannot be captured in a CUDA graph (they need the host to match them).
 """
-import functools
+import itertools
 import pickle
-import struct
 import threading
+import time
+import weakref
 
 import numpy as np
 
 from .. import config, log
-from ..engine import OrderedEngine
 from ..errors import GpucollError, InvalidUsageError
 from ..errors import TimeoutError as GpucollTimeout
-from ..p2p import GPU_BYTES_TAG, GPU_REPLY_TAG, OFFER, _TimedRequest
+from ..p2p import GPU_BYTES_TAG, OFFER, OFFER_FLAG, P2PRequest, reply_tag
 from . import ipc, streams
 
 EAGER_MAX = 64 << 10  # GPU messages up to this size go through host memory at once (no rendezvous)
-_OFFER = struct.Struct("!64sQQ64s")  # memory handle, offset, bytes, event handle
+_SEQ_MOD = 1 << 20  # offers are numbered modulo this (the number picks the answer's tag)
 
 cuda = None  # gpucoll._native.cuda, imported on first use
 
@@ -50,35 +52,35 @@ def _cuda():
     return cuda
 
 
-class _Target:
-    """Where a GPU receive puts its data: the buffer, the stream, and a host bounce buffer for
-    messages that arrive as bytes (np.empty: its pages are only touched if it is used)."""
+class GpuRecvRequest(P2PRequest):
+    """A receive into GPU memory. Done (Test) once the data has landed; Wait() blocks until then,
+    Wait(stream=s) only makes stream s wait for it."""
 
-    __slots__ = ("owner", "buf", "stream", "ctx", "bounce", "event")
+    __slots__ = ("target", "__weakref__")
 
-    def __init__(self, owner, buf, stream, ctx):
-        self.owner, self.buf, self.stream, self.ctx = owner, buf, stream, ctx
-        self.bounce = np.empty(buf.nbytes, np.uint8)
-        self.event = cuda.event_create()  # recorded after the data's copy, for Wait()
-
-    def landed(self, posted, nbytes, error):
-        """The message arrived as bytes in the bounce buffer (called by the inbox's reader)."""
-        self.owner._progress(self._upload, posted, nbytes, error)
-
-    def _upload(self, posted, nbytes, error):
-        if error is None and nbytes:
-            cuda.set_current(self.ctx)
-            cuda.memcpy_htod_async(self.buf.addr, self.bounce.__array_interface__["data"][0], nbytes, self.stream)
-        if error is None:
-            cuda.event_record(self.event, self.stream)
-        posted.request._finish(error=error)
-
-
-class GpuRecvRequest(_TimedRequest):
-    """Done (Test) once the data has landed; Wait() blocks until then, Wait(stream=s) only makes
-    stream s wait for it."""
-
-    __slots__ = ("target",)
+    def _settle(self):
+        """The host engine is done with this receive: bytes in the bounce buffer, or an offer."""
+        if self._settled:
+            return
+        self._settled = True
+        target = self.target
+        src, tag, nbytes, flags = self._native.status
+        p2p = self._p2p
+        source = p2p.rank_of(src)
+        err = self._native.err
+        self.status.source, self.status.nbytes = source, nbytes
+        self.status.tag = tag if self._report_tag is None else self._report_tag
+        if err != 0:
+            self._keep = None
+            self._error = p2p.error(self, err)
+            return
+        if flags & OFFER_FLAG:
+            target.owner.pull(self, source, tag, self._native.data())
+            return
+        try:
+            target.upload(nbytes)
+        except GpucollError as exc:
+            self._error = exc
 
     def Wait(self, status=None, stream=None):
         super().Wait(status)  # the copy is enqueued (raises the receive's error or its timeout)
@@ -101,17 +103,63 @@ class GpuRecvRequest(_TimedRequest):
             pass
 
 
+class _Target:
+    """Where a GPU receive puts its data: the buffer, the stream, and a host bounce buffer for
+    messages that arrive as bytes (np.empty: its pages are only touched if it is used)."""
+
+    __slots__ = ("owner", "buf", "stream", "ctx", "bounce", "event")
+
+    def __init__(self, owner, buf, stream, ctx):
+        self.owner, self.buf, self.stream, self.ctx = owner, buf, stream, ctx
+        self.bounce = np.empty(buf.nbytes, np.uint8)
+        self.event = cuda.event_create()  # recorded after the data's copy, for Wait()
+
+    def upload(self, nbytes):
+        cuda.set_current(self.ctx)
+        if nbytes:
+            cuda.memcpy_htod_async(self.buf.addr, self.bounce.__array_interface__["data"][0], nbytes, self.stream)
+        cuda.event_record(self.event, self.stream)
+
+
+class GpuSendRequest(P2PRequest):
+    """A large send from GPU memory: its offer went out; Wait() waits for the receiver's answer
+    (serving this process's own pending GPU receives meanwhile) and orders the stream after it."""
+
+    __slots__ = ("gpu", "buf", "dest", "stream", "event", "offer_req")
+
+    def Wait(self, status=None, stream=None):
+        if not self._settled:
+            self._settled = True
+            try:
+                self.gpu.answered(self)
+            except BaseException as exc:
+                self._error = exc
+            finally:
+                self.gpu.spare(self.event)
+        return super().Wait(status)
+
+    def Test(self, status=None):
+        if not self._settled and not self._native.test():
+            self.gpu.progress()
+            return False
+        return self.Wait()
+
+    def wait(self, status=None, stream=None):
+        self.Wait(status, stream)
+
+
 class GpuPointToPoint:
     """The GPU side of one communicator's point to point (made by gpucoll.p2p.PointToPoint.gpu)."""
 
     def __init__(self, p2p):
         _cuda()
         self.p2p = p2p
-        self._engine = OrderedEngine(f"{p2p._comm._id}-gpu-p2p")
         self._lock = threading.Lock()
         self._contexts = {}
         self._spare_events = []  # interprocess events of offers, reused once their send is done
         self._done_events = {}   # source rank -> (event, handle): recorded after each pull from it
+        self._pending = weakref.WeakSet()  # GPU receives not yet settled (offers served while waiting)
+        self._seq = itertools.count()
 
     # --- helpers ----------------------------------------------------------------------------
     def _context(self, device):
@@ -135,17 +183,21 @@ class GpuPointToPoint:
         event = cuda.event_create(interprocess=True)
         return event, cuda.ipc_get_event_handle(event)
 
-    def _progress(self, fn, posted, *args):
-        """Run fn on the progress thread; its errors fail the receive instead of the thread."""
-        def task():
-            try:
-                fn(posted, *args)
-            except GpucollError as exc:
-                posted.request._finish(error=exc)
-        self._engine.submit(task, "gpu-p2p")
+    def spare(self, event):
+        with self._lock:
+            self._spare_events.append(event)
 
-    def _answer(self, dest, answer):
-        self.p2p.send_now(memoryview(pickle.dumps(answer)), dest, GPU_REPLY_TAG)
+    def _answer(self, dest, seq, answer):
+        self.p2p.send_bytes(pickle.dumps(answer), dest, reply_tag(seq), "GPU answer").Wait()
+
+    def progress(self):
+        """Serve the offers that reached this communicator's pending GPU receives."""
+        for req in list(self._pending):
+            if req._settled:
+                self._pending.discard(req)
+            elif req._native.done:
+                self._pending.discard(req)
+                req._settle()
 
     # --- sending ------------------------------------------------------------------------------
     def send(self, buf, dest, tag, stream=None, nonblocking=False):
@@ -153,51 +205,64 @@ class GpuPointToPoint:
         p2p = self.p2p
         dest = p2p._check_peer(dest, "destination")
         ctx = self._context(buf.device)
-        stream = self._stream(stream, buf, "Isend" if nonblocking else "Send")
+        what = "Isend" if nonblocking else "Send"
+        stream = self._stream(stream, buf, what)
         offer = buf.nbytes > EAGER_MAX and p2p.same_host(dest) and not config.P2P_DISABLE.get()
-        event = self._ipc_event()
-        cuda.event_record(event[0], stream)  # the data is ready when the stream gets here
-        task = functools.partial(self._send, buf, dest, tag, stream, ctx, event, offer)
-        engine = p2p._sender(dest)
-        return engine.submit(task, "Isend") if nonblocking else engine.run(task)
+        exported = ipc.export(buf.addr) if offer else None
+        if log.enabled("info", "P2P"):
+            log.info("P2P", "%s %d B to rank %d tag %d %s", what, buf.nbytes, dest, tag,
+                     "offered via P2P/IPC" if exported else "via host memory")
+        if exported is None:
+            req = self._send_bytes(buf, dest, tag, stream, ctx, what)
+        else:
+            req = self._offer(buf, dest, tag, stream, exported, what)
+        if nonblocking:
+            return req
+        req.Wait()
+        return None
 
-    def _send(self, buf, dest, tag, stream, ctx, event, offer):
+    def _send_bytes(self, buf, dest, tag, stream, ctx, what):
+        """The bytes through host memory, once the stream has reached the call."""
         cuda.set_current(ctx)
-        try:
-            exported = ipc.export(buf.addr) if offer else None
-            if log.enabled("info", "P2P"):
-                log.info("P2P", "Send %d B to rank %d tag %d %s", buf.nbytes, dest, tag,
-                         "offered via P2P/IPC" if exported else "via host memory")
-            if exported is None:
-                self._send_bytes(buf, dest, tag, event)
-            else:
-                self._offer(buf, dest, tag, stream, event, exported)
-        finally:
-            with self._lock:
-                self._spare_events.append(event)
-
-    def _send_bytes(self, buf, dest, tag, event):
-        cuda.event_synchronize(event[0])
+        cuda.stream_synchronize(stream)
         host = np.empty(buf.nbytes, np.uint8)
         if buf.nbytes:
             cuda.memcpy_dtoh(host.__array_interface__["data"][0], buf.addr, buf.nbytes)
-        self.p2p._send_task(memoryview(host), dest, tag)()
+        return self.p2p.send_bytes(memoryview(host), dest, tag, what)
 
-    def _offer(self, buf, dest, tag, stream, event, exported):
+    def _offer(self, buf, dest, tag, stream, exported, what):
         p2p = self.p2p
         handle, offset = exported
-        reply = p2p.irecv_object(dest, GPU_REPLY_TAG)  # posted before the offer can be answered
-        p2p._send_task(memoryview(_OFFER.pack(handle, offset, buf.nbytes, event[1])), dest, tag, OFFER)()
-        try:
-            answer = reply.wait()
-        except GpucollTimeout:
-            raise GpucollTimeout(
-                f"Send of {buf.nbytes} bytes from GPU memory to rank {dest} with tag {tag}: rank {dest} posted no "
-                f"matching receive within {p2p._timeout:g} s (GPUCOLL_TIMEOUT)") from None
+        seq = next(self._seq) % _SEQ_MOD
+        event = self._ipc_event()
+        cuda.event_record(event[0], stream)  # the data is ready when the stream gets here
+        reply = p2p.irecv_bytes(dest, reply_tag(seq), name=f"{what} (the answer to its offer)")
+        offer = OFFER.pack(handle, offset, buf.nbytes, event[1], seq)
+        sent = p2p.send_bytes(offer, dest, tag, what, OFFER_FLAG)
+        req = GpuSendRequest(what, p2p, reply._native, "recv", dest, tag, keep=offer, cap=buf.nbytes)
+        req.gpu, req.buf, req.dest, req.stream, req.event, req.offer_req = self, buf, dest, stream, event, sent
+        return req
+
+    def answered(self, req):
+        """Wait for the receiver's answer to req's offer and act on it."""
+        p2p = self.p2p
+        timeout = p2p._timeout
+        deadline = time.monotonic() + timeout
+        while not req._native.wait(0.0005):
+            self.progress()
+            if time.monotonic() > deadline:
+                raise GpucollTimeout(
+                    f"Send of {req.buf.nbytes} bytes from GPU memory to rank {req.dest} with tag {req.tag}: rank "
+                    f"{req.dest} posted no matching receive within {timeout:g} s (GPUCOLL_TIMEOUT)")
+        req.offer_req.Wait()
+        if req._native.err != 0:
+            raise p2p.error(req, req._native.err)
+        answer = pickle.loads(req._native.data())
         if answer[0] == "done":
-            cuda.stream_wait_event(stream, ipc.open_event(answer[1]))
+            cuda.stream_wait_event(req.stream, ipc.open_event(answer[1]))
         elif answer[0] == "bytes":
-            self._send_bytes(buf, dest, GPU_BYTES_TAG, event)
+            self._send_bytes(req.buf, req.dest, GPU_BYTES_TAG, req.stream, self._context(req.buf.device),
+                             "Send").Wait()
         # "error": the receive failed (e.g. too small a buffer) and raises there; this send is done
 
     # --- receiving ----------------------------------------------------------------------------
@@ -207,34 +272,29 @@ class GpuPointToPoint:
         ctx = self._context(buf.device)
         stream = self._stream(stream, buf, "Irecv" if nonblocking else "Recv")
         target = _Target(self, buf, stream, ctx)
-        req = self.p2p._post(memoryview(target.bounce), source, tag, status, buf.nbytes,
-                             "Irecv" if nonblocking else "Recv", gpu=target, request_type=GpuRecvRequest)
+        req = self.p2p.recv_into(memoryview(target.bounce), source, tag, status,
+                                 "Irecv" if nonblocking else "Recv", request_type=GpuRecvRequest)
         req.target = target
+        self._pending.add(req)
         if nonblocking:
             return req
-        _TimedRequest.Wait(req)
+        P2PRequest.Wait(req)
         return None
 
-    def pull(self, posted, source, tag, offer):
-        """An offer matched a GPU receive (called by the inbox's reader): copy on the progress thread."""
-        self._progress(self._pull, posted, source, tag, offer)
-
-    def _pull(self, posted, source, tag, offer):
-        if len(offer) != _OFFER.size:  # the inbox bounds an offer's size; its layout is checked here
-            self._answer(source, ("error", "malformed offer"))
-            posted.request._finish(error=GpucollError(
-                f"rank {source} sent a malformed GPU offer ({len(offer)} bytes instead of {_OFFER.size})"))
+    def pull(self, req, source, tag, offer):
+        """An offer matched a GPU receive: copy from the sender's memory on the receive's stream."""
+        target = req.target
+        if len(offer) != OFFER.size:  # the engine bounds an offer's size; its layout is checked here
+            req._error = GpucollError(f"rank {source} sent a malformed GPU offer ({len(offer)} bytes instead of "
+                                      f"{OFFER.size})")
             return
-        handle, offset, nbytes, event_handle = _OFFER.unpack(offer)
-        target = posted.gpu
-        status = posted.status
-        if status is not None:
-            status.source, status.tag, status.nbytes = source, tag, nbytes
-        if nbytes > posted.want_bytes:
-            self._answer(source, ("error", "truncated"))
-            posted.request._finish(error=GpucollError(
+        handle, offset, nbytes, event_handle, seq = OFFER.unpack(offer)
+        req.status.nbytes = nbytes
+        if nbytes > target.buf.nbytes:
+            self._answer(source, seq, ("error", "truncated"))
+            req._error = GpucollError(
                 f"message truncated: rank {source} sent {nbytes} bytes with tag {tag}, the receive buffer holds "
-                f"{posted.want_bytes}; pass a larger buffer"))
+                f"{target.buf.nbytes}; pass a larger buffer")
             return
         cuda.set_current(target.ctx)
         try:
@@ -243,7 +303,7 @@ class GpuPointToPoint:
         except GpucollError as exc:  # e.g. no peer access between the two GPUs: take the bytes instead
             log.info("P2P", "Recv %d B from rank %d tag %d via host memory: cannot map its GPU memory (%s)",
                      nbytes, source, tag, exc)
-            self._ask(posted, source, tag)
+            self.ask_for_bytes(req, source, tag, offer)
             return
         cuda.stream_wait_event(target.stream, sender_event)
         if nbytes:
@@ -254,18 +314,14 @@ class GpuPointToPoint:
             done = self._done_events[source] = (event, cuda.ipc_get_event_handle(event))
         cuda.event_record(done[0], target.stream)
         cuda.event_record(target.event, target.stream)
-        self._answer(source, ("done", done[1]))
-        posted.request._finish()
+        self._answer(source, seq, ("done", done[1]))
         if log.enabled("info", "P2P"):
             log.info("P2P", "Recv %d B from rank %d tag %d pulled via P2P/IPC", nbytes, source, tag)
 
-    def ask_for_bytes(self, posted, source, tag):
-        """An offer matched a receive that cannot pull it (a host buffer): ask for the bytes."""
-        self._progress(self._ask, posted, source, tag)
-
-    def _ask(self, posted, source, tag):
-        self.p2p.repost(posted, source, tag)
-        self._answer(source, ("bytes",))
+    def ask_for_bytes(self, req, source, tag, offer):
+        """An offer matched a GPU receive that cannot map the sender's memory: the bytes instead."""
+        self.p2p.ask_for_bytes(req, source, tag, offer)
+        self._pending.add(req)
 
     def close(self):
-        self._engine.close()
+        self._pending = weakref.WeakSet()

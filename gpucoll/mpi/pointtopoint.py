@@ -1,14 +1,13 @@
 """The point-to-point methods of MPI.Comm over gpucoll's point to point.
 
 Messages travel as their packed bytes (a view of the buffer when its layout is contiguous).
-gpucoll's sends are eager: a send completes once its bytes are handed to the connection,
-whether or not a receive is posted. That is what buffered (Bsend) and ready (Rsend) sends
-promise, so they are sends. A synchronous send (Ssend) completes only when the receiver has
-matched the message: it travels marked, and the receiver's point to point answers the match
-with an acknowledgement (gpucoll/p2p.py, SYNC). Probe, Iprobe, Mprobe and Improbe look at the
-messages that arrived; a matched probe takes the message (and acknowledges a synchronous one).
+gpucoll's small sends are eager (complete once their bytes are in the channel), large ones wait
+for their receive, as MPI allows; buffered (Bsend) and ready (Rsend) sends are sends. A
+synchronous send (Ssend) completes only when the receiver has matched the message: it travels
+marked, and the receiver's engine answers the match (gpucoll/p2p.py, SYNC). Probe, Iprobe,
+Mprobe and Improbe look at the messages that arrived; a matched probe takes the message (and
+answers a synchronous one).
 """
-import itertools
 import time
 
 import numpy as np
@@ -18,7 +17,7 @@ from .. import p2p as _p2p
 from ..errors import InvalidUsageError
 from ..errors import TimeoutError as GpucollTimeout
 from . import message as _m
-from .composite import Composite, done
+from .composite import Composite
 from .constants import INTEGERS as _C
 from .matched import Message
 from .request import Prequest, Request
@@ -37,9 +36,9 @@ def _withdraw(state):
     """Take back a posted receive whose paired send failed (a stale receive would take the next
     message meant for another call)."""
     part = state.parts[0] if isinstance(state, Composite) else state
-    posted, p2p = getattr(part, "posted", None), getattr(part, "p2p", None)
-    if posted is not None and p2p is not None:
-        p2p._ctx.inbox.withdraw(p2p._key, posted)
+    p2p = getattr(part, "_p2p", None)
+    if p2p is not None:
+        p2p.withdraw(part)
 
 
 def _check_peer(core, rank, name, what, wildcard=False):
@@ -66,17 +65,7 @@ def issend_state(core, payload, dest, tag, what):
 
     if dest == PROC_NULL:
         return CompletedRequest(what)
-    p2p = core._p2p
-    dest = p2p._check_peer(dest, "destination")
-    tag = _core_p2p_tag(tag)
-    n = next(_SYNC_IDS) % (1 << 24)
-    ack = p2p._post(memoryview(bytearray(0)), dest, _p2p.SYNC_ACK_TAG - n, None, 0, f"{what} (waiting for the "
-                    "receiver to match it)")
-    task = p2p._send_task(payload, dest, tag, _p2p.SYNC | (n << 8))
-    if len(payload) <= _INLINE_MAX:  # written now (small): only the receiver's match is awaited
-        p2p._sender(dest).run(task)
-        return Composite([ack], None, what)
-    return Composite([p2p._sender(dest).submit(task, what), ack], None, what)
+    return core._p2p.issend(payload, dest, _core_p2p_tag(tag), what)
 
 
 def _core_p2p_tag(tag):
@@ -85,8 +74,6 @@ def _core_p2p_tag(tag):
     return _user_tag(tag)
 
 
-_SYNC_IDS = itertools.count()
-_INLINE_MAX = 64 << 10  # an Isend up to this size is written in the caller's thread, as a Send
 
 
 class PointToPoint:
@@ -116,9 +103,6 @@ class PointToPoint:
         core = self._c("Isend")
         _check_tag(tag, "Isend")
         data = self._send_bytes(buf, dest, "Isend")
-        if isinstance(data, np.ndarray) and data.size <= _INLINE_MAX:
-            core.Send(data, dest, tag)  # written now (small: it cannot block for long): complete at once
-            return Request._of(done(name="Isend"))
         return Request._of(core.Isend(data, dest, tag))
 
     Ibsend = Irsend = Isend
@@ -231,26 +215,25 @@ class PointToPoint:
 
     # --- probes ---------------------------------------------------------------------------------------
     def _find(self, source, tag, take, what):
-        """The first arrived message matching (source, tag), as (source, tag, payload); removed from
-        the arrived ones when `take` (a matched probe); None when none has arrived."""
+        """The first arrived message matching (source, tag), as (source, tag, payload, nbytes); taken
+        off the arrived ones with its payload when `take` (a matched probe, else payload None); None
+        when none has arrived."""
         core = self._c(what)
-        if source != ANY_SOURCE:
-            core._p2p._check_peer(source, "source")
-        found = core._ctx.inbox.find_unexpected(core._p2p._key, source, tag, take=False)
-        if found is not None and found[3] == _p2p.OFFER:
-            raise NotImplementedError(f"{what}: probing a message sent from GPU memory")
-        if found is not None and take:
-            found = core._ctx.inbox.find_unexpected(core._p2p._key, found[0], found[1], take=True)
+        found = core._p2p.probe(source, tag, False)
         if found is None:
             return None
-        if take:  # a matched probe matches a synchronous send (acknowledged outside the inbox's lock)
-            _p2p.acknowledge(core._p2p, found[0], found[3])
-        return found[:3]
+        if found[3] & _p2p.OFFER_FLAG:
+            raise NotImplementedError(f"{what}: probing a message sent from GPU memory")
+        if not take:
+            return found[0], found[1], None, found[2]
+        src, tg, nbytes, _, req = core._p2p.probe(found[0], found[1], True)
+        req.Wait()  # within a host a large message is read from the sender's memory now
+        return src, tg, req._native.data(), nbytes
 
     def _probe(self, source, tag, take, block, what):
         if source == PROC_NULL:
             self._c(what)
-            return (PROC_NULL, ANY_TAG, None)
+            return (PROC_NULL, ANY_TAG, None, 0)
         found = self._find(source, tag, take, what)
         if found is not None or not block:
             return found
@@ -272,7 +255,7 @@ class PointToPoint:
         if status is not None:
             reset(status)
             status.source, status.tag = found[0], found[1]
-            status.nbytes = 0 if found[2] is None else len(found[2])
+            status.nbytes = found[3]
 
     def Probe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Wait until a matching message has arrived (without receiving it); True."""
@@ -291,14 +274,14 @@ class PointToPoint:
         """Wait for a matching message and take it: only the returned Message receives it."""
         found = self._probe(source, tag, True, True, "Mprobe")
         self._fill(status, found)
-        return Message._matched(self, found)
+        return Message._matched(self, found[:3])
 
     def Improbe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         found = self._probe(source, tag, True, False, "Improbe")
         if found is None:
             return None
         self._fill(status, found)
-        return Message._matched(self, found)
+        return Message._matched(self, found[:3])
 
     # Python objects
     def probe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):

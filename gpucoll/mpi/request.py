@@ -330,13 +330,10 @@ def _names(requests):
 
 def _cancel_receive(state):
     """Withdraw a posted receive of gpucoll's point to point; True when it was still unmatched."""
-    posted, p2p = getattr(state, "posted", None), getattr(state, "p2p", None)
-    if posted is None or p2p is None or state.Test(None):
+    p2p = getattr(state, "_p2p", None)
+    if p2p is None or not hasattr(p2p, "withdraw") or state.Test(None):
         return False
-    if p2p._ctx.inbox.withdraw(p2p._key, posted):
-        state._finish()
-        return True
-    return False
+    return p2p.withdraw(state)
 
 
 def _deadline(what, requests):

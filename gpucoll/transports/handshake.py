@@ -60,8 +60,13 @@ class Purpose(enum.IntEnum):
     """What a connection is for; an acceptor takes one purpose only."""
 
     TCP = 1    # a stripe of a TCP channel (transports/tcp.py)
-    P2P = 2    # point-to-point frames into an inbox (p2p.py)
+    P2P = 2    # a point-to-point channel is built or asked for (transports/links.py)
     AGENT = 3  # a host agent's control connection to the head gpurun (launcher/)
+
+
+def _purposes(purpose):
+    """A listener's purposes as a tuple of Purpose."""
+    return tuple(Purpose(p) for p in purpose) if isinstance(purpose, (tuple, list, set)) else (Purpose(purpose),)
 
 
 class Claim(NamedTuple):
@@ -155,7 +160,8 @@ class Accepting:
 
     def __init__(self, sock, secret, purpose, rank, deadline):
         sock.setblocking(False)
-        self.sock, self.secret, self.purpose, self.rank, self.deadline = sock, secret, purpose, rank, deadline
+        self.sock, self.secret, self.rank, self.deadline = sock, secret, rank, deadline
+        self.purposes = _purposes(purpose)
         self.claim = None
         self._hello = None
         self._nonce = None
@@ -187,9 +193,9 @@ class Accepting:
         """True when the fixed part came in and the communicator id is still due."""
         if self.claim is None:
             _, purpose, _, sender, target, stripe, nsocks, idlen = _HELLO.unpack(self._buf[:_HELLO.size])
-            if purpose != self.purpose:
+            if purpose not in self.purposes:
                 raise HandshakeError(f"asked for purpose {purpose}, this listener serves "
-                                     f"{self.purpose.name} connections")
+                                     f"{'/'.join(p.name for p in self.purposes)} connections")
             if self.rank is not None and target != self.rank:
                 raise HandshakeError(f"the hello names rank {target}, this is rank {self.rank}")
             if idlen > MAX_COMM_ID:
@@ -226,7 +232,7 @@ class PeerListener:
     """Accepts connections on a bound, listening socket and runs the acceptor's side of the
     handshake for all of them at once, on one thread, each within HANDSHAKE_TIMEOUT.
 
-    Each peer that proves the secret and names `purpose` and target `rank` (None: any
+    Each peer that proves the secret and names `purpose` (or one of a tuple of purposes) and target `rank` (None: any
     target) is passed to `on_peer(sock, claim)` on that thread, as a blocking socket that
     the callee owns; an exception from `on_peer` closes that socket and is logged. Failed
     handshakes are closed and counted in a rate-limited warning that names `what`.
@@ -235,7 +241,7 @@ class PeerListener:
     def __init__(self, sock, secret, purpose, rank, on_peer, what, timeout=HANDSHAKE_TIMEOUT):
         if not secret:
             raise ValueError("a listener needs the job's secret")
-        self.sock, self.secret, self.purpose, self.rank = sock, bytes(secret), Purpose(purpose), rank
+        self.sock, self.secret, self.purpose, self.rank = sock, bytes(secret), _purposes(purpose), rank
         self.on_peer, self.what, self.timeout = on_peer, what, float(timeout)
         host, port = sock.getsockname()[:2]
         self.address = f"{host}:{port}"

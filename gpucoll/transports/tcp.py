@@ -73,14 +73,33 @@ class TcpEndpoint:
         self._closed = False
         host, port = listener.getsockname()
         self.address = f"{host}:{port}"
-        self._listener = handshake.PeerListener(listener, self._secret, Purpose.TCP, self.rank, self._file,
-                                                f"the TCP listener of rank {self.rank} at {self.address}")
+        self._p2p = None        # called with each point-to-point connection (transports/links.py)
+        self._p2p_early = []    # those that arrived before it was set
+        self._listener = handshake.PeerListener(listener, self._secret, (Purpose.TCP, Purpose.P2P), self.rank,
+                                                self._file, f"the TCP listener of rank {self.rank} at {self.address}")
         log.info("NET", "TCP endpoint of rank %d listens on %s (%s)", self.rank, self.address,
                  self.interface.name)
 
     # -- accepting ---------------------------------------------------------------------
+    def serve_p2p(self, on_peer):
+        """Hand every authenticated point-to-point connection to on_peer(conn, claim), on the
+        listener's thread (it must not block); those that came before are handed over now."""
+        with self._cond:
+            self._p2p = on_peer
+            early, self._p2p_early = self._p2p_early, []
+        for conn, claim in early:
+            on_peer(conn, claim)
+
     def _file(self, conn, claim):
         """A peer proved the secret and its claim (on the listener's thread)."""
+        if claim.purpose == Purpose.P2P:
+            with self._cond:
+                on_peer = self._p2p
+                if on_peer is None:  # a peer that started sooner: kept until point to point is set up
+                    self._p2p_early.append((conn, claim))
+                    return
+            on_peer(conn, claim)
+            return
         if claim.sender == self.rank or claim.sender < 0:
             raise ValueError(f"a channel from rank {claim.sender} to rank {self.rank} makes no sense")
         if not 1 <= claim.nsocks <= _sock.MAX_SOCKS or claim.stripe >= claim.nsocks:

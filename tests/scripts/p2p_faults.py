@@ -2,10 +2,10 @@
 
   unpickle  rank 0 sends an object that cannot be rebuilt on rank 1, then a plain one: rank 1's
             recv raises the unpickling error and the next recv still gets its message
-  cut       rank 0's connection to rank 1 closes in the middle of a message that rank 1 is
+  cut       rank 0's channel to rank 1 closes in the middle of a message that rank 1 is
             receiving: rank 1's Wait raises LostPeerError instead of blocking
   huge      (3 ranks) rank 0 writes a frame header announcing 2^62 bytes on its (authenticated)
-            connection to rank 1; rank 1 prints RESULT {from_0: the error of its receive from
+            channel to rank 1; rank 1 prints RESULT {from_0: the error of its receive from
             rank 0, from_2: what its receive from rank 2 got}
 """
 import json
@@ -53,12 +53,9 @@ elif mode == "huge":
     else:
         comm.Barrier()
         if comm.rank == 0:
-            conn, lock = comm._p2p._connection(1)
-            # The header in whichever layout this gpucoll writes (older ones carried the source rank).
-            fields = (comm._p2p._key, 0, 5, 1 << 62, p2p.BYTES) if p2p._FRAME.format.endswith("QiiQI") else (
-                comm._p2p._key, 5, 1 << 62, p2p.BYTES)
-            with lock:
-                conn.sendall(p2p._FRAME.pack(*fields))
+            engine = comm._ctx.p2p
+            engine.links.ensure(1)
+            engine.native.raw(1, p2p.FRAME.pack(comm._p2p._key, 5, p2p.EAGER, 1 << 62, 0, 0, 0))
         else:
             comm.send("fine", 1, tag=6)
     comm.Barrier()
@@ -76,8 +73,8 @@ elif mode == "cut":
                                        "elapsed": time.monotonic() - t0}))
     else:
         comm.Barrier()
-        conn, lock = comm._p2p._connection(1)
-        with lock:  # a header for 64 KiB, 100 bytes of it, then the connection ends
-            conn.sendall(p2p._FRAME.pack(comm._p2p._key, 5, 1 << 16, p2p.BYTES) + bytes(100))
-            conn.close()
+        engine = comm._ctx.p2p
+        engine.links.ensure(1)  # a header for 64 KiB, 100 bytes of it, then the channel ends
+        engine.native.raw(1, p2p.FRAME.pack(comm._p2p._key, 5, p2p.EAGER, 1 << 16, 0, 0, 0) + bytes(100))
+        engine.links.close_channel(1)
     comm.Barrier()

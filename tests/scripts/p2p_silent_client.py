@@ -1,5 +1,5 @@
-"""A client connects to rank 1's inbox and says nothing: messages from rank 0 must still
-arrive at once (the hello of each connection is read off the delivery thread)."""
+"""A client connects to rank 1's listener and says nothing: messages from rank 0 must still
+arrive at once (the hellos of the point-to-point set-up are handshaken beside the silent one)."""
 import json
 import socket
 import time
@@ -9,9 +9,9 @@ import gpucoll.world as world
 
 comm = gpucoll.COMM_WORLD
 if comm.rank == 0:
-    host, port = world.world()._ctx.p2p_addresses[1].rsplit(":", 1)
+    host, port = world.world()._ctx.tcp_addresses[1].rsplit(":", 1)
     silent = socket.create_connection((host, int(port)))
-    time.sleep(0.2)  # the inbox has accepted it by now
+    time.sleep(0.2)  # the listener has accepted it by now
 comm.Barrier()
 start = time.monotonic()
 if comm.rank == 0:

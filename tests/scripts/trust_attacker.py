@@ -6,8 +6,8 @@ It prints one `ATTACK {json}` line with what it saw.
         took without a secret (rank 0 -> rank 1, communicator "world/coll", stripe i of
         NSOCKS), then answer every message that comes with the same header and 1000.0s.
     python trust_attacker.py replay ADDR CAPTURE (pickle MARKER | huge)
-        replay CAPTURE (the bytes a real rank sent on its point-to-point connection) to a
-        rank's inbox, then one more frame from "rank 0" with tag 7: a pickle that creates
+        replay CAPTURE (the bytes a real rank sent on its point-to-point channel) to a
+        rank's listener, then one more frame from "rank 0" with tag 7: a pickle that creates
         MARKER when loaded, or a header announcing 2^62 bytes.
 """
 import json
@@ -18,7 +18,7 @@ import struct
 import sys
 import time
 
-from gpucoll.p2p import _FRAME, comm_key
+from gpucoll.p2p import EAGER, FRAME, comm_key
 
 
 def host_port(text):
@@ -88,11 +88,8 @@ def tcp(address, nsocks):
 
 
 def frame(tag, nbytes):
-    """A frame header from "rank 0" on COMM_WORLD, in whichever layout this gpucoll reads
-    (older ones carried the source rank in the frame)."""
-    if _FRAME.format.endswith("QiiQI"):
-        return _FRAME.pack(comm_key("world"), 0, tag, nbytes, 0)
-    return _FRAME.pack(comm_key("world"), tag, nbytes, 0)
+    """An eager frame header on COMM_WORLD (the source is the channel's)."""
+    return FRAME.pack(comm_key("world"), tag, EAGER, nbytes, 0, 0, 0)
 
 
 class Marker:

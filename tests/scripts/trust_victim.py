@@ -2,15 +2,16 @@
 
     gpurun -np 2 python trust_victim.py MODE DIR
 
-The ranks say where they listen (`ADDR {json}` on rank 1: its point-to-point and TCP
-addresses, `PID {pid}` on every rank), then wait until the test creates DIR/go, so the
+The ranks say where they listen (`ADDR {json}` on rank 1: the address of its one listener,
+under "p2p" and "tcp", `PID {pid}` on every rank), then wait until the test creates DIR/go, so the
 attacker strikes first. MODE:
   tcp     (GPUCOLL_SHM_DISABLE=1) an Allreduce of [rank + 1] * 4 over TCP, rank 0 a second
           late (an impostor that connected as rank 0 is there before it); prints RESULT
           {values, seconds}.
-  p2p     rank 0 sends its first message to rank 1 through the address in DIR/proxy (a
-          recorder the test runs), then, after DIR/go, "real" with tag 7; rank 1 prints
-          RESULT {got, seconds} for its recv(source=0, tag=7).
+  p2p     (GPUCOLL_SHM_DISABLE=1, GPUCOLL_NSOCKS=1) rank 0 opens its point-to-point channel to
+          rank 1 through the address in DIR/proxy (a recorder the test runs) and sends a first
+          message on it, then, after DIR/go, "real" with tag 7; rank 1 prints RESULT {got,
+          seconds} for its recv(source=0, tag=7).
   listen  nothing more: the test looks at the listening sockets of the ranks' pids.
 """
 import json
@@ -28,7 +29,7 @@ comm = gpucoll.COMM_WORLD
 ctx = world.world()._ctx
 print(f"PID {os.getpid()}", flush=True)
 if comm.rank == 1:
-    print("ADDR " + json.dumps({"p2p": ctx.p2p_addresses[1], "tcp": ctx.tcp_addresses[1]}), flush=True)
+    print("ADDR " + json.dumps({"p2p": ctx.tcp_addresses[1], "tcp": ctx.tcp_addresses[1]}), flush=True)
 
 
 def wait_for(name):
@@ -52,7 +53,7 @@ if mode == "tcp":
     print("RESULT " + json.dumps({"values": x.tolist(), "seconds": time.monotonic() - start}), flush=True)
 elif mode == "p2p":
     if comm.rank == 0:
-        ctx.p2p_addresses[1] = wait_for("proxy")  # the first connection is recorded on its way
+        ctx.tcp_addresses[1] = wait_for("proxy")  # the first connection (the channel's stripe) is recorded
         comm.send("warm-up", 1, tag=3)
     else:
         assert comm.recv(source=0, tag=3) == "warm-up"

@@ -1,0 +1,1146 @@
+/* Point to point: MPI matching and the eager / rendezvous protocols over gc_chan channels.
+ *
+ * One engine per process. It owns no channel: Python opens one gc_chan per peer process
+ * (shared memory within a host, TCP between hosts, both authenticated;
+ * gpucoll/transports/links.py) and hands its address to gc_p2p_set_channel. Every message travels as a frame on the sender's channel to the
+ * receiver, a fixed 48-byte header (gc_p2p_hdr) and, for some kinds, a payload:
+ *
+ *   EAGER  comm, tag, nbytes, id, flags + the nbytes of the message     (small messages)
+ *   RTS    comm, tag, nbytes, id, addr                                    (large: "ready to send")
+ *   CTS    id                  receiver -> sender: "send the bytes of send id now"
+ *   DATA   id, nbytes + the bytes of the rendezvous send id
+ *   ACK    id, status          receiver -> sender: send id is matched and its bytes are taken
+ *
+ * Matching (MPI's rules). A receive names (communicator key, source or ANY, tag or ANY; ANY_TAG
+ * matches tags >= 0 only: negative tags are gpucoll's own). An arriving EAGER or RTS header is
+ * matched against the posted receives in the order they were posted; one that matches none joins
+ * the unexpected queue in arrival order, and a new receive first looks there. A channel is one
+ * ordered byte stream and headers are matched as they are read, so two messages from one sender
+ * never overtake each other.
+ *
+ * Protocols. EAGER sends complete once their bytes are in the channel (a synchronous send, flag
+ * SYNC, once the receiver's ACK says it matched). A large send goes as RTS with the address of its
+ * bytes; the receiver, once matched, copies them straight from the sender's memory with
+ * process_vm_readv (cross-memory attach: one copy, no help from the sender) and answers ACK; where
+ * that is not possible (another host, no permission) it answers CTS and the sender streams DATA,
+ * pipelined through the channel. Messages to oneself are matched at once (a copy).
+ *
+ * Progress. Nothing runs behind the caller's back: every call and every wait pushes the queued
+ * frames of every peer and reads whatever arrived, under one mutex, without the GIL. A wait spins,
+ * then yields, then naps; every 100 ms without progress it asks each channel (and each known pid)
+ * whether the peer lives. A peer found gone, or one that breaks the format (a bad kind, an EAGER
+ * frame above GC_P2P_WIRE_EAGER_MAX, DATA nobody asked for), is "lost": what waits on it fails
+ * with GC_ERR_PEER and its channel is no longer read; messages that arrived whole stay receivable.
+ *
+ * Requests are reference counted: one reference for the caller's handle (gc_p2p_release), one
+ * while the engine still needs it. The caller keeps the request's buffer alive until it is done.
+ */
+#ifndef GC_P2P_H
+#define GC_P2P_H
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gc_chan.h"
+#include "gc_proc.h"      /* gc_pid_dead */
+#include "gc_shmchan.h"
+
+#define GC_P2P_ANY         (-1)
+#define GC_P2P_HDR_BYTES   48
+#define GC_P2P_WIRE_EAGER_MAX (1u << 20)   /* an EAGER frame above this breaks the format */
+#define GC_P2P_OFFER_MAX   4096u            /* a GPU offer describes memory: never more */
+#define GC_P2P_COALESCE    4096u            /* header and payload up to this go in one push */
+#define GC_P2P_PUSH_CHUNK  (64u << 10)      /* payload pushed in pieces the receiver copies as they come */
+#define GC_P2P_CMA_CHUNK   (256u << 20)     /* one process_vm_readv moves at most this */
+
+enum { GC_P2P_EAGER = 1, GC_P2P_RTS = 2, GC_P2P_CTS = 3, GC_P2P_DATA = 4, GC_P2P_ACK = 5 };
+#define GC_P2P_KIND_MASK 0xffu
+#define GC_P2P_SYNC  0x100u   /* answer the match with ACK (synchronous send) */
+#define GC_P2P_OFFER 0x200u   /* a GPU offer: delivered into its own buffer whatever the receive holds */
+
+/* Request errors beyond gc_types.h's */
+#define GC_P2P_TRUNCATED  (-20)   /* the message is larger than the receive buffer */
+#define GC_P2P_CANCELLED  (-21)   /* the communicator was freed while the receive was pending */
+#define GC_P2P_TOOBIG     (-22)   /* an object message larger than this host's memory */
+
+/* Why a peer is lost */
+enum { GC_P2P_LIVE = 0, GC_P2P_GONE = 1, GC_P2P_BAD_KIND = 2, GC_P2P_BAD_SIZE = 3, GC_P2P_BAD_ID = 4,
+       GC_P2P_CHAN_ERR = 5 };
+
+enum { GC_P2P_SEND = 1, GC_P2P_RECV = 2 };
+enum { GC_W_NONE = 0, GC_W_POSTED, GC_W_OUT, GC_W_ACK, GC_W_DATA, GC_W_CLAIM, GC_W_FILL };
+
+typedef struct {
+    uint64_t comm;
+    int32_t tag;
+    uint32_t kind;        /* GC_P2P_* kind | flags */
+    uint64_t nbytes;
+    uint64_t id;
+    uint64_t addr;
+    int64_t status;       /* ACK: GC_OK or the receive's error */
+} gc_p2p_hdr;
+
+typedef struct gc_p2p_req gc_p2p_req;
+struct gc_p2p_req {
+    gc_p2p_req *next, *prev;   /* in the posted queue or a peer's ACK / DATA wait list */
+    int op, where, refs;
+    volatile int done;
+    int err;
+    uint64_t comm;
+    int32_t tag;
+    int peer;                  /* send: destination; receive: source or GC_P2P_ANY */
+    char *buf;                 /* send: the bytes; receive: where they go */
+    uint64_t len;              /* send: nbytes; receive: capacity */
+    int alloc;                 /* receive into a buffer of the message's size (objects, matched probes) */
+    char *owned;               /* that buffer, or an offer's bytes (freed with the request) */
+    uint64_t id;
+    uint32_t flags;
+    /* what a receive got */
+    int src;
+    int32_t rtag;
+    uint64_t nbytes;
+    uint32_t rflags;
+    void *self_msg;            /* a synchronous send to oneself: the message that waits for its match */
+};
+
+typedef struct gc_p2p_msg gc_p2p_msg;
+struct gc_p2p_msg {            /* an arrived message that no receive has matched yet */
+    gc_p2p_msg *next, *prev;
+    gc_p2p_hdr h;
+    int src;
+    char *data;                /* EAGER: its bytes (malloc), RTS: none */
+    uint64_t got;
+    int complete;
+    gc_p2p_req *claim;         /* a receive that matched it while its bytes were still arriving */
+    gc_p2p_req *self_send;     /* a synchronous send to oneself waiting for this match */
+};
+
+typedef struct gc_p2p_out gc_p2p_out;
+struct gc_p2p_out {            /* a frame queued toward one peer */
+    gc_p2p_out *next;
+    gc_p2p_hdr h;
+    const char *payload;
+    uint64_t plen, off;        /* off: bytes of header + payload pushed so far */
+    gc_p2p_req *req;           /* completes when pushed (EAGER, DATA) */
+    char *own;                 /* a copy of the payload this frame owns (freed with it), or NULL */
+};
+
+typedef struct {
+    gc_chan *chan;
+    pid_t pid;                 /* the peer's pid where this process can watch it (same host and pid ns) */
+    int cma;                   /* 1: try process_vm_readv on its memory; 0: not possible */
+    int eager_max;
+    int lost;                  /* GC_P2P_LIVE or why it is lost */
+    uint64_t lost_value;       /* the announced size of a GC_P2P_BAD_SIZE frame, ... */
+    gc_p2p_out *out_head, *out_tail;
+    gc_p2p_req *acks;          /* sends waiting for ACK or CTS */
+    gc_p2p_req *datas;         /* receives waiting for DATA */
+    /* reading */
+    unsigned char hbuf[GC_P2P_HDR_BYTES];
+    size_t hgot;
+    int filling;               /* 1 while a payload is being read */
+    gc_p2p_hdr cur;
+    char *dst;                 /* where the payload goes (NULL: read away) */
+    uint64_t left, total;
+    gc_p2p_req *fill_req;
+    gc_p2p_msg *fill_msg;
+    /* a receive cut off in the middle of its message: for the error text */
+    uint64_t cut_nbytes;
+    int32_t cut_tag;
+} gc_p2p_peer;
+
+typedef struct {
+    pthread_mutex_t mu;
+    int me, n;
+    gc_p2p_peer *peers;
+    gc_p2p_req *posted_head, *posted_tail;
+    gc_p2p_msg *ux_head, *ux_tail;
+    uint64_t next_id;
+    uint64_t max_message;      /* an object message above this cannot be received here */
+    volatile uint64_t progress_count;
+} gc_p2p;
+
+/* ---- lists ------------------------------------------------------------------------------ */
+
+static void gc_p2p__req_unlink(gc_p2p_req **head, gc_p2p_req **tail, gc_p2p_req *r)
+{
+    if (r->prev) r->prev->next = r->next; else *head = r->next;
+    if (r->next) r->next->prev = r->prev; else if (tail) *tail = r->prev;
+    r->next = r->prev = NULL;
+}
+
+static void gc_p2p__req_push(gc_p2p_req **head, gc_p2p_req **tail, gc_p2p_req *r)
+{
+    r->next = NULL;
+    if (tail) {
+        r->prev = *tail;
+        if (*tail) (*tail)->next = r; else *head = r;
+        *tail = r;
+    } else {                  /* an unordered list: push at the front */
+        r->prev = NULL;
+        r->next = *head;
+        if (*head) (*head)->prev = r;
+        *head = r;
+    }
+}
+
+static void gc_p2p__msg_unlink(gc_p2p *e, gc_p2p_msg *m)
+{
+    if (m->prev) m->prev->next = m->next; else e->ux_head = m->next;
+    if (m->next) m->next->prev = m->prev; else e->ux_tail = m->prev;
+    m->next = m->prev = NULL;
+}
+
+static void gc_p2p__msg_push(gc_p2p *e, gc_p2p_msg *m)
+{
+    m->next = NULL;
+    m->prev = e->ux_tail;
+    if (e->ux_tail) e->ux_tail->next = m; else e->ux_head = m;
+    e->ux_tail = m;
+}
+
+static void gc_p2p__req_free(gc_p2p_req *r)
+{
+    free(r->owned);
+    free(r);
+}
+
+/* Drop one reference; the last one frees the request. */
+static void gc_p2p__unref(gc_p2p_req *r)
+{
+    if (--r->refs == 0)
+        gc_p2p__req_free(r);
+}
+
+static void gc_p2p__finish(gc_p2p_req *r, int err)
+{
+    r->err = err;
+    r->where = GC_W_NONE;
+    __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+    gc_p2p__unref(r);          /* the engine's reference */
+}
+
+static inline int gc_p2p__matches(const gc_p2p_req *r, uint64_t comm, int src, int32_t tag)
+{
+    return r->comm == comm && (r->peer == GC_P2P_ANY || r->peer == src)
+        && (r->tag == tag || (r->tag == GC_P2P_ANY && tag >= 0));
+}
+
+/* ---- sending frames ----------------------------------------------------------------------- */
+
+static gc_p2p_out *gc_p2p__queue(gc_p2p *e, int peer, const gc_p2p_hdr *h, const char *payload,
+                                 uint64_t plen, gc_p2p_req *req)
+{
+    gc_p2p_out *o = (gc_p2p_out *)calloc(1, sizeof *o);
+    if (!o) return NULL;
+    o->h = *h;
+    o->payload = payload;
+    o->plen = plen;
+    o->req = req;
+    gc_p2p_peer *p = &e->peers[peer];
+    if (p->out_tail) p->out_tail->next = o; else p->out_head = o;
+    p->out_tail = o;
+    return o;
+}
+
+static void gc_p2p__lose(gc_p2p *e, int peer, int why, uint64_t value);
+static int gc_p2p__push(gc_p2p *e, int peer);
+
+static void gc_p2p__control(gc_p2p *e, int peer, int kind, uint64_t id, int64_t status)
+{
+    gc_p2p_hdr h;
+    memset(&h, 0, sizeof h);
+    h.kind = (uint32_t)kind;
+    h.id = id;
+    h.status = status;
+    /* The peer may wait for this answer while this process leaves point to point (for a
+     * collective, say): it goes out now, not at the next progress pass. Nowhere to say it
+     * (the peer is gone) or no memory: the peer's wait fails on its own. */
+    if (!e->peers[peer].lost && gc_p2p__queue(e, peer, &h, NULL, 0, NULL) && e->peers[peer].chan)
+        gc_p2p__push(e, peer);
+}
+
+/* Push what the channel takes of peer's queued frames; 1 when something moved. */
+static int gc_p2p__push(gc_p2p *e, int peer)
+{
+    gc_p2p_peer *p = &e->peers[peer];
+    gc_chan *c = p->chan;
+    int moved = 0;
+    gc_p2p_out *o;
+    while ((o = p->out_head) != NULL) {
+        const uint64_t total = GC_P2P_HDR_BYTES + o->plen;
+        while (o->off < total) {
+            ssize_t k;
+            if (o->off == 0 && total <= GC_P2P_COALESCE) {
+                char frame[GC_P2P_COALESCE];
+                memcpy(frame, &o->h, GC_P2P_HDR_BYTES);
+                if (o->plen) memcpy(frame + GC_P2P_HDR_BYTES, o->payload, o->plen);
+                k = c->send(c, frame, (size_t)total);
+            } else if (o->off < GC_P2P_HDR_BYTES) {
+                k = c->send(c, (const char *)&o->h + o->off, GC_P2P_HDR_BYTES - o->off);
+            } else {
+                uint64_t at = o->off - GC_P2P_HDR_BYTES, n = o->plen - at;
+                if (n > GC_P2P_PUSH_CHUNK) n = GC_P2P_PUSH_CHUNK;
+                k = c->send(c, o->payload + at, (size_t)n);
+            }
+            if (k < 0) {
+                gc_p2p__lose(e, peer, GC_P2P_CHAN_ERR, (uint64_t)(-k));
+                return 1;
+            }
+            if (k == 0)
+                return moved;
+            o->off += (uint64_t)k;
+            moved = 1;
+        }
+        p->out_head = o->next;
+        if (!p->out_head) p->out_tail = NULL;
+        if (o->req) {
+            gc_p2p_req *r = o->req;
+            if (r->where == GC_W_OUT)  /* an EAGER send without SYNC, or a rendezvous' DATA */
+                gc_p2p__finish(r, GC_OK);
+        }
+        free(o->own);
+        free(o);
+    }
+    return moved;
+}
+
+/* ---- receiving ------------------------------------------------------------------------------ */
+
+static void gc_p2p__status(gc_p2p_req *r, int src, const gc_p2p_hdr *h)
+{
+    r->src = src;
+    r->rtag = h->tag;
+    r->nbytes = h->nbytes;
+    r->rflags = h->kind & ~GC_P2P_KIND_MASK;
+}
+
+/* Where a matched receive takes a message of h->nbytes bytes: sets *dst (NULL: read away) and
+ * returns GC_OK or the receive's error. */
+static int gc_p2p__target(gc_p2p *e, gc_p2p_req *r, const gc_p2p_hdr *h, char **dst)
+{
+    *dst = NULL;
+    if ((h->kind & GC_P2P_OFFER) || r->alloc) {
+        if (h->nbytes > e->max_message)
+            return GC_P2P_TOOBIG;
+        r->owned = (char *)malloc(h->nbytes ? h->nbytes : 1);
+        if (!r->owned)
+            return GC_ERR_NOMEM;
+        *dst = r->owned;
+        return GC_OK;
+    }
+    if (h->nbytes > r->len)
+        return GC_P2P_TRUNCATED;
+    *dst = r->buf;
+    return GC_OK;
+}
+
+/* A receive matched an RTS of peer: take the bytes (cross-memory attach, else ask for DATA). */
+static void gc_p2p__rendezvous(gc_p2p *e, gc_p2p_req *r, int peer, const gc_p2p_hdr *h)
+{
+    gc_p2p_peer *p = &e->peers[peer];
+    gc_p2p__status(r, peer, h);
+    if (p->lost) {
+        gc_p2p__finish(r, GC_ERR_PEER);
+        return;
+    }
+    char *dst;
+    int err = gc_p2p__target(e, r, h, &dst);
+    if (err != GC_OK) {
+        gc_p2p__control(e, peer, GC_P2P_ACK, h->id, err);   /* the sender is done; the error is ours */
+        gc_p2p__finish(r, err);
+        return;
+    }
+    if (p->cma && p->pid > 0) {
+        uint64_t done = 0;
+        while (done < h->nbytes) {
+            uint64_t n = h->nbytes - done;
+            if (n > GC_P2P_CMA_CHUNK) n = GC_P2P_CMA_CHUNK;
+            struct iovec local = {dst + done, (size_t)n};
+            struct iovec remote = {(void *)(uintptr_t)(h->addr + done), (size_t)n};
+            ssize_t got = process_vm_readv(p->pid, &local, 1, &remote, 1, 0);
+            if (got > 0) {
+                done += (uint64_t)got;
+                continue;
+            }
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got < 0 && errno == ESRCH) {
+                gc_p2p__lose(e, peer, GC_P2P_GONE, 0);
+                gc_p2p__finish(r, GC_ERR_PEER);
+                return;
+            }
+            /* EPERM (no ptrace right here), ENOSYS, EFAULT...: the bytes come through the channel */
+            p->cma = 0;
+            break;
+        }
+        if (p->cma) {
+            gc_p2p__control(e, peer, GC_P2P_ACK, h->id, GC_OK);
+            gc_p2p__finish(r, GC_OK);
+            return;
+        }
+    }
+    r->buf = dst;             /* where DATA goes (the allocation, for object receives) */
+    r->len = h->nbytes;
+    r->id = h->id;
+    r->where = GC_W_DATA;
+    gc_p2p__req_push(&p->datas, NULL, r);
+    gc_p2p__control(e, peer, GC_P2P_CTS, h->id, 0);
+}
+
+/* Deliver an unexpected message to the receive that matched it (the message is unlinked). */
+static void gc_p2p__take(gc_p2p *e, gc_p2p_req *r, gc_p2p_msg *m)
+{
+    int kind = (int)(m->h.kind & GC_P2P_KIND_MASK);
+    if (kind == GC_P2P_RTS) {
+        gc_p2p__rendezvous(e, r, m->src, &m->h);
+        free(m);
+        return;
+    }
+    if (!m->complete) {        /* its bytes are still arriving: finished when they are in */
+        m->claim = r;
+        r->where = GC_W_CLAIM;
+        return;
+    }
+    gc_p2p__status(r, m->src, &m->h);
+    int err = GC_OK;
+    if ((m->h.kind & GC_P2P_OFFER) || r->alloc) {
+        r->owned = m->data;    /* hand the bytes over */
+        m->data = NULL;
+    } else if (m->h.nbytes > r->len) {
+        err = GC_P2P_TRUNCATED;
+    } else if (m->h.nbytes) {
+        memcpy(r->buf, m->data, m->h.nbytes);
+    }
+    if (m->self_send)
+        gc_p2p__finish(m->self_send, GC_OK);
+    else if (m->h.kind & GC_P2P_SYNC)
+        gc_p2p__control(e, m->src, GC_P2P_ACK, m->h.id, err);
+    free(m->data);
+    free(m);
+    gc_p2p__finish(r, err);
+}
+
+static gc_p2p_req *gc_p2p__match_posted(gc_p2p *e, uint64_t comm, int src, int32_t tag)
+{
+    for (gc_p2p_req *r = e->posted_head; r; r = r->next)
+        if (gc_p2p__matches(r, comm, src, tag)) {
+            gc_p2p__req_unlink(&e->posted_head, &e->posted_tail, r);
+            r->where = GC_W_NONE;
+            return r;
+        }
+    return NULL;
+}
+
+static gc_p2p_req *gc_p2p__find_id(gc_p2p_req *list, uint64_t id)
+{
+    for (gc_p2p_req *r = list; r; r = r->next)
+        if (r->id == id) return r;
+    return NULL;
+}
+
+/* A whole header arrived from peer: act on it. Returns 0, or -1 once the peer is lost. */
+static int gc_p2p__arrive(gc_p2p *e, int peer, const gc_p2p_hdr *h)
+{
+    gc_p2p_peer *p = &e->peers[peer];
+    int kind = (int)(h->kind & GC_P2P_KIND_MASK);
+    p->filling = 0;
+    p->dst = NULL;
+    p->fill_req = NULL;
+    p->fill_msg = NULL;
+    p->cur = *h;
+    if (kind == GC_P2P_EAGER) {
+        uint64_t limit = (h->kind & GC_P2P_OFFER) ? GC_P2P_OFFER_MAX : GC_P2P_WIRE_EAGER_MAX;
+        if (h->nbytes > limit) {
+            gc_p2p__lose(e, peer, GC_P2P_BAD_SIZE, h->nbytes);
+            return -1;
+        }
+        gc_p2p_req *r = gc_p2p__match_posted(e, h->comm, peer, h->tag);
+        if (r) {
+            gc_p2p__status(r, peer, h);
+            int err = gc_p2p__target(e, r, h, &p->dst);
+            r->err = err;
+            r->where = GC_W_FILL;
+            p->fill_req = r;
+        } else {
+            gc_p2p_msg *m = (gc_p2p_msg *)calloc(1, sizeof *m);
+            char *data = (char *)malloc(h->nbytes ? h->nbytes : 1);
+            if (!m || !data) {
+                free(m);
+                free(data);
+                gc_p2p__lose(e, peer, GC_P2P_BAD_SIZE, h->nbytes);
+                return -1;
+            }
+            m->h = *h;
+            m->src = peer;
+            m->data = data;
+            gc_p2p__msg_push(e, m);
+            p->fill_msg = m;
+            p->dst = data;
+        }
+        p->filling = 1;
+        p->left = p->total = h->nbytes;
+        return 0;
+    }
+    if (kind == GC_P2P_RTS) {
+        if (h->kind & GC_P2P_OFFER) {
+            gc_p2p__lose(e, peer, GC_P2P_BAD_KIND, h->kind);
+            return -1;
+        }
+        gc_p2p_req *r = gc_p2p__match_posted(e, h->comm, peer, h->tag);  /* RTS: matched on arrival */
+        if (r) {
+            gc_p2p__rendezvous(e, r, peer, h);
+        } else {
+            gc_p2p_msg *m = (gc_p2p_msg *)calloc(1, sizeof *m);
+            if (!m) {
+                gc_p2p__lose(e, peer, GC_P2P_BAD_SIZE, h->nbytes);
+                return -1;
+            }
+            m->h = *h;
+            m->src = peer;
+            m->complete = 1;
+            gc_p2p__msg_push(e, m);
+        }
+        return 0;
+    }
+    if (kind == GC_P2P_CTS) {
+        gc_p2p_req *s = gc_p2p__find_id(p->acks, h->id);
+        if (!s) {
+            gc_p2p__lose(e, peer, GC_P2P_BAD_ID, h->id);
+            return -1;
+        }
+        gc_p2p__req_unlink(&p->acks, NULL, s);
+        gc_p2p_hdr d;
+        memset(&d, 0, sizeof d);
+        d.kind = GC_P2P_DATA;
+        d.id = s->id;
+        d.nbytes = s->len;
+        s->where = GC_W_OUT;
+        if (!gc_p2p__queue(e, peer, &d, s->buf, s->len, s))
+            gc_p2p__finish(s, GC_ERR_NOMEM);
+        return 0;
+    }
+    if (kind == GC_P2P_DATA) {
+        gc_p2p_req *r = gc_p2p__find_id(p->datas, h->id);
+        if (!r || h->nbytes != r->len) {
+            gc_p2p__lose(e, peer, r ? GC_P2P_BAD_SIZE : GC_P2P_BAD_ID, r ? h->nbytes : h->id);
+            return -1;
+        }
+        gc_p2p__req_unlink(&p->datas, NULL, r);
+        r->where = GC_W_FILL;
+        r->err = GC_OK;
+        p->fill_req = r;
+        p->dst = r->buf;
+        p->filling = 1;
+        p->left = p->total = h->nbytes;
+        return 0;
+    }
+    if (kind == GC_P2P_ACK) {
+        gc_p2p_req *s = gc_p2p__find_id(p->acks, h->id);
+        if (!s) {
+            gc_p2p__lose(e, peer, GC_P2P_BAD_ID, h->id);
+            return -1;
+        }
+        gc_p2p__req_unlink(&p->acks, NULL, s);
+        gc_p2p__finish(s, GC_OK);  /* a truncated receive raises on its own side; the send is done */
+        return 0;
+    }
+    gc_p2p__lose(e, peer, GC_P2P_BAD_KIND, h->kind);
+    return -1;
+}
+
+/* The payload being read from peer is complete. */
+static void gc_p2p__filled(gc_p2p *e, int peer)
+{
+    gc_p2p_peer *p = &e->peers[peer];
+    const gc_p2p_hdr *h = &p->cur;
+    p->filling = 0;
+    if (p->fill_req) {
+        gc_p2p_req *r = p->fill_req;
+        p->fill_req = NULL;
+        int eager = (int)(h->kind & GC_P2P_KIND_MASK) == GC_P2P_EAGER;
+        if (eager && (h->kind & GC_P2P_SYNC))
+            gc_p2p__control(e, peer, GC_P2P_ACK, h->id, r->err);
+        gc_p2p__finish(r, r->err);
+    } else if (p->fill_msg) {
+        gc_p2p_msg *m = p->fill_msg;
+        p->fill_msg = NULL;
+        m->complete = 1;
+        if (m->claim) {        /* a receive took it while it arrived */
+            gc_p2p_req *r = m->claim;
+            m->claim = NULL;
+            gc_p2p__take(e, r, m);
+        }
+    }
+}
+
+/* Read what arrived from peer; 1 when something moved. */
+static int gc_p2p__pull(gc_p2p *e, int peer)
+{
+    gc_p2p_peer *p = &e->peers[peer];
+    gc_chan *c = p->chan;
+    int moved = 0;
+    while (!p->lost) {
+        const void *ptr;
+        if (p->filling && p->left == 0) {
+            gc_p2p__filled(e, peer);
+            moved = 1;
+            continue;
+        }
+        ssize_t k = c->peek(c, &ptr);
+        if (k < 0) {
+            gc_p2p__lose(e, peer, k == GC_ERR_PEER ? GC_P2P_GONE : GC_P2P_CHAN_ERR, (uint64_t)(-k));
+            return 1;
+        }
+        if (k == 0)
+            return moved;
+        moved = 1;
+        size_t n = (size_t)k;
+        if (!p->filling) {
+            size_t want = GC_P2P_HDR_BYTES - p->hgot;
+            if (n > want) n = want;
+            memcpy(p->hbuf + p->hgot, ptr, n);
+            c->consume(c, n);
+            p->hgot += n;
+            if (p->hgot == GC_P2P_HDR_BYTES) {
+                gc_p2p_hdr h;
+                memcpy(&h, p->hbuf, sizeof h);
+                p->hgot = 0;
+                if (gc_p2p__arrive(e, peer, &h) < 0)
+                    return 1;
+            }
+            continue;
+        }
+        if (n > p->left) n = (size_t)p->left;
+        if (p->dst) {
+            memcpy(p->dst + (p->total - p->left), ptr, n);
+            if (p->fill_msg) p->fill_msg->got += n;
+        }
+        c->consume(c, n);
+        p->left -= n;
+    }
+    return moved;
+}
+
+/* One pass over every connected peer; 1 when something moved. Call with the mutex held. */
+static int gc_p2p__progress(gc_p2p *e)
+{
+    int moved = 0;
+    for (int i = 0; i < e->n; i++) {
+        gc_p2p_peer *p = &e->peers[i];
+        if (!p->chan || p->lost) continue;
+        if (p->out_head) moved |= gc_p2p__push(e, i);
+        if (!p->lost) moved |= gc_p2p__pull(e, i);
+    }
+    if (moved) e->progress_count++;
+    return moved;
+}
+
+/* The peer is gone or broke the format: fail whatever waits on it; stop reading it. */
+static void gc_p2p__lose(gc_p2p *e, int peer, int why, uint64_t value)
+{
+    gc_p2p_peer *p = &e->peers[peer];
+    if (p->lost) return;
+    p->lost = why;
+    p->lost_value = value;
+    gc_p2p_out *o = p->out_head;
+    while (o) {
+        gc_p2p_out *next = o->next;
+        if (o->req && o->req->where == GC_W_OUT)
+            gc_p2p__finish(o->req, GC_ERR_PEER);
+        free(o->own);
+        free(o);
+        o = next;
+    }
+    p->out_head = p->out_tail = NULL;
+    while (p->acks) {
+        gc_p2p_req *r = p->acks;
+        gc_p2p__req_unlink(&p->acks, NULL, r);
+        gc_p2p__finish(r, GC_ERR_PEER);
+    }
+    while (p->datas) {
+        gc_p2p_req *r = p->datas;
+        gc_p2p__req_unlink(&p->datas, NULL, r);
+        gc_p2p__finish(r, GC_ERR_PEER);
+    }
+    if (p->filling && p->fill_req) {
+        p->cut_nbytes = p->cur.nbytes;
+        p->cut_tag = p->cur.tag;
+        gc_p2p__finish(p->fill_req, GC_ERR_PEER);
+    }
+    p->fill_req = NULL;
+    p->filling = 0;
+    if (p->fill_msg && p->fill_msg->claim) {   /* taken off the queue by a receive: fail that one */
+        p->cut_nbytes = p->cur.nbytes;
+        p->cut_tag = p->cur.tag;
+        gc_p2p__finish(p->fill_msg->claim, GC_ERR_PEER);
+        free(p->fill_msg->data);
+        free(p->fill_msg);
+    }
+    p->fill_msg = NULL;       /* unclaimed, it is still queued: freed below */
+    /* messages of this peer that will never be whole, or whose bytes can no longer be fetched */
+    gc_p2p_msg *m = e->ux_head;
+    while (m) {
+        gc_p2p_msg *next = m->next;
+        if (m->src == peer && (!m->complete || (int)(m->h.kind & GC_P2P_KIND_MASK) == GC_P2P_RTS)) {
+            gc_p2p__msg_unlink(e, m);
+            free(m->data);
+            free(m);
+        }
+        m = next;
+    }
+    gc_p2p_req *r = e->posted_head;
+    while (r) {
+        gc_p2p_req *next = r->next;
+        if (r->peer == peer) {
+            gc_p2p__req_unlink(&e->posted_head, &e->posted_tail, r);
+            gc_p2p__finish(r, GC_ERR_PEER);
+        }
+        r = next;
+    }
+}
+
+/* ---- the API (each call takes the mutex; call without the GIL) ---------------------------- */
+
+static gc_p2p *gc_p2p_create(int me, int n, uint64_t max_message)
+{
+    gc_p2p *e = (gc_p2p *)calloc(1, sizeof *e);
+    if (!e) return NULL;
+    e->peers = (gc_p2p_peer *)calloc((size_t)n, sizeof *e->peers);
+    if (!e->peers) {
+        free(e);
+        return NULL;
+    }
+    pthread_mutex_init(&e->mu, NULL);
+    e->me = me;
+    e->n = n;
+    e->next_id = 1;
+    e->max_message = max_message;
+    return e;
+}
+
+/* pid: the peer's pid where it can be watched (0: not), cma: may its memory be read directly. */
+static void gc_p2p_set_peer(gc_p2p *e, int peer, pid_t pid, int cma, int eager_max)
+{
+    pthread_mutex_lock(&e->mu);
+    e->peers[peer].pid = pid;
+    e->peers[peer].cma = cma;
+    e->peers[peer].eager_max = eager_max;
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void gc_p2p_set_channel(gc_p2p *e, int peer, gc_chan *chan)
+{
+    pthread_mutex_lock(&e->mu);
+    e->peers[peer].chan = chan;
+    pthread_mutex_unlock(&e->mu);
+}
+
+static int gc_p2p_has_channel(gc_p2p *e, int peer)
+{
+    pthread_mutex_lock(&e->mu);
+    int has = e->peers[peer].chan != NULL;
+    pthread_mutex_unlock(&e->mu);
+    return has;
+}
+
+static gc_p2p_req *gc_p2p__new(int op, uint64_t comm, int peer, int32_t tag, char *buf, uint64_t len)
+{
+    gc_p2p_req *r = (gc_p2p_req *)calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->op = op;
+    r->refs = 2;              /* the caller's handle and the engine */
+    r->comm = comm;
+    r->peer = peer;
+    r->tag = tag;
+    r->buf = buf;
+    r->len = len;
+    r->src = GC_P2P_ANY;
+    r->rtag = GC_P2P_ANY;
+    return r;
+}
+
+/* Start sending len bytes at buf to world rank dest; flags: GC_P2P_SYNC, GC_P2P_OFFER.
+ * NULL when out of memory. */
+static gc_p2p_req *gc_p2p_isend(gc_p2p *e, uint64_t comm, int dest, int32_t tag, const char *buf,
+                                uint64_t len, uint32_t flags)
+{
+    gc_p2p_req *r = gc_p2p__new(GC_P2P_SEND, comm, dest, tag, (char *)buf, len);
+    if (!r) return NULL;
+    r->flags = flags;
+    pthread_mutex_lock(&e->mu);
+    r->id = e->next_id++;
+    gc_p2p_hdr h;
+    memset(&h, 0, sizeof h);
+    h.comm = comm;
+    h.tag = tag;
+    h.nbytes = len;
+    h.id = r->id;
+    if (dest == e->me) {      /* to oneself: matched here and now */
+        h.kind = GC_P2P_EAGER | flags;
+        gc_p2p_msg *m = (gc_p2p_msg *)calloc(1, sizeof *m);
+        char *data = (char *)malloc(len ? len : 1);
+        if (!m || !data) {
+            free(m);
+            free(data);
+            gc_p2p__finish(r, GC_ERR_NOMEM);
+        } else {
+            if (len) memcpy(data, buf, len);
+            m->h = h;
+            m->src = dest;
+            m->data = data;
+            m->complete = 1;
+            gc_p2p_req *rr = gc_p2p__match_posted(e, comm, dest, tag);
+            if (flags & GC_P2P_SYNC) {
+                m->self_send = r;
+                r->where = GC_W_ACK;
+            }
+            if (rr) {
+                gc_p2p__take(e, rr, m);
+            } else {
+                gc_p2p__msg_push(e, m);
+            }
+            if (!(flags & GC_P2P_SYNC))
+                gc_p2p__finish(r, GC_OK);
+        }
+        pthread_mutex_unlock(&e->mu);
+        return r;
+    }
+    gc_p2p_peer *p = &e->peers[dest];
+    if (p->lost) {
+        gc_p2p__finish(r, GC_ERR_PEER);
+    } else if (len <= (uint64_t)p->eager_max || (flags & GC_P2P_OFFER)) {
+        h.kind = GC_P2P_EAGER | flags;
+        if (flags & GC_P2P_SYNC) {
+            r->where = GC_W_ACK;
+            gc_p2p__req_push(&p->acks, NULL, r);
+            if (!gc_p2p__queue(e, dest, &h, buf, len, NULL)) {
+                gc_p2p__req_unlink(&p->acks, NULL, r);
+                gc_p2p__finish(r, GC_ERR_NOMEM);
+            }
+        } else {
+            r->where = GC_W_OUT;
+            if (!gc_p2p__queue(e, dest, &h, buf, len, r))
+                gc_p2p__finish(r, GC_ERR_NOMEM);
+        }
+    } else {
+        h.kind = GC_P2P_RTS | (flags & GC_P2P_SYNC);
+        h.addr = (uint64_t)(uintptr_t)buf;
+        r->where = GC_W_ACK;
+        gc_p2p__req_push(&p->acks, NULL, r);
+        if (!gc_p2p__queue(e, dest, &h, NULL, 0, NULL)) {
+            gc_p2p__req_unlink(&p->acks, NULL, r);
+            gc_p2p__finish(r, GC_ERR_NOMEM);
+        }
+    }
+    if (p->chan && !p->lost)
+        gc_p2p__progress(e);  /* a small message leaves now */
+    pthread_mutex_unlock(&e->mu);
+    return r;
+}
+
+/* A small send to a connected peer that the channel takes whole at once: 1 (done, no request
+ * made), else 0 (nothing was written: use gc_p2p_isend). */
+static int gc_p2p_send_now(gc_p2p *e, uint64_t comm, int dest, int32_t tag, const char *buf, uint64_t len)
+{
+    if (dest == e->me || len + GC_P2P_HDR_BYTES > GC_P2P_COALESCE)
+        return 0;
+    int sent = 0;
+    pthread_mutex_lock(&e->mu);
+    gc_p2p_peer *p = &e->peers[dest];
+    if (p->chan && !p->lost && !p->out_head && len <= (uint64_t)p->eager_max) {
+        char frame[GC_P2P_COALESCE];
+        gc_p2p_hdr *h = (gc_p2p_hdr *)frame;
+        memset(h, 0, sizeof *h);
+        h->comm = comm;
+        h->tag = tag;
+        h->kind = GC_P2P_EAGER;
+        h->nbytes = len;
+        h->id = e->next_id++;
+        if (len) memcpy(frame + GC_P2P_HDR_BYTES, buf, len);
+        /* A shared-memory ring takes all or nothing below cap/8; a TCP channel may take a part,
+         * which must then be offered again unchanged: queue the rest. */
+        ssize_t k = p->chan->send(p->chan, frame, (size_t)(GC_P2P_HDR_BYTES + len));
+        if (k == (ssize_t)(GC_P2P_HDR_BYTES + len)) {
+            sent = 1;
+        } else if (k > 0) {   /* the rest goes at the next progress pass, from a copy */
+            char *own = (char *)malloc(len ? len : 1);
+            gc_p2p_out *o = own ? gc_p2p__queue(e, dest, h, own, len, NULL) : NULL;
+            if (o) {
+                if (len) memcpy(own, buf, len);
+                o->own = own;
+                o->off = (uint64_t)k;
+                sent = 1;
+            } else {          /* half a frame in the stream and no memory: the stream is broken */
+                free(own);
+                gc_p2p__lose(e, dest, GC_P2P_CHAN_ERR, (uint64_t)(-GC_ERR_NOMEM));
+            }
+        } else if (k < 0) {
+            gc_p2p__lose(e, dest, GC_P2P_CHAN_ERR, (uint64_t)(-k));
+        }
+        if (sent) gc_p2p__pull(e, dest);  /* whatever came meanwhile */
+    }
+    pthread_mutex_unlock(&e->mu);
+    return sent;
+}
+
+/* Post a receive from world rank source (or GC_P2P_ANY) with tag (or GC_P2P_ANY) into cap bytes
+ * at buf; alloc: into a buffer of the message's own size (buf ignored). NULL when out of memory. */
+static gc_p2p_req *gc_p2p_irecv(gc_p2p *e, uint64_t comm, int source, int32_t tag, char *buf,
+                                uint64_t cap, int alloc)
+{
+    gc_p2p_req *r = gc_p2p__new(GC_P2P_RECV, comm, source, tag, buf, cap);
+    if (!r) return NULL;
+    r->alloc = alloc;
+    pthread_mutex_lock(&e->mu);
+    gc_p2p__progress(e);      /* what has arrived is matched before this receive */
+    gc_p2p_msg *m = e->ux_head;
+    for (; m; m = m->next)
+        if (gc_p2p__matches(r, m->h.comm, m->src, m->h.tag))
+            break;
+    if (m) {
+        gc_p2p__msg_unlink(e, m);
+        gc_p2p__take(e, r, m);
+    } else if (source != GC_P2P_ANY && source != e->me && e->peers[source].lost) {
+        gc_p2p__finish(r, GC_ERR_PEER);
+    } else {
+        r->where = GC_W_POSTED;
+        gc_p2p__req_push(&e->posted_head, &e->posted_tail, r);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return r;
+}
+
+/* The first arrived message of comm matching (source, tag), without taking it: 1 and its
+ * source, tag, size and flags, or 0. take: a matched probe, the message is received into a
+ * buffer of its own through the returned request (*out). */
+static int gc_p2p_iprobe(gc_p2p *e, uint64_t comm, int source, int32_t tag, int *src, int32_t *rtag,
+                         uint64_t *nbytes, uint32_t *flags, int take, gc_p2p_req **out)
+{
+    gc_p2p_req probe;
+    memset(&probe, 0, sizeof probe);
+    probe.comm = comm;
+    probe.peer = source;
+    probe.tag = tag;
+    pthread_mutex_lock(&e->mu);
+    gc_p2p__progress(e);
+    gc_p2p_msg *m = e->ux_head;
+    for (; m; m = m->next)
+        if (gc_p2p__matches(&probe, m->h.comm, m->src, m->h.tag))
+            break;
+    int found = m != NULL;
+    if (m) {
+        *src = m->src;
+        *rtag = m->h.tag;
+        *nbytes = m->h.nbytes;
+        *flags = m->h.kind & ~GC_P2P_KIND_MASK;
+        if (take) {
+            gc_p2p_req *r = gc_p2p__new(GC_P2P_RECV, comm, m->src, m->h.tag, NULL, 0);
+            if (r) {
+                r->alloc = 1;
+                gc_p2p__msg_unlink(e, m);
+                gc_p2p__take(e, r, m);
+            }
+            *out = r;
+            found = r ? 1 : -1;
+        }
+    }
+    pthread_mutex_unlock(&e->mu);
+    return found;
+}
+
+/* Withdraw a receive that nothing has matched yet: 1 (it is finished with err), or 0. */
+static int gc_p2p_withdraw(gc_p2p *e, gc_p2p_req *r, int err)
+{
+    pthread_mutex_lock(&e->mu);
+    int was = r->where == GC_W_POSTED;
+    if (was) {
+        gc_p2p__req_unlink(&e->posted_head, &e->posted_tail, r);
+        gc_p2p__finish(r, err);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return was;
+}
+
+/* A communicator is freed: its pending unmatched receives fail, its unread messages go. */
+static void gc_p2p_forget(gc_p2p *e, uint64_t comm)
+{
+    pthread_mutex_lock(&e->mu);
+    gc_p2p_req *r = e->posted_head;
+    while (r) {
+        gc_p2p_req *next = r->next;
+        if (r->comm == comm) {
+            gc_p2p__req_unlink(&e->posted_head, &e->posted_tail, r);
+            gc_p2p__finish(r, GC_P2P_CANCELLED);
+        }
+        r = next;
+    }
+    gc_p2p_msg *m = e->ux_head;
+    while (m) {
+        gc_p2p_msg *next = m->next;
+        if (m->h.comm == comm && m->complete && !m->self_send
+            && (int)(m->h.kind & GC_P2P_KIND_MASK) == GC_P2P_EAGER) {
+            gc_p2p__msg_unlink(e, m);
+            if (m->h.kind & GC_P2P_SYNC)   /* its sender waits for the match: let it go */
+                gc_p2p__control(e, m->src, GC_P2P_ACK, m->h.id, GC_P2P_CANCELLED);
+            free(m->data);
+            free(m);
+        }
+        m = next;
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* How many unread messages of comm are queued (tests). */
+static int gc_p2p_unexpected(gc_p2p *e, uint64_t comm)
+{
+    int n = 0;
+    pthread_mutex_lock(&e->mu);
+    for (gc_p2p_msg *m = e->ux_head; m; m = m->next)
+        n += m->h.comm == comm;
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
+/* How many receives are posted and messages unexpected, over every communicator (tests). */
+static void gc_p2p_counts(gc_p2p *e, int *posted, int *unexpected)
+{
+    int p = 0, u = 0;
+    pthread_mutex_lock(&e->mu);
+    for (gc_p2p_req *r = e->posted_head; r; r = r->next) p++;
+    for (gc_p2p_msg *m = e->ux_head; m; m = m->next) u++;
+    pthread_mutex_unlock(&e->mu);
+    *posted = p;
+    *unexpected = u;
+}
+
+/* Liveness of the peers this process may wait on (every 100 ms of waiting without progress). */
+static void gc_p2p__check_peers(gc_p2p *e)
+{
+    for (int i = 0; i < e->n; i++) {
+        gc_p2p_peer *p = &e->peers[i];
+        if (p->lost || i == e->me) continue;
+        int alive = p->chan ? p->chan->alive(p->chan) : !gc_pid_dead(p->pid);
+        if (!alive) {
+            if (p->chan) gc_p2p__pull(e, i);   /* what it wrote before it went is still ours */
+            gc_p2p__lose(e, i, GC_P2P_GONE, 0);
+        }
+    }
+}
+
+static inline double gc_p2p__now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Wait until one of reqs[0..n) is done (n = 1: that one; all = 1: every one), or timeout
+ * seconds pass (< 0: no limit). Returns the index of a done request (all: 0), or -1 on timeout. */
+static int gc_p2p_wait(gc_p2p *e, gc_p2p_req **reqs, int n, int all, double timeout)
+{
+    double start = -1, last_check = 0, idle_since = 0;
+    unsigned spins = 0;
+    for (;;) {
+        int moved = 0;
+        pthread_mutex_lock(&e->mu);
+        moved = gc_p2p__progress(e);
+        int first = -1, ndone = 0;
+        for (int i = 0; i < n; i++)
+            if (__atomic_load_n(&reqs[i]->done, __ATOMIC_ACQUIRE)) {
+                ndone++;
+                if (first < 0) first = i;
+            }
+        if (all ? ndone == n : ndone > 0) {
+            pthread_mutex_unlock(&e->mu);
+            return all ? 0 : first;
+        }
+        if (moved) {
+            spins = 0;
+            idle_since = 0;
+            pthread_mutex_unlock(&e->mu);
+            continue;
+        }
+        double now = 0;
+        if (++spins % 64 == 0) {
+            now = gc_p2p__now();
+            if (start < 0) start = last_check = now;
+            if (idle_since == 0) idle_since = now;
+            if (now - last_check > 0.1) {
+                last_check = now;
+                gc_p2p__check_peers(e);
+            }
+        }
+        pthread_mutex_unlock(&e->mu);
+        if (now > 0 && timeout >= 0 && now - start > timeout)
+            return -1;
+        if (spins < 128) {   /* a short spin, then give the core away: ranks may share cores */
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        } else if (now > 0 && now - idle_since > 0.05) {
+            struct timespec nap = {0, 50000};   /* a long wait: let the others run */
+            nanosleep(&nap, NULL);
+        } else {
+            sched_yield();
+        }
+    }
+}
+
+/* One progress pass; the done flag of r. */
+static int gc_p2p_test(gc_p2p *e, gc_p2p_req *r)
+{
+    if (__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) return 1;
+    pthread_mutex_lock(&e->mu);
+    gc_p2p__progress(e);
+    pthread_mutex_unlock(&e->mu);
+    return __atomic_load_n(&r->done, __ATOMIC_ACQUIRE);
+}
+
+/* The caller lets go of its handle. */
+static void gc_p2p_release(gc_p2p *e, gc_p2p_req *r)
+{
+    pthread_mutex_lock(&e->mu);
+    gc_p2p__unref(r);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Why peer is lost (GC_P2P_LIVE while it is not), and the value that goes with it. */
+static int gc_p2p_lost(gc_p2p *e, int peer, uint64_t *value, uint64_t *cut_nbytes, int32_t *cut_tag)
+{
+    pthread_mutex_lock(&e->mu);
+    gc_p2p_peer *p = &e->peers[peer];
+    int why = p->lost;
+    *value = p->lost_value;
+    *cut_nbytes = p->cut_nbytes;
+    *cut_tag = p->cut_tag;
+    pthread_mutex_unlock(&e->mu);
+    return why;
+}
+
+/* Bytes written straight onto peer's channel, bypassing the protocol (fault tests only). */
+static int gc_p2p_raw(gc_p2p *e, int peer, const char *buf, uint64_t len)
+{
+    pthread_mutex_lock(&e->mu);
+    gc_p2p_hdr h;
+    memset(&h, 0, sizeof h);
+    gc_p2p_out *o = gc_p2p__queue(e, peer, &h, NULL, 0, NULL);
+    if (o) {                  /* a frame whose "header" is the caller's bytes */
+        o->payload = buf;
+        o->plen = len;
+        o->off = GC_P2P_HDR_BYTES;
+        while (e->peers[peer].out_head && !e->peers[peer].lost && e->peers[peer].chan)
+            gc_p2p__push(e, peer);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return o ? 0 : GC_ERR_NOMEM;
+}
+
+#endif

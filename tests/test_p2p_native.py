@@ -1,0 +1,143 @@
+"""Host point to point on the native engine (cython_src/include/gc_p2p.h) in real gpurun jobs:
+matching order across the eager and rendezvous protocols, bad input and faults
+(tests/scripts/p2p_native.py). Each case runs over shared memory (one host) and over TCP
+(GPUCOLL_SHM_DISABLE=1: the protocol between hosts, bytes streamed after the receive matched)."""
+import os
+
+import pytest
+
+TRANSPORTS = {"shm": {}, "tcp": {"GPUCOLL_SHM_DISABLE": "1"}}
+
+
+def run(gpurun_job, mode, transport, timeout="20", limit=90):
+    env = dict(TRANSPORTS[transport], GPUCOLL_TIMEOUT=timeout)
+    return gpurun_job(2, "p2p_native.py", mode, env=env, timeout=limit)
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_messages_arrive_whole_and_in_order_whatever_their_protocol(gpurun_job, transport):
+    job = run(gpurun_job, "order", transport).check()
+    got = job.json_lines()[1]
+    sizes = [8, 3 << 20, 0, 100, 1 << 20, 70000, 17, 5 << 20, 16384, 16385]
+    assert got["got"] == [[0, 5, n] for n in sizes], got["got"]
+    assert all(got["whole"]), got["whole"]
+    assert got["tagged"] == {"7": True, "8": True, "9": True}
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_truncation_raises_on_the_receiver_naming_both_sizes(gpurun_job, transport):
+    job = run(gpurun_job, "truncate", transport).check()
+    res = job.json_lines()
+    small, large = res[1]["errors"]
+    assert small["type"] == "GpucollError" and "rank 0 sent 300 bytes" in small["message"], small
+    assert "holds 100" in small["message"], small
+    assert large["type"] == "GpucollError" and f"rank 0 sent {2 << 20} bytes" in large["message"], large
+    assert "holds 1000" in large["message"], large
+    assert res[1]["next"] is True
+    assert all(t < 10 for t in res[0]["send_seconds"]), res[0]  # the sender completed
+
+
+def test_tags_outside_0_to_tag_ub_are_refused(gpurun_job):
+    job = run(gpurun_job, "tags", "shm").check()
+    for rank, got in job.json_lines().items():
+        assert got.pop("tag_ub_ok") is True
+        for name, err in got.items():
+            assert err is not None and err["type"] == "InvalidUsageError", (rank, name, err)
+            assert "tag" in err["message"], (rank, name, err)
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_two_large_sends_first_time_out_as_mpi_allows_and_sendrecv_does_not(gpurun_job, transport):
+    job = run(gpurun_job, "crossing", transport, timeout="2").check()
+    for rank, got in job.json_lines().items():
+        err = got["send_first"]
+        assert err["type"] == "TimeoutError", (rank, err)
+        assert f"to rank {1 - rank}" in err["message"] and "Sendrecv" in err["message"], err
+        assert got["send_first_seconds"] < 8, got
+        assert got["small_crossed"] is True
+        assert got["sendrecv"] == [True, 8 << 20]
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_nonblocking_requests_complete_through_waitall_waitany_waitsome_testall(gpurun_job, transport):
+    job = run(gpurun_job, "requests", transport).check()
+    for got in job.json_lines().values():
+        assert got == {"whole": True, "waitany": True, "waitsome": True, "testall_before": False,
+                       "testall_after": True}, got
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_a_receiver_that_dies_fails_the_large_send_naming_it(gpurun_job, transport):
+    job = run(gpurun_job, "receiver-dies", transport, timeout="30")
+    got = job.json_lines()[0]
+    assert got["error"]["type"] == "LostPeerError", job.describe()
+    assert "Send to rank 1" in got["error"]["message"], got
+    assert got["seconds"] < 10, got
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_a_sender_that_dies_mid_rendezvous_fails_the_receive_naming_it(gpurun_job, transport):
+    job = run(gpurun_job, "sender-dies", transport, timeout="30")
+    got = job.json_lines()[1]
+    assert got["error"]["type"] == "LostPeerError", job.describe()
+    assert "Recv from rank 0" in got["error"]["message"], got
+    assert got["seconds"] < 10, got
+
+
+def _available_memory():
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) << 10
+    except OSError:
+        pass
+    return 0
+
+
+@pytest.mark.skipif(_available_memory() < (10 << 30), reason="needs 10 GiB of free memory (two 2 GiB buffers "
+                    "and the pattern on each rank)")
+def test_a_message_above_2_to_the_31_bytes_arrives_intact(gpurun_job):
+    job = run(gpurun_job, "huge", "shm", timeout="60", limit=120).check()
+    res = job.json_lines()
+    assert res[1] == {"whole": True, "count": (1 << 31) + 4099}, res
+
+
+@pytest.fixture(scope="module")
+def two_hosts():
+    from conftest import unavailable
+    from netns import TestHosts, missing_requirement
+
+    why = missing_requirement()
+    if why:
+        unavailable("multihost", why)
+    with TestHosts(2, networks=("eth",)) as hosts:
+        yield hosts
+
+
+@pytest.mark.multihost
+@pytest.mark.parametrize("mode", ["order", "truncate", "crossing"])
+def test_point_to_point_between_two_hosts(two_hosts, mode):
+    """One rank on each of two network-namespace hosts: the TCP channel, rendezvous by CTS/DATA."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import GPURUN, SCRIPTS, _SCRUB
+    from netns import NSEXEC
+
+    a, b = two_hosts.names
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUB and k != "GPUCOLL_SOCKET_IFNAME"}
+    env.update(PYTHONDONTWRITEBYTECODE="1", GPUCOLL_TIMEOUT="2" if mode == "crossing" else "20")
+    proc = two_hosts.run(0, [*GPURUN, "--hosts", f"{a},{b}", "--launcher", "local", "--launcher-cmd",
+                             f"{NSEXEC} {{host}}", sys.executable, os.path.join(SCRIPTS, "p2p_native.py"), mode],
+                         env=env, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = {int(line[1:line.index("]")]): json.loads(line.split("RESULT ", 1)[1])
+           for line in proc.stdout.splitlines() if "] RESULT " in line}
+    if mode == "order":
+        assert all(res[1]["whole"]) and res[1]["tagged"] == {"7": True, "8": True, "9": True}, res
+    elif mode == "truncate":
+        assert [e["type"] for e in res[1]["errors"]] == ["GpucollError"] * 2 and res[1]["next"] is True, res
+    else:
+        assert all(r["sendrecv"] == [True, 8 << 20] and r["small_crossed"] for r in res.values()), res
