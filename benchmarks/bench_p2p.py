@@ -12,6 +12,10 @@ Each run starts the same rank program under `gpurun -np 2` with gpucoll, then un
            Irecvs; Waitall; rank 1 answers with a 4-byte message; bandwidth = window bytes / time
   bibw     both ranks do both at once (Irecvs, Isends, Waitall): bytes both ways / time
 
+gpucoll's two ranks are bound to a core each, as mpiexec binds Open MPI's by default (gpurun does
+not bind: on a busy machine the kernel may put both ranks on one core, and then every message
+waits for a context switch); --no-bind leaves them unbound.
+
 Every message is checked outside the timed part (the first and last bytes carry the iteration's
 number; the whole buffer after the last iteration); #wrong counts the messages that came back
 wrong. Each cell is the median over the runs with its range; ratio = Open MPI time / gpucoll time
@@ -42,6 +46,10 @@ else:
     comm = gpucoll.COMM_WORLD
     Waitall = gpucoll.Request.Waitall
 rank = comm.Get_rank()
+if lib.startswith("gpucoll") and "--no-bind" not in sys.argv:  # one core each, as mpiexec binds by default
+    import os
+    cpus = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
 peer = 1 - rank
 xp = np
 if gpu:
@@ -210,6 +218,7 @@ def main():
     ap.add_argument("--tests", default="latency,bw,bibw", help="which of latency,bw,bibw (all)")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each library, alternating (3)")
     ap.add_argument("--gpu", action="store_true", help="also GPU rows (latency; CuPy and 2 GPUs), NCCL beside")
+    ap.add_argument("--no-bind", action="store_true", help="leave gpucoll's ranks unbound (gpurun's default)")
     ap.add_argument("--json", help="write the settings, every run and the rows here")
     args = ap.parse_args()
     sizes, s = [], args.min
@@ -218,7 +227,7 @@ def main():
         s *= 8
     if sizes[-1] != args.max and args.max > args.min:
         sizes.append(args.max)
-    spec = [",".join(map(str, sizes)), str(args.iters), args.tests]
+    spec = [",".join(map(str, sizes)), str(args.iters), args.tests] + (["--no-bind"] if args.no_bind else [])
     gpurun = os.path.join(os.path.dirname(sys.executable), "gpurun")
     gpurun = [gpurun] if os.access(gpurun, os.X_OK) else [sys.executable, "-m", "gpucoll.launcher"]
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -260,7 +269,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(settings=context.describe(command=" ".join(sys.argv), iters=args.iters, sizes=sizes,
-                                                     tests=args.tests, repeats=args.repeats),
+                                                     tests=args.tests, repeats=args.repeats, bind=not args.no_bind),
                            rows=rows, runs=[{k: {str(s): v for s, v in r.items()} for k, r in run_.items()}
                                             for run_ in runs]), f, indent=1)
     bad = any(r["gpucoll_wrong"] or r["peer_wrong"] for r in rows)

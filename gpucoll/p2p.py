@@ -239,6 +239,11 @@ class P2PRequest(Request):
             raise self._error
         return True
 
+    @staticmethod
+    def _wait_any(reqs, timeout):
+        """Index of a done one of reqs (P2PRequests), waiting in the engine; -1 after timeout s."""
+        return reqs[0]._p2p._native.wait([r._native for r in reqs], False, timeout)
+
     def _timed_out(self, timeout):
         p2p = self._p2p
         src = "any rank" if self.peer == ANY_SOURCE else f"rank {self.peer}"

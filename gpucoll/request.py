@@ -99,6 +99,12 @@ class Request:
             return _UNDEFINED
         timeout = config.TIMEOUT.get()
         deadline = time.monotonic() + timeout
+        wait_any = getattr(type(requests[0][1]), "_wait_any", None)  # one wait in native code (point to point)
+        if wait_any is not None and all(type(req) is type(requests[0][1]) for _, req in requests):
+            n = wait_any([req for _, req in requests], timeout)
+            if n >= 0:
+                requests[n][1].Wait(status)
+                return requests[n][0]
         while True:
             for n, (i, req) in enumerate(requests):
                 if req._done.wait(0 if n else 0.0005):

@@ -6,15 +6,17 @@ import json
 import pytest
 
 from test_bench import run_bench, table_rows
-from test_gpu_collectives import NGPUS, SAFE_ENV, needs_gpu
+from test_gpu_collectives import NGPUS, job_env, needs_gpu
 
 pytestmark = [pytest.mark.gpu, needs_gpu]
 needs_two_gpus = pytest.mark.skipif(NGPUS < 2, reason="NCCL runs one rank per GPU: needs 2 GPUs")
 
 
 @pytest.fixture(autouse=True)
-def _no_multicast(monkeypatch):
-    for k, v in SAFE_ENV.items():
+def _gpu_env(monkeypatch):
+    # multicast off; on one GPU the two ranks share it and still run the IPC kernels, which a
+    # CUDA graph can capture (the path through host memory cannot be captured)
+    for k, v in job_env(2).items():
         monkeypatch.setenv(k, v)
 
 

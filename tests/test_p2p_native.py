@@ -22,6 +22,7 @@ def test_messages_arrive_whole_and_in_order_whatever_their_protocol(gpurun_job, 
     assert got["got"] == [[0, 5, n] for n in sizes], got["got"]
     assert all(got["whole"]), got["whole"]
     assert got["tagged"] == {"7": True, "8": True, "9": True}
+    assert [t for t in got["threads"] if not t.startswith("gpucoll-accept-")] == ["MainThread"], got["threads"]
 
 
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))

@@ -26,9 +26,12 @@ def test_each_rank_its_own_host_over_tcp(gpurun_job):
 def test_gpu_buffers_between_pretend_hosts_go_through_pinned_chunks(gpurun_job):
     env = {**SAFE_ENV, "GPUCOLL_TEST_HOST": "pretend%r", "GPUCOLL_GPU_HOST_CHUNK": "256K",
            "GPUCOLL_DEBUG": "INFO", "GPUCOLL_DEBUG_SUBSYS": "COLL"}
-    job = gpurun_job(2, "gpu_any_device.py", "cupy", "--pick", env=env, timeout=300).check()
+    job = gpurun_job(2, "gpu_any_device.py", "cupy", "--pick", "--capture", env=env, timeout=300).check()
     res = job.json_lines()
     assert all(r["exact"] == [True, True, True] for r in res.values()), res
+    # replaying the copies without the host collective would be a wrong result: refused at capture
+    assert all("goes through host memory (" in r["capture"] and "cannot be captured in a CUDA graph" in r["capture"]
+               for r in res.values()), res
     text = job.stderr
     assert re.search(r"allreduce #\d+ 4000 B float32 SUM host-pipelined via host memory in 1 pinned chunk\(s\) "
                      r"\(.*ranks on other hosts", text), text[-3000:]

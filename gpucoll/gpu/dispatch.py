@@ -397,6 +397,11 @@ class GpuDispatcher:
 
     def _via_host(self, call, stream, seq):
         """No P2P between the GPUs: host collectives on host copies (gpu/staged.py; blocks)."""
+        if cuda.stream_is_capturing(stream):  # a graph would replay the copies without the host collective
+            raise InvalidUsageError(
+                f"{call.kind} on communicator {self.comm.name} goes through host memory ({self._team.reason}) and "
+                "cannot be captured in a CUDA graph; issue it outside the capture, or give each rank its own GPU "
+                "with P2P access")
         chunks = self._staging.chunks(call)
         self._log(call, seq, "host-pipelined" if chunks else "host-staged",
                   f"host memory{f' in {chunks} pinned chunk(s)' if chunks else ''} ({self._team.reason})")

@@ -2,7 +2,7 @@
 device, GPU 0) or that selects its own, with CuPy or torch. Prints one `RESULT {json}` line per rank:
 the device its buffers were on and whether each result was exact.
 
-    gpu_any_device.py cupy|torch [--pick]
+    gpu_any_device.py cupy|torch [--pick] [--capture]
 """
 import json
 import sys
@@ -52,4 +52,17 @@ expected = [np.arange(1000, dtype=np.float32) * n + sum(range(n)),
             np.repeat(np.arange(1, n + 1, dtype=np.int64), 3),
             np.full(5, n - 1, np.float64)]
 out["exact"] = [bool(np.array_equal(got, want)) for got, want in zip(host, expected)]
+if "--capture" in sys.argv:  # capturing a call that has to go through host memory is refused
+    import cupy as cp
+
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        s.begin_capture()
+        try:
+            comm.Allreduce(x, y)
+            out["capture"] = "no error"
+        except gpucoll.InvalidUsageError as exc:
+            out["capture"] = str(exc)
+        finally:
+            s.end_capture()
 print("RESULT " + json.dumps(out), flush=True)

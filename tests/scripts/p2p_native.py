@@ -3,7 +3,8 @@
     gpurun -np 2 python p2p_native.py MODE
 
   order      rank 0 sends eager and rendezvous sizes mixed on one tag, then tagged ones; rank 1
-             receives with ANY_TAG / ANY_SOURCE: every message whole, in the order sent
+             receives with ANY_TAG / ANY_SOURCE: every message whole, in the order sent, and no
+             Python thread but the listener's in the process
   truncate   receive buffers smaller than an eager and a rendezvous message: the receiver's
              error names both sizes, the sender's Send returns, the next message arrives
   tags       tags outside 0..TAG_UB: InvalidUsageError on Send, Recv, send and Isend
@@ -64,7 +65,11 @@ if mode == "order":
             buf = np.zeros(200000, np.uint8)
             comm.Recv(buf, 0, t)
             tagged[t] = bool(np.array_equal(buf, pattern(200000, t)))
-        out = {"got": got, "whole": whole, "tagged": tagged}
+        import threading
+
+        # once the channel is open, no Python thread moves messages: only the listener remains
+        threads = sorted(t.name for t in threading.enumerate())
+        out = {"got": got, "whole": whole, "tagged": tagged, "threads": threads}
 elif mode == "truncate":
     if rank == 0:
         times = []
