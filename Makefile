@@ -65,11 +65,16 @@ HOST_SWEEP = -o allreduce -b 1K -e 64M -f 2 -n 200 -w 20 -c 1 --repeats $(REPEAT
 GLOO_SWEEP = -o allreduce -b 8 -e 64M -f 4 -n 30 -w 5 -c 1 --repeats $(REPEATS)
 TORCH_PIN = torch==2.13.0
 
-# Host all-reduce beside Open MPI, 2 and 4 ranks.
+SMALL_SWEEP = -b 1K -e 64K -f 2 -n 200 -w 20 -c 1 --repeats $(REPEATS)
+
+# Host all-reduce beside Open MPI, 2 and 4 ranks; small all-gather, bcast and reduce, 2 ranks.
 bench: $(STAMP)
 	@mkdir -p $(BENCH_OUT)
 	$(BENCH) -np 2 $(HOST_SWEEP) --vs mpi --json $(BENCH_OUT)/allreduce-mpi-np2.json
 	$(BENCH) -np 4 $(HOST_SWEEP) --vs mpi --json $(BENCH_OUT)/allreduce-mpi-np4.json
+	$(BENCH) -np 2 -o allgather $(SMALL_SWEEP) --vs mpi --json $(BENCH_OUT)/allgather-mpi-np2.json
+	$(BENCH) -np 2 -o bcast $(SMALL_SWEEP) --vs mpi --json $(BENCH_OUT)/bcast-mpi-np2.json
+	$(BENCH) -np 2 -o reduce $(SMALL_SWEEP) --vs mpi --json $(BENCH_OUT)/reduce-mpi-np2.json
 
 # Host all-reduce beside torch.distributed's gloo, 2 and 4 ranks.
 bench-gloo: $(STAMP)

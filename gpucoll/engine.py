@@ -37,10 +37,13 @@ class OrderedEngine:
         return inline
 
     def leave(self):
-        """End the operation that enter() claimed; wake the worker if something is queued."""
-        with self._cv:
-            self._busy = False
-            if self._queue or self._closed:
+        """End the operation that enter() claimed; wake the worker if something is queued.
+        `_busy` is cleared without the lock (this is every inline call's path): a worker that
+        saw it set is waiting, or about to, on the condition, and is notified under its lock
+        whenever there is something for it to do."""
+        self._busy = False
+        if self._queue or self._closed:
+            with self._cv:
                 self._cv.notify_all()
 
     def run(self, task):
