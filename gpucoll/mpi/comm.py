@@ -190,6 +190,8 @@ class Comm(Collectives, PointToPoint, Partitioned, FaultTolerance, Handle):
         core = self._c("Free")
         if self._s is _world_state() or self._s is _self_state():
             raise comm_error(f"Free: {self._s.name} is predefined and cannot be freed")
+        if "_agree" in self._s.attrs:  # Iagree's own communicator (ulfm.py)
+            self._s.attrs.pop("_agree").Free()
         _attrs.delete_all(self, self._s.attrs)
         if self._s.ctx is not None:
             self._s.ctx[0].Free()

@@ -162,6 +162,8 @@ def Get_address(location):
 
     if location is None or location is BOTTOM:
         return 0
+    if isinstance(location, buffer):
+        return location.address  # 0 for MPI.buffer.fromaddress(0, 0), as a dynamic window's memory
     arr = as_array(location, True, "Get_address")
     return arr.__array_interface__["data"][0] if arr.size else ctypes.addressof(ctypes.c_char.from_buffer(
         bytearray(1)))

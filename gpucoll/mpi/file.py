@@ -80,6 +80,9 @@ class _View:
         return whole * self.tile + int(np.count_nonzero(self.one < rest))
 
 
+_DEFAULT = [_eh.PREDEFINED["ERRORS_RETURN"]._s]  # the error handler of MPI.FILE_NULL
+
+
 class _FileState:
     __slots__ = ("path", "fd", "amode", "comm", "group", "info", "errhandler", "atomic", "view", "pointer",
                  "shared", "split", "__weakref__")
@@ -141,7 +144,7 @@ class File(Handle):
         s.path, s.fd, s.amode, s.comm = path, fd, amode, core.Dup()
         s.group = Group._from_ranks(core.world_ranks)
         s.info = dict(info.items()) if info else {}
-        s.errhandler = _eh.PREDEFINED["ERRORS_RETURN"]._s
+        s.errhandler = _DEFAULT[0]
         s.atomic, s.split = False, None
         s.view = _View(0, _byte(), _byte(), "native")
         s.pointer = 0
@@ -232,14 +235,17 @@ class File(Handle):
         self._st("Get_type_extent")
         return datatype.Get_extent()[1]
 
+    # error handlers; MPI.FILE_NULL's is the default of files opened afterwards
     def Get_errhandler(self):
-        return _eh.Errhandler._of(self._st("Get_errhandler").errhandler)
+        return _eh.Errhandler._of(_DEFAULT[0] if self._s is None else self._s.errhandler)
 
     def Set_errhandler(self, errhandler):
-        s = self._st("Set_errhandler")
         if not errhandler:
             raise file_error("Set_errhandler: the handler is MPI.ERRHANDLER_NULL", _C["ERR_ARG"])
-        s.errhandler = errhandler._s
+        if self._s is None:
+            _DEFAULT[0] = errhandler._s
+        else:
+            self._s.errhandler = errhandler._s
 
     def Call_errhandler(self, errorcode):
         _eh.invoke(self._st("Call_errhandler").errhandler, self, errorcode)

@@ -20,6 +20,19 @@ def _band(values):
     return out
 
 
+def _agreement(comm):
+    """The communicator Iagree runs on: its own, so that an agreement in progress does not take the
+    place of the collectives the program calls meanwhile (made on first use, with no exchange)."""
+    from .. import comm as _core
+    from .comm import Intracomm
+
+    attrs = comm._s.attrs
+    if "_agree" not in attrs:
+        core = comm._c("Iagree")
+        attrs["_agree"] = Intracomm._wrap(_core.Communicator(core._ctx, f"{core._id}.agree", core.world_ranks))
+    return attrs["_agree"]
+
+
 class FaultTolerance:
     """Mixed into MPI.Comm (which supplies `_c()`, `allgather`, `Dup`, `Iallreduce`)."""
 
@@ -58,7 +71,7 @@ class FaultTolerance:
         from .op import PREDEFINED
 
         mine, result = out.copy(), np.empty(1, np.intc)
-        state = self.Iallreduce(mine, result, PREDEFINED["BAND"])._s
+        state = _agreement(self).Iallreduce(mine, result, PREDEFINED["BAND"])._s
 
         def finish():
             out[0] = result[0]

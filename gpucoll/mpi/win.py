@@ -16,6 +16,7 @@ import threading
 
 import numpy as np
 
+from .._native.exporter import BufferExporter
 from ..errors import InvalidUsageError
 from ..errors import TimeoutError as GpucollTimeout
 from . import attributes as _attrs
@@ -184,11 +185,15 @@ def _target_spec(target, origin, what):
                     f"{type(target).__name__}")
 
 
-class Win(Handle):
-    """An RMA window: memory of each process of a group that the others read and write."""
+class Win(Handle, BufferExporter):
+    """An RMA window: memory of each process of a group that the others read and write. A window
+    is a buffer too: memoryview(win) is this process's window memory (tomemory())."""
 
     __slots__ = ()
     _kind = "win"
+
+    def _exported_buffer(self):
+        return self.tomemory()
 
     def __repr__(self):
         return "<gpucoll.MPI.Win null>" if self._s is None else f"<gpucoll.MPI.Win {self._s.name or hex(id(self._s))}>"
@@ -217,7 +222,7 @@ class Win(Handle):
         """A window over memory (a buffer; None or MPI.BOTTOM: none) of each process of comm."""
         comm = _default_comm(comm)
         if memory is None or memory is _m.BOTTOM:
-            raw, base = np.zeros(0, np.uint8), buffer.allocate(0)
+            raw, base = np.zeros(0, np.uint8), buffer.fromaddress(0, 0)
         else:
             raw = _bytes_of(memory, "Win.Create memory")
             base = memory
@@ -255,7 +260,7 @@ class Win(Handle):
     def Create_dynamic(cls, info=None, comm=None):
         """A window with no memory until Attach; targets are addresses (MPI.Get_address)."""
         comm = _default_comm(comm)
-        return cls._make(comm, np.zeros(0, np.uint8), buffer.allocate(0), 1, _C["WIN_FLAVOR_DYNAMIC"], info)
+        return cls._make(comm, np.zeros(0, np.uint8), buffer.fromaddress(0, 0), 1, _C["WIN_FLAVOR_DYNAMIC"], info)
 
     def Attach(self, memory):
         raw = _bytes_of(memory, "Win.Attach memory")
@@ -509,8 +514,10 @@ class Win(Handle):
         c = _m.simple(compare, True, what=f"{what} compare")
         r = _m.simple(result, False, what=f"{what} result")
         for m, name in ((o, "origin"), (c, "compare"), (r, "result")):
-            if m.count != 1:
-                raise ValueError(f"{what}: the {name} must be one element, not {m.count}")
+            if m is None or m.count != 1:
+                raise ValueError(f"{what}: the {name} must be one element")
+            if m.t.size != o.t.size:
+                raise ValueError(f"{what}: the {name}'s datatype differs in size from the origin's")
         if target_rank == PROC_NULL:
             return
         offset, index, _ = self._layout(o, (target_disp, 1, o.datatype), what)
