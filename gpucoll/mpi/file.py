@@ -171,6 +171,11 @@ class File(Handle):
         s.comm.Free()
         self._s = None
 
+    def free(self):
+        """Close the file unless it is MPI.FILE_NULL (what freeing a file handle means)."""
+        if self._s is not None:
+            self.Close()
+
     @classmethod
     def Delete(cls, filename, info=None):
         path = os.fsdecode(os.fspath(filename))

@@ -54,6 +54,11 @@ class Session(Handle):
         self._st("Finalize")
         self._s = None
 
+    def free(self):
+        """Finalize the session unless it is MPI.SESSION_NULL."""
+        if self._s is not None:
+            self.Finalize()
+
     def Get_num_psets(self, info=None):
         self._st("Get_num_psets")
         return len(PSETS)

@@ -181,8 +181,8 @@ def _target_spec(target, origin, what):
         count = int(items[1]) if len(items) > 1 and items[1] is not None else origin.count
         datatype = _m.as_datatype(items[2], what) if len(items) > 2 and items[2] is not None else origin.datatype
         return disp, count, datatype
-    raise TypeError(f"{what}: the target must be a displacement or (displacement, count, datatype), not "
-                    f"{type(target).__name__}")
+    raise ValueError(f"{what}: the target must be a displacement or (displacement, count, datatype), not "
+                     f"{type(target).__name__}")
 
 
 class Win(Handle, BufferExporter):
