@@ -26,7 +26,8 @@ def test_sessions_make_communicators_from_process_sets(results):
 def test_partitioned_messages_arrive_whole_once_every_partition_is_ready(results):
     for r, got in results.items():
         left = (r - 1) % N
-        assert got["partitioned"] == [[False, [10 * left + k + 1 + rnd for k in range(6)]] for rnd in range(2)]
+        assert got["partitioned"] == [[False, False, True, [10 * left + k + 1 + rnd for k in range(6)]]
+                                      for rnd in range(2)]
 
 
 def test_fault_tolerance_calls_without_failures(results):

@@ -5,6 +5,7 @@
 tests/test_mpi_sessions.py computes what each must be.
 """
 import json
+import time
 
 import numpy as np
 
@@ -40,14 +41,21 @@ for k in range(2):
     sbuf += 1
     recv.Start()
     world.Barrier()
-    early = recv.Parrived(0)             # nothing is sent before every partition is ready
-    world.Barrier()
+    early = recv.Parrived(0)             # nothing is sent before every partition is ready:
     send.Start()
     send.Pready_list([2, 1])
+    world.Barrier()
+    time.sleep(0.2)                      # (time enough for a message sent too early to arrive)
+    partial = recv.Parrived(2)           # not even the partitions marked ready
+    world.Barrier()
     send.Pready(0)
+    deadline = time.monotonic() + 30
+    while not recv.Parrived(0) and time.monotonic() < deadline:  # the whole message now arrives
+        time.sleep(0.001)
+    arrived = recv.Parrived(1)
     recv.Wait()
     send.Wait()
-    rounds.append([early, rbuf.tolist()])
+    rounds.append([early, partial, arrived, rbuf.tolist()])
 send.Free()
 recv.Free()
 out["partitioned"] = rounds
