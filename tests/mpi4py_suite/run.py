@@ -198,6 +198,9 @@ def main(argv=None):
         for module in modules:
             res = run_module(args, top, np_, module)
             results.append(res)
+            if args.json:  # after every module: a run stopped early still leaves its records
+                with open(args.json, "w") as f:
+                    json.dump(everything + results, f, indent=1)
             if args.verbose:
                 t = totals([res], 0)
                 print(f"  {module} np={np_}: {res['seconds']} s, rank 0 {t}", flush=True)
