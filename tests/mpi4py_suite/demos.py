@@ -67,7 +67,7 @@ def _command(reference, np_, script, args, timeout):
         return [mpiexec, "--oversubscribe", "-n", str(np_), sys.executable, script, *args]
     gpurun = os.path.join(os.path.dirname(sys.executable), "gpurun")
     launcher = [gpurun] if os.access(gpurun, os.X_OK) else [sys.executable, "-m", "gpucoll.launcher"]
-    return [*launcher, "-np", str(np_), "--timeout", str(timeout), sys.executable, script, *args]
+    return [*launcher, "-np", str(np_), "--timeout", str(timeout), "--no-tag-output", sys.executable, script, *args]
 
 
 def run_demo(top, folder, script, np_, args, reference=False, timeout=120):
