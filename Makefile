@@ -6,7 +6,7 @@ NP ?= 4
 STAMP := $(VENV)/.installed
 SOURCES := pyproject.toml setup.py $(wildcard cython_src/*.pyx cython_src/*.pxd cython_src/include/*.h)
 
-.PHONY: install demo test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref bench bench-gloo bench-launch bench-multihost bench-p2p bench-gpu calibrate-gpu clean
+.PHONY: install demo test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref test-mpi4py-demos bench bench-gloo bench-launch bench-multihost bench-p2p bench-gpu calibrate-gpu clean
 
 install: $(STAMP)
 
@@ -53,6 +53,11 @@ test-mpi4py: $(STAMP)
 
 test-mpi4py-ref: $(STAMP)
 	$(PY) tests/mpi4py_suite/run.py --np 2 --mpi
+
+# mpi4py's demos (its demo/ folder) under gpurun, unchanged but for the import (the OSU benchmarks too);
+# the deterministic ones must print what they print under mpiexec with real mpi4py.
+test-mpi4py-demos: $(STAMP)
+	$(PY) tests/mpi4py_suite/demos.py --compare
 
 
 # --- benchmarks: every README table is printed by one of these targets, which repeats each

@@ -16,7 +16,7 @@ from .mpi import errhandler as _errhandler
 from .mpi import op as _op
 from .mpi import unsupported as _unsupported
 from .mpi.buffer import buffer, memory  # noqa: F401
-from .mpi.comm import Cartcomm, Comm, Distgraphcomm, Graphcomm, Intercomm, Intracomm, Topocomm  # noqa: F401
+from .mpi.comm import Comm, Intracomm  # noqa: F401
 from .mpi.comm import comm_lock as _comm_lock  # noqa: F401 - mpi4py's internals that mpi4py.util uses
 from .mpi.comm import comm_lock_table as _comm_lock_table  # noqa: F401
 from .mpi.comm import commctx_intra as _commctx_intra  # noqa: F401
@@ -27,16 +27,21 @@ from .mpi.datatype import Datatype  # noqa: F401
 from .mpi.environment import *  # noqa: F401,F403 - Init, Wtime, Get_error_class, Alloc_mem, ...
 from .mpi.environment import BUFFER_AUTOMATIC, _typealign, _typecode  # noqa: F401
 from .mpi.errhandler import Errhandler  # noqa: F401
+from .mpi.file import File
 from .mpi.group import Group, empty_group
 from .mpi.handle import NAMED as _NAMED
 from .mpi.info import Info
+from .mpi.intercomm import Intercomm  # noqa: F401
+from .mpi.intercomm import commctx_inter as _commctx_inter  # noqa: F401
 from .mpi.matched import Message, no_proc
 from .mpi.message import BOTTOM
 from .mpi.op import Op  # noqa: F401
 from .mpi.pickler import Pickle, pickle  # noqa: F401
 from .mpi.request import REQUEST_NULL, Grequest, Prequest, Request  # noqa: F401
 from .mpi.status import Status  # noqa: F401
-from .mpi.unsupported import File, Session, Win
+from .mpi.topocomm import Cartcomm, Distgraphcomm, Graphcomm, Topocomm  # noqa: F401
+from .mpi.session import Session  # noqa: F401
+from .mpi.win import Win
 
 Exception = GpucollError  # noqa: A001 - mpi4py's name; every gpucoll error carries an MPI error class
 IN_PLACE = _core_comm.IN_PLACE

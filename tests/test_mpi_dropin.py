@@ -83,8 +83,8 @@ def test_names_and_missing_pieces(gpurun_job):
         assert got["initialized"] is True
         for name, message in got["missing"].items():
             assert message.startswith("gpucoll.MPI.") and "not supported by gpucoll" in message, message
-        assert "one-sided" in got["missing"]["Win"] and "MPI-IO" in got["missing"]["File"]
-        assert "topologies" in got["missing"]["Cartcomm"] and "intercommunicators" in got["missing"]["Intercomm"]
+        assert "dynamic processes" in got["missing"]["Intracomm"]
+        assert "data representations" in got["missing"]["Register_datarep"]
         message, is_err_op = got["allreduce_maxloc"]
         assert "MAXLOC needs a (value, index) pair type" in message and is_err_op is True
         assert "NO_SUCH_NAME" in got["unknown_name"]

@@ -103,7 +103,7 @@ def test_unsupported_names_raise_not_implemented_naming_the_feature_when_called(
                 call()
             assert feature in str(info.value) and f"gpucoll.MPI.{name}" in str(info.value)
             checked += 1
-    assert checked > 200  # RMA, MPI-IO, sessions, topologies, intercommunicators, ...
+    assert checked >= 15  # spawn, Revoke, Intercomm's reduce-scatter, ...
 
 
 def test_attribute_access_never_refuses_an_mpi4py_name():

@@ -136,6 +136,10 @@ class buffer(np.ndarray):  # noqa: N801 - mpi4py's name
     def __len__(self):
         return self.nbytes
 
+    def __bool__(self):
+        """True when it holds bytes (as a sequence's truth; not NumPy's element-wise one)."""
+        return self.nbytes > 0
+
     def release(self):
         self._released = True
 

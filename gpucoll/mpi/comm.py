@@ -1,5 +1,5 @@
-"""MPI.Comm, Intracomm and the communicator classes gpucoll does not provide (Intercomm and the
-topologies), as handles on gpucoll Communicators.
+"""MPI.Comm and Intracomm, as handles on gpucoll Communicators (Intercomm: intercomm.py; the
+topology communicators: topocomm.py).
 
 A Comm is a handle: `MPI.Comm(c)` refers to the same communicator as `c`; MPI.COMM_WORLD wraps
 gpucoll.COMM_WORLD itself (one communicator, not a duplicate). The buffer methods are in
@@ -26,8 +26,12 @@ from .group import Group
 from .handle import Handle
 from .info import Info
 from .op import as_op
+from .partitioned import Partitioned
 from .pointtopoint import PointToPoint, issend_state
+from .ports import Ports
 from .request import Request
+from .topology import TopologyMaker
+from .ulfm import FaultTolerance
 
 UNDEFINED, ERR_COMM, ERR_ARG = _C["UNDEFINED"], _C["ERR_COMM"], _C["ERR_ARG"]
 IDENT, CONGRUENT, SIMILAR, UNEQUAL = _C["IDENT"], _C["CONGRUENT"], _C["SIMILAR"], _C["UNEQUAL"]
@@ -37,22 +41,26 @@ TAG_UB = 2**31 - 1  # gpucoll's message tags are 32-bit
 class _CommState:
     """What every handle of one communicator shares."""
 
-    __slots__ = ("core", "name", "errhandler", "attrs", "info", "children", "locks", "ctx", "__weakref__")
+    __slots__ = ("core", "name", "errhandler", "attrs", "info", "children", "locks", "ctx", "topo", "inter", "cls",
+                 "__weakref__")
 
-    def __init__(self, core, name):
+    def __init__(self, core, name, cls):
         self.core, self.name = core, name
         self.errhandler = _eh.PREDEFINED["ERRORS_RETURN"]._s
         self.attrs, self.info = {}, {}
         self.children = {}  # Create_group: (group ranks, tag) -> how many made so far
         self.locks = {}     # _comm_lock: key -> threading.Lock
         self.ctx = None     # _commctx_intra: [private duplicate, next tag]
+        self.topo = None    # a topology (topology.py) of a Cartcomm, Graphcomm or Distgraphcomm
+        self.inter = None   # the remote side of an Intercomm (intercomm.py)
+        self.cls = cls      # the handle class of this kind of communicator (what fromint returns)
 
 
 def comm_error(message, error_class=ERR_COMM):
     return InvalidUsageError(message, error_class=error_class)
 
 
-class Comm(Collectives, PointToPoint, Handle):
+class Comm(Collectives, PointToPoint, Partitioned, FaultTolerance, Handle):
     """A communicator handle; Comm() is MPI.COMM_NULL."""
 
     __slots__ = ()
@@ -62,8 +70,18 @@ class Comm(Collectives, PointToPoint, Handle):
     def _wrap(cls, core, name=None):
         """A new communicator's handle (None -> the null handle)."""
         if core is None:
-            return Intracomm()
-        return cls._of(_CommState(core, name if name is not None else ""))._register()
+            return cls()
+        kind = Intracomm if cls is Comm else cls
+        return cls._of(_CommState(core, name if name is not None else "", kind))._register()
+
+    @classmethod
+    def fromint(cls, value):
+        """The handle of that integer (toint()), of its communicator's class (an Intercomm, a
+        Cartcomm, ...)."""
+        handle = Handle.fromint.__func__(cls, value)
+        return handle if handle._s is None else handle._s.cls._of(handle._s)
+
+    f2py = fromhandle = fromint
 
     def _c(self, what="communicator"):
         """The gpucoll Communicator; raises for the null handle."""
@@ -112,26 +130,36 @@ class Comm(Collectives, PointToPoint, Handle):
     is_intra = property(Is_intra)
 
     def Get_topology(self):
+        """CART, GRAPH or DIST_GRAPH for a topology communicator, else UNDEFINED."""
         self._c("Get_topology")
-        return UNDEFINED
+        return UNDEFINED if self._s.topo is None else self._s.topo.kind
 
     topology = property(Get_topology)
-    is_topo = property(lambda self: False)
+    is_topo = property(lambda self: self._s is not None and self._s.topo is not None)
 
     def Compare(self, comm):
-        """IDENT (same communicator), CONGRUENT (same ranks in the same order), SIMILAR, UNEQUAL.
-        Also callable as MPI.Comm.Compare(comm1, comm2)."""
+        """IDENT (same communicator), CONGRUENT (same ranks in the same order; for intercommunicators,
+        in both groups), SIMILAR (the same ranks), UNEQUAL. Also callable as MPI.Comm.Compare(c1, c2)."""
         comm1, comm2 = self, comm
-        a, b = comm1._c("Compare"), comm2._c("Compare")
+        comm1._c("Compare"), comm2._c("Compare")
         if comm1._s is comm2._s:
             return IDENT
-        if a.world_ranks == b.world_ranks:
+        sides = []
+        for c in comm1, comm2:
+            inter = c._s.inter
+            sides.append((c._s.core.world_ranks, None if inter is None else inter.remote))
+        (la, ra), (lb, rb) = sides
+        if (ra is None) != (rb is None):
+            return UNEQUAL
+        if la == lb and ra == rb:
             return CONGRUENT
-        return SIMILAR if sorted(a.world_ranks) == sorted(b.world_ranks) else UNEQUAL
+        same = sorted(la) == sorted(lb) and sorted(ra or ()) == sorted(rb or ())
+        return SIMILAR if same else UNEQUAL
 
     # --- life cycle -----------------------------------------------------------------------------
     def _child(self, core):
         new = type(self)._wrap(core)
+        new._s.cls, new._s.topo = self._s.cls, self._s.topo
         new._s.attrs = _attrs.copy_attrs(self, self._s.attrs)
         new._s.errhandler = self._s.errhandler
         return new
@@ -162,6 +190,8 @@ class Comm(Collectives, PointToPoint, Handle):
         core = self._c("Free")
         if self._s is _world_state() or self._s is _self_state():
             raise comm_error(f"Free: {self._s.name} is predefined and cannot be freed")
+        if "_agree" in self._s.attrs:  # Iagree's own communicator (ulfm.py)
+            self._s.attrs.pop("_agree").Free()
         _attrs.delete_all(self, self._s.attrs)
         if self._s.ctx is not None:
             self._s.ctx[0].Free()
@@ -290,6 +320,8 @@ class Comm(Collectives, PointToPoint, Handle):
     @classmethod
     def Get_parent(cls):
         """The parent of a spawned job: gpucoll does not spawn, so always the null communicator."""
+        from .intercomm import Intercomm
+
         return Intercomm()
 
     # --- Python objects (pickle): gpucoll's own methods -------------------------------------------
@@ -409,6 +441,16 @@ def commctx_intra(comm):
 
 
 _LOCKS_LOCK = threading.Lock()
+_NAMES = {}
+
+
+def name_count(name, ranks):
+    """How many communicators named `name` over `ranks` this process has made (with this one): the
+    ranks of a collective constructor that has no parent communicator (Create_from_group, ...)
+    count alike, so successive ones get distinct names that every member agrees on."""
+    key = (name, tuple(sorted(ranks)))
+    _NAMES[key] = _NAMES.get(key, 0) + 1
+    return _NAMES[key]
 
 
 def _ignored_buf(buf, what):
@@ -439,10 +481,29 @@ def _last_used_code():
     return max([_C["ERR_LASTCODE"], *added_classes, *added_strings])
 
 
-class Intracomm(Comm):
+class Intracomm(TopologyMaker, Ports, Comm):
     """An intra-communicator."""
 
     __slots__ = ()
+
+    @staticmethod
+    def Create_from_group(group, stringtag="org.mpi4py", info=None, errhandler=None):
+        """The communicator of group's processes (collective over them, without a parent
+        communicator; processes that make several tell them apart by stringtag)."""
+        from .session import create_from_group
+
+        return create_from_group(group, stringtag, info, errhandler)
+
+    def Create_intercomm(self, local_leader, peer_comm, remote_leader, tag=0):
+        """The intercommunicator between this group and the one whose leader is remote_leader of
+        peer_comm (collective over both groups; the leaders talk over peer_comm with tag)."""
+        from .intercomm import create_intercomm
+
+        return create_intercomm(self, local_leader, peer_comm, remote_leader, tag)
+
+    @classmethod
+    def _accepts(cls, other):
+        return other._s is None or other._s.inter is None
 
     def Create_group(self, group, tag=0):
         """The communicator of `group` (collective over the group's processes only)."""
@@ -454,38 +515,6 @@ class Intracomm(Comm):
         n = self._s.children[key] = self._s.children.get(key, 0) + 1
         digest = zlib.crc32(repr(ranks).encode())
         return Intracomm._wrap(_core.Communicator(core._ctx, f"{core._id}.g{digest:x}t{tag}n{n}", ranks))
-
-
-class Intercomm(Comm):
-    """Inter-communicators: gpucoll has none (only the null one exists)."""
-
-    __slots__ = ()
-
-    @classmethod
-    def _accepts(cls, other):
-        return other._s is None  # no communicator is an intercommunicator
-
-
-class Topocomm(Intracomm):
-    """Topology communicators: gpucoll has none (only null ones exist)."""
-
-    __slots__ = ()
-
-    @classmethod
-    def _accepts(cls, other):
-        return other._s is None  # no communicator has a topology
-
-
-class Cartcomm(Topocomm):
-    __slots__ = ()
-
-
-class Graphcomm(Topocomm):
-    __slots__ = ()
-
-
-class Distgraphcomm(Topocomm):
-    __slots__ = ()
 
 
 _WORLD = [None]

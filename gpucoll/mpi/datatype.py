@@ -338,6 +338,10 @@ class Datatype:
         return type(self)._of(_derived.subarray(_Type, self._rec("Create_subarray"), sizes, subsizes, starts,
                                                 order))
 
+    def Create_darray(self, size, rank, gsizes, distribs, dargs, psizes, order=_C["ORDER_C"]):
+        return type(self)._of(_derived.darray(_Type, self._rec("Create_darray"), size, rank, gsizes, distribs,
+                                              dargs, psizes, order))
+
     def Create_resized(self, lb, extent):
         return type(self)._of(_derived.resized(_Type, self._rec("Create_resized"), lb, extent))
 

@@ -174,6 +174,63 @@ def subarray(T, old, sizes, subsizes, starts, order):
     return t
 
 
+def _owned(g, p, c, distrib, darg, what):
+    """The indices of one dimension of size g that process coordinate c of p owns."""
+    if distrib == _C["DISTRIBUTE_NONE"]:
+        if p != 1:
+            raise InvalidUsageError(f"{what}: a DISTRIBUTE_NONE dimension needs 1 process, not {p}",
+                                    error_class=ERR_ARG)
+        return np.arange(g)
+    if distrib == _C["DISTRIBUTE_BLOCK"]:
+        b = -(-g // p) if darg == _C["DISTRIBUTE_DFLT_DARG"] else darg
+        if b * p < g:
+            raise InvalidUsageError(f"{what}: blocks of {b} on {p} processes do not cover {g} elements",
+                                    error_class=ERR_ARG)
+        return np.arange(c * b, min(g, (c + 1) * b))
+    if distrib == _C["DISTRIBUTE_CYCLIC"]:
+        b = 1 if darg == _C["DISTRIBUTE_DFLT_DARG"] else darg
+        starts = np.arange(c * b, g, p * b)
+        return np.concatenate([np.arange(s, min(s + b, g)) for s in starts]) if starts.size else np.arange(0)
+    raise InvalidUsageError(f"{what}: distribution {distrib} is not DISTRIBUTE_BLOCK, CYCLIC or NONE",
+                            error_class=ERR_ARG)
+
+
+def darray(T, old, size, rank, gsizes, distribs, dargs, psizes, order):
+    """Process rank's part of a global array of gsizes distributed over a psizes process grid
+    (row-major ranks): its elements, in the local array's order (C or Fortran), at their places in
+    the global array; the extent is the global array's."""
+    what = "Create_darray"
+    gsizes = _ints(gsizes, what, "gsizes")
+    n = len(gsizes)
+    distribs, dargs = _ints(distribs, what, "distribs", n), _ints(dargs, what, "dargs", n)
+    psizes = _ints(psizes, what, "psizes", n)
+    if int(np.prod(psizes)) != size or not 0 <= rank < size:
+        raise InvalidUsageError(f"{what}: a grid of {psizes} processes does not hold rank {rank} of {size}",
+                                error_class=ERR_ARG)
+    if order not in (_C["ORDER_C"], _C["ORDER_FORTRAN"]):
+        raise InvalidUsageError(f"{what}: order {order} is neither ORDER_C nor ORDER_FORTRAN", error_class=ERR_ARG)
+    coords, r = [], rank
+    for p in reversed(psizes):
+        coords.append(r % p)
+        r //= p
+    coords.reverse()
+    owned = [_owned(g, p, c, d, a, what) for g, p, c, d, a in zip(gsizes, psizes, coords, distribs, dargs)]
+    dims = list(range(n)) if order == _C["ORDER_C"] else list(range(n - 1, -1, -1))
+    strides, step = [0] * n, 1
+    for k in reversed(dims):  # element strides of the global array, in old extents
+        strides[k] = step
+        step *= gsizes[k]
+    grids = np.meshgrid(*[owned[k] for k in dims], indexing="ij")
+    index = sum(g.reshape(-1) * strides[k] for g, k in zip(grids, dims)) if n else np.zeros(1, np.int64)
+    offsets = np.asarray(index, np.int64) * old.extent
+    contents = ([size, rank, n, *gsizes, *distribs, *dargs, *psizes, order], [], [], [old])
+    full = int(np.prod(gsizes)) * old.extent
+    bounds = (old.lb, old.lb + full, *_bounds(old, offsets)[2:]) if offsets.size else (0, 0, 0, 0)
+    t = new_type(T, old, offsets, _C["COMBINER_DARRAY"], contents, bounds)
+    t.lb, t.ub = old.lb, old.lb + full
+    return t
+
+
 def resized(T, old, lb, extent):
     lb, extent = int(lb), int(extent)
     t = T.derived(old.size, lb, lb + extent, old.true_lb, old.true_ub, _C["COMBINER_RESIZED"],
@@ -225,6 +282,10 @@ def decode(datatype):
         n = i[0]
         params = {"sizes": i[1:n + 1], "subsizes": i[n + 1:2 * n + 1], "starts": i[2 * n + 1:3 * n + 1],
                   "order": i[3 * n + 1]}
+    elif name == "DARRAY":
+        n = i[2]
+        params = {"size": i[0], "rank": i[1], "gsizes": i[3:n + 3], "distribs": i[n + 3:2 * n + 3],
+                  "dargs": i[2 * n + 3:3 * n + 3], "psizes": i[3 * n + 3:4 * n + 3], "order": i[4 * n + 3]}
     elif name == "RESIZED":
         params = {"lb": a[0], "extent": a[1]}
     elif name == "F90_INTEGER":

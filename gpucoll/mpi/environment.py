@@ -16,7 +16,8 @@ __all__ = ["Init", "Init_thread", "Finalize", "Is_initialized", "Is_finalized", 
            "Get_error_class", "Get_error_string", "Add_error_class", "Add_error_code", "Add_error_string",
            "Remove_error_class", "Remove_error_code", "Remove_error_string", "Alloc_mem", "Free_mem", "Get_address",
            "Aint_add", "Aint_diff", "Compute_dims", "Attach_buffer", "Detach_buffer", "Flush_buffer",
-           "Iflush_buffer"]
+           "Iflush_buffer", "Get_abi_version", "Get_abi_info", "Get_abi_fortran_info",
+           "Open_port", "Close_port"]
 
 _finalized = [False]
 
@@ -161,6 +162,8 @@ def Get_address(location):
 
     if location is None or location is BOTTOM:
         return 0
+    if isinstance(location, buffer):
+        return location.address  # 0 for MPI.buffer.fromaddress(0, 0), as a dynamic window's memory
     arr = as_array(location, True, "Get_address")
     return arr.__array_interface__["data"][0] if arr.size else ctypes.addressof(ctypes.c_char.from_buffer(
         bytearray(1)))
@@ -244,6 +247,31 @@ def Iflush_buffer():
     from .request import Request
 
     return Request()
+
+
+from .ports import Close_port, Open_port  # noqa: E402,F401 - MPI module functions
+
+
+def Get_abi_version():
+    """(-1, -1): gpucoll implements mpi4py's API, not the MPI 5 binary interface."""
+    return (-1, -1)
+
+
+def Get_abi_info():
+    """The sizes of MPI's address, count and offset integers (what gpucoll.MPI's AINT, COUNT and
+    OFFSET datatypes are)."""
+    from .datatype import NAMES
+    from .info import Info
+
+    return Info.Create({f"mpi_{name}_size": str(NAMES[name.upper()].Get_size()) for name in ("aint", "count",
+                                                                                           "offset")})
+
+
+def Get_abi_fortran_info():
+    """MPI.INFO_NULL: gpucoll has no Fortran binding."""
+    from .info import Info
+
+    return Info()
 
 
 class _BufferAutomatic:

@@ -31,6 +31,7 @@ class Errhandler(Handle):
         if self._s is None:
             raise InvalidUsageError("Errhandler.Free: the handler is MPI.ERRHANDLER_NULL",
                                     error_class=_C["ERR_ARG"])
+        _USER.discard(self._s)  # a user handler freed no longer counts against the limit
         self._s = None
 
 

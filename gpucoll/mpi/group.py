@@ -143,6 +143,11 @@ class Group(Handle):
     def Range_excl(self, ranges):
         return self.Excl(self._expand(ranges, "Range_excl"))
 
+    @classmethod
+    def Create_from_session_pset(cls, session, pset_name):
+        """The group of a session's process set ("mpi://WORLD", "mpi://SELF")."""
+        return session.Create_group(pset_name)
+
     def __reduce__(self):
         if self._s is not None and self._named_name() is None:
             raise ValueError(f"cannot pickle {self!r}: only predefined groups can be pickled")

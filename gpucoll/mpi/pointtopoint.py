@@ -50,6 +50,12 @@ def _check_peer(core, rank, name, what, wildcard=False):
                                 f"{core.size}", error_class=_C["ERR_RANK"])
 
 
+def _as_rank(value):
+    """A rank given as a float (nprocs / 2 in Python 3) is truncated to an int, as mpi4py's C-int
+    arguments take it; anything else is left for the checks."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def _check_tag(tag, what, wildcard=False):
     """MPI.Exception(ERR_TAG) for a tag that is not >= 0 (or ANY_TAG where a receive allows it)."""
     if wildcard and tag == ANY_TAG:
@@ -93,6 +99,7 @@ class PointToPoint:
 
     def Send(self, buf, dest, tag=0):
         """Send buf to dest (returns once the bytes are handed over: sends are eager)."""
+        dest = _as_rank(dest)
         core = self._c("Send")
         _check_tag(tag, "Send")
         core.Send(self._send_bytes(buf, dest, "Send"), dest, tag)
@@ -100,6 +107,7 @@ class PointToPoint:
     Bsend = Rsend = Send
 
     def Isend(self, buf, dest, tag=0):
+        dest = _as_rank(dest)
         core = self._c("Isend")
         _check_tag(tag, "Isend")
         data = self._send_bytes(buf, dest, "Isend")
@@ -108,6 +116,7 @@ class PointToPoint:
     Ibsend = Irsend = Isend
 
     def _issend(self, buf, dest, tag, what):
+        dest = _as_rank(dest)
         core = self._c(what)
         _check_tag(tag, what)
         data = self._send_bytes(buf, dest, what)
@@ -138,6 +147,7 @@ class PointToPoint:
         from .collectives import _Landing
 
         core = self._c(what)
+        source = _as_rank(source)
         _check_peer(core, source, "source", what, wildcard=True)
         _check_tag(tag, what, wildcard=True)
         msg = _m.simple(buf, False, source, what=f"{what} buf")
@@ -170,6 +180,7 @@ class PointToPoint:
 
     # --- both ways ----------------------------------------------------------------------------------
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE, recvtag=ANY_TAG, status=None):
+        dest, source = _as_rank(dest), _as_rank(source)
         data = self._send_bytes(sendbuf, dest, "Sendrecv")  # both messages are checked before anything starts
         self._sendrecv(data, dest, sendtag, recvbuf, source, recvtag, status, "Sendrecv")
 

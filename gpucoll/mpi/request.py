@@ -463,6 +463,28 @@ class Prequest(Request):
             raise request_error("Free: the request is MPI.REQUEST_NULL")
         self._s, self._start = None, None
 
+    # --- partitioned requests (partitioned.py) --------------------------------------------------
+    def _part(self, what):
+        state = self._s
+        if state is None or state is _INACTIVE or not hasattr(state, "parrived"):
+            raise request_error(f"{what}: the request is not an active partitioned one (Psend_init or "
+                                "Precv_init, then Start)")
+        return state
+
+    def Pready(self, partition):
+        """Mark a partition of a partitioned send ready to go."""
+        self._part("Pready").pready([partition])
+
+    def Pready_range(self, partition_low, partition_high):
+        self._part("Pready_range").pready(range(partition_low, partition_high + 1))
+
+    def Pready_list(self, partitions):
+        self._part("Pready_list").pready(list(partitions))
+
+    def Parrived(self, partition):
+        """Whether a partition of a partitioned receive has arrived."""
+        return self._part("Parrived").parrived(partition)
+
 
 class _Inactive:
     """The state of a persistent request between operations: complete, with an empty status."""

@@ -3,6 +3,7 @@
     python tests/mpi4py_suite/run.py                    # gpurun -np 2, 3 and 4, every module
     python tests/mpi4py_suite/run.py --np 2 --mpi       # the reference: real mpi4py under mpiexec
     python tests/mpi4py_suite/run.py --np 2 -m test_status test_request -v
+    python tests/mpi4py_suite/run.py --np 2 --json ours.json --diff ref.json   # what the reference passes and we do not
 
 The release's test/ folder runs unmodified (tests/mpi4py_suite/fetch.py fetches it). Each
 module runs as its own job (a hang or crash costs one module, not the run); the shim in
@@ -10,6 +11,8 @@ tests/mpi4py_suite/shim does nothing but make `mpi4py.MPI` be `gpucoll.MPI`. Per
 counts the modules that imported and the tests that passed, failed (an assertion), raised
 NotImplementedError, raised anything else, or were skipped; a module whose job did not end in
 time is a hang. `--check` exits 1 on any import failure, failure, other error or hang.
+`--diff REF` (a --json of an earlier run, e.g. the reference's) lists, per module, the tests
+that passed there and did not pass here, with what they did here.
 """
 import argparse
 import json
@@ -121,6 +124,42 @@ def report(results, np_, label, verbose):
             print(f"-- {res['module']}: job output (tail)\n{res['tail']}")
 
 
+def outcomes_of(results, rank=0):
+    """{(module, test id): outcome} of one rank of a run's records."""
+    out = {}
+    for res in results:
+        rec = res["ranks"].get(rank, res["ranks"].get(str(rank), {}))
+        for tid, outcome in rec.get("outcomes", {}).items():
+            out[(res["module"], tid)] = outcome
+        if not rec.get("imported", True):
+            out[(res["module"], "(import)")] = "error"
+    return out
+
+
+def diff(results, reference_path):
+    """Print the tests the reference passed that this run did not pass, grouped by module and by
+    what they did here (rank 0 of each run; the reference's own rank count)."""
+    with open(reference_path) as f:
+        reference = json.load(f)
+    np_ref = reference[0]["np"] if reference else None
+    ref = outcomes_of([r for r in reference if r["np"] == np_ref])
+    nps = sorted({r["np"] for r in results})
+    ours = outcomes_of([r for r in results if r["np"] == (np_ref if np_ref in nps else nps[0])])
+    ran = {r["module"] for r in results}
+    by_module = {}
+    for key, outcome in ref.items():
+        if key[0] in ran and outcome == "pass" and ours.get(key) != "pass":
+            by_module.setdefault(key[0], []).append((key[1], ours.get(key, "not run")))
+    print(f"\n== passed in {reference_path} ({sum(o == 'pass' for k, o in ref.items() if k[0] in ran)} in the "
+          "modules run here), not here: "
+          f"{sum(len(v) for v in by_module.values())} ==")
+    for module, tests in sorted(by_module.items(), key=lambda kv: -len(kv[1])):
+        kinds = {}
+        for _, outcome in tests:
+            kinds[outcome] = kinds.get(outcome, 0) + 1
+        print(f"{len(tests):>5} {module}: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
+
+
 def import_only(args, top):
     ok = True
     for np_ in args.np:
@@ -145,6 +184,7 @@ def main(argv=None):
                     help="one job per rank count that imports every test module and runs nothing")
     ap.add_argument("--check", action="store_true",
                     help="exit 1 on an import failure, a failure, an error other than NotImplementedError or a hang")
+    ap.add_argument("--diff", metavar="REF", help="list what passed in REF (a --json file) and not here")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     top = fetch.fetch()
@@ -158,6 +198,9 @@ def main(argv=None):
         for module in modules:
             res = run_module(args, top, np_, module)
             results.append(res)
+            if args.json:  # after every module: a run stopped early still leaves its records
+                with open(args.json, "w") as f:
+                    json.dump(everything + results, f, indent=1)
             if args.verbose:
                 t = totals([res], 0)
                 print(f"  {module} np={np_}: {res['seconds']} s, rank 0 {t}", flush=True)
@@ -169,6 +212,8 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(everything, f, indent=1)
+    if args.diff:
+        diff(everything, args.diff)
     return 0 if ok or not args.check else 1
 
 

@@ -1,0 +1,127 @@
+"""mpi4py's own demos (the release's demo/ folder) under gpurun, unchanged but for the import.
+
+    python tests/mpi4py_suite/demos.py              # every demo below, under gpurun
+    python tests/mpi4py_suite/demos.py --fast       # the quick ones (what `make test` runs)
+    python tests/mpi4py_suite/demos.py --mpi        # the reference: real mpi4py under mpiexec
+
+Each demo's folder is copied to a scratch folder with `from mpi4py import MPI` turned into
+`from gpucoll import MPI` in its Python files (nothing else changes; the reference run copies
+them untouched) and run there with the rank count of the demo's own makefile or runtests.sh. A
+demo passes when every rank exits 0 within the time limit and no traceback is printed, and, with
+--compare, when the demos whose output is deterministic (results, not timings) print the same
+lines (in any order) as under mpiexec with real mpi4py.
+Left out: the demos that spawn processes (compute-pi/cpi-dpm, mandelbrot, spawning, nxtval-dynproc,
+futures), that configure mpi4py itself (init-fini's mpi4py.rc, test-run's mpi4py.run), and the
+C, Fortran, Cython and wrapper builds.
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import fetch  # noqa: E402
+
+# (folder, script, ranks, arguments, quick, deterministic output)
+DEMOS = [
+    (".", "helloworld.py", 3, [], True, True),
+    ("compute-pi", "cpi-cco.py", 3, [], True, False),  # reads its input: none here (it quits)
+    ("compute-pi", "cpi-rma.py", 3, [], True, False),
+    *[("mpi-ref-v1", f"ex-{n}.py", 2, [], True, True) for n in (
+        "2.01", "2.08", "2.16", "2.29", "2.32", "2.34", "2.35", "3.01", "3.02", "3.03", "3.04", "3.05", "3.06",
+        "3.07", "3.08", "3.09", "3.11", "3.12", "3.13")],
+    ("nxtval", "nxtval-threads.py", 3, [], True, True),
+    ("nxtval", "nxtval-onesided.py", 3, [], True, True),
+    ("nxtval", "nxtval-scalable.py", 3, [], True, True),
+    ("nxtval", "nxtval-mpi3.py", 3, [], True, True),
+    ("reductions", "test_reductions.py", 3, ["-q"], True, False),
+    ("sequential", "test_seq.py", 3, [], True, True),
+    ("threads", "sendrecv.py", 2, [], True, False),
+    *[(".", f"osu_{name}.py", 2, [], False, False) for name in (
+        "allgather", "alltoall", "alltoallv", "barrier", "bcast", "bibw", "bw", "gather", "latency", "multi_lat",
+        "scatter")],
+]
+IMPORT, REPLACEMENT = "from mpi4py import MPI", "from gpucoll import MPI"
+
+
+def _copy(src, dst, reference):
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    if reference:
+        return
+    for name in os.listdir(dst):
+        path = os.path.join(dst, name)
+        if name.endswith(".py") and os.path.isfile(path):
+            with open(path) as f:
+                text = f.read()
+            if IMPORT in text:
+                with open(path, "w") as f:
+                    f.write(text.replace(IMPORT, REPLACEMENT))
+
+
+def _command(reference, np_, script, args, timeout):
+    if reference:
+        mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+        return [mpiexec, "--oversubscribe", "-n", str(np_), sys.executable, script, *args]
+    gpurun = os.path.join(os.path.dirname(sys.executable), "gpurun")
+    launcher = [gpurun] if os.access(gpurun, os.X_OK) else [sys.executable, "-m", "gpucoll.launcher"]
+    return [*launcher, "-np", str(np_), "--timeout", str(timeout), "--no-tag-output", sys.executable, script, *args]
+
+
+def run_demo(top, folder, script, np_, args, reference=False, timeout=120):
+    """(ok, seconds, output) of one demo."""
+    import time
+
+    work = tempfile.mkdtemp(prefix="mpi4py-demo-")
+    try:
+        _copy(os.path.join(top, "demo", folder), work, reference)
+        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+                   OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl="self,vader,tcp")
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(_command(reference, np_, script, args, timeout), cwd=work, env=env,
+                                  capture_output=True, text=True, timeout=timeout + 30, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as exc:
+            return False, timeout, f"did not finish in {timeout} s\n{exc.stdout or ''}"[-2000:]
+        out = proc.stdout + proc.stderr
+        ok = proc.returncode == 0 and "Traceback" not in out
+        return ok, round(time.monotonic() - start, 1), proc.stdout if ok else out[-2000:]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--fast", action="store_true", help="only the quick demos")
+    ap.add_argument("--mpi", action="store_true", help="real mpi4py under mpiexec (the reference)")
+    ap.add_argument("--compare", action="store_true",
+                    help="deterministic demos must print what they print under mpiexec with real mpi4py")
+    ap.add_argument("--timeout", type=int, default=300, help="seconds per demo")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    top = fetch.fetch()
+    failed = []
+    for folder, script, np_, extra, quick, deterministic in DEMOS:
+        if args.fast and not quick:
+            continue
+        ok, seconds, tail = run_demo(top, folder, script, np_, extra, args.mpi, args.timeout)
+        name = os.path.normpath(os.path.join(folder, script))
+        if ok and args.compare and deterministic:
+            ref_ok, _, ref = run_demo(top, folder, script, np_, extra, True, args.timeout)
+            if not ref_ok:
+                print(f"note: {name} fails under mpiexec too: not compared")
+            elif sorted(ref.splitlines()) != sorted(tail.splitlines()):
+                ok, tail = False, f"output differs from mpiexec's:\n--- mpiexec\n{ref}\n--- gpurun\n{tail}"
+        print(f"{'ok  ' if ok else 'FAIL'} {name} (-np {np_}, {seconds} s)", flush=True)
+        if not ok or args.verbose:
+            print("    " + tail.replace("\n", "\n    "))
+        if not ok:
+            failed.append(name)
+    print(f"{len(failed)} demo(s) failed" + (f": {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
