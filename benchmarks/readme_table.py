@@ -44,11 +44,26 @@ def collective_table(doc):
 
 
 def p2p_table(doc):
-    lines = ["| size | gpucoll (us) | Open MPI (us) | Open MPI time / gpucoll time |", "|---:|---:|---:|---:|"]
+    """bench_p2p.py's rows (test latency, bw, bibw per size): one line per size."""
+    by_size = {}
     for row in doc["rows"]:
-        cells = [_span(_median(v), min(v), max(v), fmt)
-                 for v, fmt in ((row["gpucoll_us"], _num), (row["mpi_us"], _num), (row["ratio"], _ratio))]
-        lines.append(f"| {_size(row['size'])} | " + " | ".join(cells) + " |")
+        by_size.setdefault(row["size"], {})[row["test"]] = row
+    lines = ["| size | one-way gpucoll (us) | one-way Open MPI (us) | ratio | bw gpucoll (GB/s) | bw Open MPI (GB/s) "
+             "| bw ratio | bibw ratio |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for size, tests in sorted(by_size.items()):
+        cells = []
+        lat, bw, bibw = (tests.get(t) for t in ("latency", "bw", "bibw"))
+        for row, keys in ((lat, ("gpucoll", "peer", "ratio")), (bw, ("gpucoll", "peer", "ratio")), (bibw, ("ratio",))):
+            for key in keys:
+                v = row[key] if row else None
+                fmt = _ratio if key == "ratio" else _num
+                if not v:
+                    cells.append("-")
+                elif row is bw and key != "ratio":  # bandwidth: the median (ranges in the JSON)
+                    cells.append(_num(_median(v)))
+                else:
+                    cells.append(_span(_median(v), min(v), max(v), fmt))
+        lines.append(f"| {_size(size)} | " + " | ".join(cells) + " |")
     return lines
 
 
