@@ -2,6 +2,10 @@
 
     python benchmarks/readme_table.py bench-results/allreduce-mpi-np2.json
     python benchmarks/readme_table.py bench-results/p2p.json
+    python benchmarks/readme_table.py first/allreduce-mpi-np2.json again/allreduce-mpi-np2.json
+
+Several files of the same command (separate invocations) are pooled: every run of every file
+counts, so the ranges show the spread between invocations too, not only within one.
 """
 import json
 import sys
@@ -32,14 +36,20 @@ def _median(values):
 
 
 def collective_table(doc):
+    """One line per size from every run of the pooled files (gpucoll-bench --json)."""
     peer = doc["settings"]["peer_label"].split(" through ")[0]
     lines = [f"| size | gpucoll time (us) | gpucoll busbw (GB/s) | {peer} time (us) | {peer} time / gpucoll time |",
              "|---:|---:|---:|---:|---:|"]
-    for row in doc["rows"]:
-        ratio = _span(row["ratio"], row["ratio_min"], row["ratio_max"], _ratio) if row.get("ratio") else "- (wrong)"
-        lines.append(f"| {_size(row['size'])} | {_span(row['time_us'], row['time_min_us'], row['time_max_us'])} "
-                     f"| {row['busbw']:.2f} | {_span(row['peer_time_us'], row['peer_time_min_us'], row['peer_time_max_us'])} "
-                     f"| {ratio} |")
+    for i, row in enumerate(doc["rows"]):
+        ours = [run["gpucoll"][i] for run in doc["runs"]]
+        theirs = [run["peer"][i] for run in doc["runs"]]
+        t, p = [r["time_us"] for r in ours], [r["time_us"] for r in theirs]
+        wrong = any(r["wrong"] for r in ours + theirs)
+        ratios = [b / a for a, b in zip(t, p)]
+        ratio = "- (wrong)" if wrong else _span(_median(ratios), min(ratios), max(ratios), _ratio)
+        busbw = _median([r["busbw"] for r in ours])
+        lines.append(f"| {_size(row['size'])} | {_span(_median(t), min(t), max(t))} | {busbw:.2f} "
+                     f"| {_span(_median(p), min(p), max(p))} | {ratio} |")
     return lines
 
 
@@ -67,15 +77,29 @@ def p2p_table(doc):
     return lines
 
 
-def main(path):
-    with open(path) as f:
-        doc = json.load(f)
+def pooled(paths):
+    """The first file's document with the runs (and, for point to point, the per-run lists) of all."""
+    docs = []
+    for path in paths:
+        with open(path) as f:
+            docs.append(json.load(f))
+    doc = docs[0]
+    doc["runs"] = [run for d in docs for run in d["runs"]]
+    if "peer_label" not in doc["settings"]:
+        for rows in zip(*(d["rows"] for d in docs)):
+            for key in ("gpucoll", "peer", "ratio"):
+                rows[0][key] = [v for r in rows for v in r[key]]
+    return doc, [d["settings"]["date"] for d in docs]
+
+
+def main(paths):
+    doc, dates = pooled(paths)
     settings = doc["settings"]
     lines = collective_table(doc) if "peer_label" in settings else p2p_table(doc)
-    print(f"`{settings['command']}`, {settings['date']}, {settings['machine']['cpus']} CPUs "
-          f"({settings['machine']['processor']}), #wrong 0 on every row unless marked\n")
+    print(f"`{settings['command']}`, {', '.join(dates)} ({len(doc['runs'])} runs), {settings['machine']['cpus']} "
+          f"CPUs ({settings['machine']['processor']}), #wrong 0 on every row unless marked\n")
     print("\n".join(lines))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1:])
