@@ -1,0 +1,34 @@
+"""benchmarks/readme_table.py: the README's Markdown from a benchmark target's JSON, several
+invocations pooled (every run counts), ratios taken run by run, no ratio on a wrong row."""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import readme_table  # noqa: E402
+
+
+def _doc(tmp_path, name, runs, wrong=0):
+    rec = lambda t, w=0: dict(size=1024, time_us=t, busbw=1.0, wrong=w)  # noqa: E731
+    doc = {"settings": {"command": "gpucoll-bench ...", "peer_label": "Open MPI 5 through mpi4py 4", "date": name,
+                        "machine": {"cpus": 2, "processor": "x"}},
+           "rows": [{"size": 1024}],
+           "runs": [{"gpucoll": [rec(ours, wrong)], "peer": [rec(theirs)]} for ours, theirs in runs]}
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_invocations_are_pooled_and_ratios_taken_run_by_run(tmp_path):
+    a = _doc(tmp_path, "first", [(2.0, 3.0), (2.0, 4.0), (4.0, 4.0)])
+    b = _doc(tmp_path, "again", [(1.0, 3.0)])
+    doc, dates = readme_table.pooled([a, b])
+    assert dates == ["first", "again"] and len(doc["runs"]) == 4
+    line = readme_table.collective_table(doc)[2]
+    # times 1, 2, 2, 4 -> median 2 [1-4]; peer 3, 3, 4, 4 -> 3.5 [3-4]; ratios 1.5, 2, 1, 3 -> 1.75 [1-3]
+    assert line == "| 1 KiB | 2 [1-4] | 1.00 | 3.5 [3-4] | 1.75 [1.00-3.00] |"
+
+
+def test_a_wrong_row_gets_no_ratio(tmp_path):
+    doc, _ = readme_table.pooled([_doc(tmp_path, "bad", [(2.0, 3.0)], wrong=5)])
+    assert readme_table.collective_table(doc)[2].endswith("| - (wrong) |")
