@@ -114,14 +114,7 @@ class Links:
                 return
             self._opening.add(peer)
         try:
-            ctx = self._ctx
-            if self._same_host(peer):
-                chan, how = self._shm_channels().channel(peer), "SHM"
-            else:
-                chan = ctx.tcp().channel(peer, ctx.tcp_addresses[peer], comm_id=COMM_ID,
-                                         timeout=config.INIT_TIMEOUT.get())
-                how = f"TCP x{chan.nsocks}"
-            self._register(peer, chan, how)
+            self._register(peer, *self._channel_to(peer))
             self._announce(peer, OPEN)
         except BaseException as exc:
             with self._cond:
@@ -190,18 +183,19 @@ class Links:
                 self._cond.notify_all()
             log.warn("P2P", "point-to-point channel with rank %d: %s", peer, exc)
 
+    def _channel_to(self, peer):
+        """(channel, how) to peer: shared memory within this host, else TCP."""
+        if self._same_host(peer):
+            return self._shm_channels().channel(peer), "SHM"
+        ctx = self._ctx
+        chan = ctx.tcp().channel(peer, ctx.tcp_addresses[peer], comm_id=COMM_ID, timeout=config.INIT_TIMEOUT.get())
+        return chan, f"TCP x{chan.nsocks}"
+
     def _take(self, peer):
         """The higher rank's side of a channel that the lower rank built."""
-        ctx = self._ctx
         if peer in self._chans:
             return
-        if self._same_host(peer):
-            chan, how = self._shm_channels().channel(peer), "SHM"
-        else:
-            chan = ctx.tcp().channel(peer, ctx.tcp_addresses[peer], comm_id=COMM_ID,
-                                     timeout=config.INIT_TIMEOUT.get())
-            how = f"TCP x{chan.nsocks}"
-        self._register(peer, chan, how)
+        self._register(peer, *self._channel_to(peer))
         with self._cond:
             self._opening.discard(peer)
             self._cond.notify_all()
