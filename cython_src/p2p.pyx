@@ -303,8 +303,8 @@ cdef class Engine:
         return _req(self, r, &view)
 
     def recv(self, uint64_t comm, int source, int32_t tag, buf, double timeout):
-        """Receive into buf, waiting up to timeout seconds: (source, tag, bytes) when it is done
-        without error, else its Req (timed out, or failed)."""
+        """Receive into buf, waiting up to timeout seconds: (source, tag, bytes) when its bytes are
+        in buf, else its Req (timed out, failed, or a GPU offer: P2PRequest asks for the bytes)."""
         cdef Req q = self.start_recv(comm, source, tag, buf)
         if q is None:
             return None
@@ -313,9 +313,9 @@ cdef class Engine:
         if not one.done:
             with nogil:
                 i = gc_p2p_wait(self.e, &one, 1, 1, timeout)
-        if i >= 0 and one.err == GC_OK:
+        if i >= 0 and one.err == GC_OK and not (one.rflags & GC_P2P_OFFER):
             return one.src, one.rtag, one.nbytes
-        return q
+        return q  # timed out, failed, or a GPU offer whose bytes the request must ask for
 
     def forget(self, uint64_t comm):
         with nogil:

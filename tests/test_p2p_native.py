@@ -85,6 +85,15 @@ def test_a_sender_that_dies_mid_rendezvous_fails_the_receive_naming_it(gpurun_jo
     assert got["seconds"] < 10, got
 
 
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_a_gpu_offer_received_into_host_memory_brings_its_bytes(gpurun_job, transport):
+    """Every host receive path (the blocking short path included) answers an offer by asking for
+    the bytes, and its status reports the message, not the offer."""
+    res = run(gpurun_job, "offer", transport).check().json_lines()
+    assert res[0]["answers"] == ["bytes"] * 3, res
+    assert res[1]["got"] == {"1": [True, 0, 1, 3 << 20], "2": [True, 0, 2, 100_000], "3": [True, 0, 3, 5000]}, res
+
+
 def _available_memory():
     try:
         with open("/proc/meminfo") as f:

@@ -16,10 +16,14 @@
   sender-dies    rank 0 ends right after an Isend of a large message: rank 1's Recv raises
                  LostPeerError naming rank 0
   huge       (opt-in) a message of 2^31 + 4099 bytes arrives intact
+  offer      rank 0 speaks the GPU sender's side of the protocol (gpucoll/gpu/p2p.py: an offer,
+             then the bytes when asked); rank 1 receives into host buffers with Recv, Irecv and
+             Recv with a status: each asks for the bytes and gets them whole, never the offer
 Prints "RESULT {json}" on each rank that has something to say.
 """
 import json
 import os
+import pickle
 import sys
 import time
 
@@ -172,6 +176,30 @@ elif mode == "huge":
         comm.Recv(b, 0, tag=1, status=st)
         whole = all(np.array_equal(b[at:at + len(block)], block[:n - at]) for at in range(0, n, len(block)))
         out = {"whole": whole, "count": st.Get_count()}
+elif mode == "offer":
+    from gpucoll.p2p import GPU_BYTES_TAG, OFFER, OFFER_FLAG, reply_tag
+
+    sizes = {1: 3 << 20, 2: 100_000, 3: 5000}
+    if rank == 0:
+        p = comm._p2p
+        answers = []
+        for seq, (tag, n) in enumerate(sizes.items()):
+            reply = p.irecv_bytes(1, reply_tag(seq))
+            p.send_bytes(OFFER.pack(b"h" * 64, 0, n, b"e" * 64, seq), 1, tag, "Send", OFFER_FLAG).Wait()
+            reply.Wait()
+            answers.append(pickle.loads(reply._native.data())[0])
+            p.send_bytes(pattern(n, tag), 1, GPU_BYTES_TAG, "Send").Wait()
+        out = {"answers": answers}
+    else:
+        got = {}
+        for tag, n in sizes.items():
+            b, st = np.zeros(n, np.uint8), Status()
+            if tag == 2:
+                comm.Irecv(b, 0, tag).Wait(st)
+            else:
+                comm.Recv(b, 0, tag, status=st)
+            got[tag] = [bool(np.array_equal(b, pattern(n, tag))), st.source, st.tag, st.Get_count()]
+        out = {"got": got}
 if out:
     print("RESULT " + json.dumps(out), flush=True)
 comm.Barrier() if mode not in ("receiver-dies", "sender-dies") else None
