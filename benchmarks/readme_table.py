@@ -3,9 +3,13 @@
     python benchmarks/readme_table.py bench-results/allreduce-mpi-np2.json
     python benchmarks/readme_table.py bench-results/p2p.json
     python benchmarks/readme_table.py first/allreduce-mpi-np2.json again/allreduce-mpi-np2.json
+    python benchmarks/readme_table.py --check new/p2p.json first/p2p.json again/p2p.json
 
 Several files of the same command (separate invocations) are pooled: every run of every file
-counts, so the ranges show the spread between invocations too, not only within one.
+counts, so the ranges show the spread between invocations too, not only within one. --check
+asks whether a new invocation reproduces the table the others make: each row's median ratio
+in the new file against the pooled range of the others; it lists the rows outside and exits 1
+if there is one.
 """
 import json
 import sys
@@ -92,7 +96,42 @@ def pooled(paths):
     return doc, [d["settings"]["date"] for d in docs]
 
 
+def ratios(doc):
+    """{row label: [ratio of each run]} of a pooled document, wrong rows left out."""
+    out = {}
+    if "peer_label" in doc["settings"]:
+        for i, row in enumerate(doc["rows"]):
+            pairs = [(run["gpucoll"][i], run["peer"][i]) for run in doc["runs"]]
+            if not any(a["wrong"] or b["wrong"] for a, b in pairs):
+                out[_size(row["size"])] = [b["time_us"] / a["time_us"] for a, b in pairs]
+    else:
+        for row in doc["rows"]:
+            if row["ratio"] and not (row["gpucoll_wrong"] or row["peer_wrong"]):
+                out[f"{row['test']} {_size(row['size'])}"] = row["ratio"]
+    return out
+
+
+def check(new, olds):
+    """The rows whose median ratio in `new` falls outside the pooled range of `olds`; prints all."""
+    fresh, printed = ratios(pooled([new])[0]), ratios(pooled(olds)[0])
+    outside = []
+    for label, values in printed.items():
+        got = fresh.get(label)
+        if got is None:
+            outside.append(label)
+            print(f"{label:>18}: missing (or wrong) in {new}")
+            continue
+        med, lo, hi = _median(got), min(values), max(values)
+        inside = lo <= med <= hi
+        outside += [] if inside else [label]
+        print(f"{label:>18}: {med:.2f} in [{lo:.2f}-{hi:.2f}]" + ("" if inside else "  OUTSIDE"))
+    print(f"{len(printed) - len(outside)} of {len(printed)} rows inside the printed ranges")
+    return outside
+
+
 def main(paths):
+    if paths and paths[0] == "--check":
+        sys.exit(1 if check(paths[1], paths[2:]) else 0)
     doc, dates = pooled(paths)
     settings = doc["settings"]
     lines = collective_table(doc) if "peer_label" in settings else p2p_table(doc)

@@ -32,3 +32,13 @@ def test_invocations_are_pooled_and_ratios_taken_run_by_run(tmp_path):
 def test_a_wrong_row_gets_no_ratio(tmp_path):
     doc, _ = readme_table.pooled([_doc(tmp_path, "bad", [(2.0, 3.0)], wrong=5)])
     assert readme_table.collective_table(doc)[2].endswith("| - (wrong) |")
+
+
+def test_check_names_the_rows_a_new_invocation_does_not_reproduce(tmp_path, capsys):
+    old = [_doc(tmp_path, "first", [(2.0, 3.0), (2.0, 4.0)]), _doc(tmp_path, "again", [(2.0, 2.6)])]
+    inside = _doc(tmp_path, "inside", [(2.0, 3.0), (2.0, 3.2), (2.0, 9.0)])  # median ratio 1.6 in [1.3-2]
+    outside = _doc(tmp_path, "outside", [(2.0, 5.0), (2.0, 4.8)])            # median 2.45 above 2
+    assert readme_table.check(inside, old) == []
+    assert readme_table.check(outside, old) == ["1 KiB"]
+    assert "OUTSIDE" in capsys.readouterr().out
+    assert readme_table.check(_doc(tmp_path, "wrong", [(2.0, 3.0)], wrong=1), old) == ["1 KiB"]
