@@ -34,6 +34,13 @@ run() {  # name timeout [VAR=value ...] gpucoll-bench args...
 # ncclCommRegister): the "registered" rows.
 run allreduce 300 -o allreduce -b 8 -e 512M -f 4 -n 500 -w 50 --vs nccl
 run graph 120 -o allreduce -b 8 -e 64K -f 8 -n 1000 -w 20 -G 100 --vs nccl
+# Small calls of the other kinds (eager), and groups of 100 all-reduces (comm.group() against
+# ncclGroupStart/End); CuPy's NCCL has no all-to-all: torch's (NCCL send/recv) is its peer.
+for kind in allgather reduce_scatter bcast; do
+  run small_$kind 120 -o $kind -b 8 -e 32K -f 4 -n 500 -w 50 --vs nccl
+done
+run small_alltoall 120 -o alltoall -b 8 -e 32K -f 4 -n 500 -w 50 --vs torch
+run group 120 -o allreduce -b 4K -e 64K -f 16 -n 1000 -w 100 --group 100 --vs nccl
 run allgather 120 -o allgather -b 1G -e 1G -n 20 -w 3 --vs nccl
 run bcast 120 -o bcast -b 1G -e 1G -n 20 -w 3 --vs nccl
 # The same large rows with gpucoll on its staging buffers too (no registration on either side).

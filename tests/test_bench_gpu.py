@@ -20,15 +20,18 @@ def _gpu_env(monkeypatch):
         monkeypatch.setenv(k, v)
 
 
-@pytest.mark.parametrize("graph", [[], ["-G", "10"]])
-def test_gpu_rows_are_checked_eager_and_in_a_graph(tmp_path, graph):
+@pytest.mark.parametrize("mode", [[], ["-G", "10"], ["--group", "10"]])
+def test_gpu_rows_are_checked_eager_in_a_graph_and_in_groups(tmp_path, mode):
     out = tmp_path / "rows.json"
     proc = run_bench("-np", "2", "-g", "-b", "8", "-e", "64K", "-f", "32", "-n", "20", "-w", "2", "-c", "1",
-                     *graph, "--json", str(out), timeout=300)
+                     *mode, "--json", str(out), timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"graph: {graph[1] if graph else 0}" in proc.stdout, proc.stdout
+    graphs, group = (int(mode[1]) if mode and mode[0] == flag else 0 for flag in ("-G", "--group"))
+    assert f"graph: {graphs}" in proc.stdout, proc.stdout
+    assert ("groups of 10 calls" in proc.stdout) == bool(group), proc.stdout
     saved = json.loads(out.read_text())
-    assert saved["settings"]["opts"]["gpu"] is True and saved["settings"]["opts"]["graphs"] == (10 if graph else 0)
+    opts = saved["settings"]["opts"]
+    assert opts["gpu"] is True and opts["graphs"] == graphs and opts["group"] == group
     rows = saved["rows"]
     assert [r["size"] for r in rows] == [8, 256, 8192] and all(r["wrong"] == 0 for r in rows), rows
 
@@ -42,13 +45,13 @@ def test_a_wrong_gpu_result_is_counted_and_fails_the_run(tmp_path):
 
 
 @needs_two_gpus
-@pytest.mark.parametrize("peer", ["nccl", "torch"])
-def test_gpu_peers_run_beside_and_are_checked(tmp_path, peer):
+@pytest.mark.parametrize("peer, mode", [("nccl", []), ("torch", []), ("nccl", ["--group", "10"])])
+def test_gpu_peers_run_beside_and_are_checked(tmp_path, peer, mode):
     if peer == "torch" and importlib.util.find_spec("torch") is None:
         pytest.skip("needs torch")
     out = tmp_path / "rows.json"
     proc = run_bench("-np", "2", "-g", "-b", "8", "-e", "64K", "-f", "32", "-n", "20", "-w", "2", "--vs", peer,
-                     "--json", str(out), timeout=300)
+                     *mode, "--json", str(out), timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = json.loads(out.read_text())["rows"]
     assert all(r["peer"] == peer and r["wrong"] == 0 and r["peer_wrong"] == 0 and r["ratio"] for r in rows), rows

@@ -81,6 +81,9 @@ def _dtype(ctx, param, value):
 @click.option("-G", "--cudagraph", "graphs", type=click.IntRange(min=0), default=0, show_default=True,
               help="Capture N calls in one CUDA graph and time its replays, for gpucoll and the peer "
                    "(GPU buffers only).")
+@click.option("--group", "group", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Issue K calls in one group (gpucoll's `with comm.group()`, NCCL's groupStart/groupEnd) "
+                   "and report the time per call (GPU buffers only).")
 @click.option("-g/-H", "--gpu/--no-gpu", "gpu", default=None,
               help="GPU buffers (CuPy arrays; the default where CuPy and a GPU are present) or host buffers.")
 @click.option("--rows-out", "rows_out", default=None, hidden=True,
@@ -91,7 +94,7 @@ def _dtype(ctx, param, value):
 @click.option("--command", "command", default=None, hidden=True,
               help="The command the user typed (passed on when gpucoll-bench starts itself), for the JSON.")
 def main(nranks, collective, min_bytes, max_bytes, factor, iters, warmup, check, dtype, root, redop, peer,
-         repeats, json_path, graphs, gpu, rows_out, call_redop, command):
+         repeats, json_path, graphs, group, gpu, rows_out, call_redop, command):
     """Measure gpucoll's collectives and print nccl-tests' table
     (size, count, type, redop, root, time, algbw, busbw, #wrong).
 
@@ -102,6 +105,7 @@ def main(nranks, collective, min_bytes, max_bytes, factor, iters, warmup, check,
       gpurun -np 4 gpucoll-bench -b 8 -e 1M                inside a job: every rank measures
       gpucoll-bench -np 2 -b 8 -e 512M -f 4 --vs nccl      GPU buffers beside NCCL
       gpucoll-bench -np 2 -b 8 -e 64K -f 8 -G 100 --vs nccl   CUDA graphs of 100 calls
+      gpucoll-bench -np 2 -b 4K -e 64K -f 16 --group 100 --vs nccl   groups of 100 calls
     """
     from . import gpu as _gpu
 
@@ -114,6 +118,8 @@ def main(nranks, collective, min_bytes, max_bytes, factor, iters, warmup, check,
     if not gpu and graphs:
         raise click.UsageError("-G (CUDA graph launches) needs a GPU: gpucoll-bench measures host buffers "
                                "here; run without -G")
+    if group and (not gpu or graphs):
+        raise click.UsageError("--group measures groups of GPU calls: it needs GPU buffers and goes without -G")
     if not gpu and peer in peers.GPU_PEERS:
         raise click.UsageError(f"--vs {peer} needs a GPU: it compares with NCCL on GPU buffers, and "
                                "gpucoll-bench measures host buffers here; use --vs mpi or --vs gloo")
@@ -128,7 +134,7 @@ def main(nranks, collective, min_bytes, max_bytes, factor, iters, warmup, check,
     collectives = list(table.COLLECTIVES) if collective == "all" else [collective]
     plan = runner.Plan(collectives, sizes, dtype, redop, root, iters, warmup, check, call_redop=call_redop)
     opts = dict(plan.as_dict(), min_bytes=min_bytes, max_bytes=max_bytes, factor=factor, check=check,
-                gpu=bool(gpu), graphs=graphs, repeats=repeats,
+                gpu=bool(gpu), graphs=graphs, group=group, repeats=repeats,
                 command=command or " ".join(["gpucoll-bench"] + sys.argv[1:]))
     if json_path:
         json_path = os.path.abspath(json_path)
@@ -147,7 +153,7 @@ def _in_job(nranks, plan, opts, peer, json_path, rows_out):
     if opts["gpu"]:
         from . import gpu as _gpu
 
-        backend = _gpu.GpucollGpuBackend(graphs=opts["graphs"])
+        backend = _gpu.GpucollGpuBackend(graphs=opts["graphs"], group=opts["group"])
     else:
         backend = runner.GpucollBackend()
     if nranks is not None and nranks != backend.size:
@@ -186,7 +192,7 @@ def _in_job_gpu_peer(backend, plan, opts, peer, json_path, info):
 
     report = Report(opts, backend.size, info, peer, label=_gpu.peer_label(peer))
     try:
-        peer_backend = _gpu.PEERS[peer](graphs=opts["graphs"])
+        peer_backend = _gpu.PEERS[peer](graphs=opts["graphs"], group=opts["group"])
     except Exception as exc:  # not installed, or its set-up failed: gpucoll's table, and exit 1
         report.peer_error = f"--vs {peer} could not start: {type(exc).__name__}: {exc}"
         peer_backend = None
@@ -232,7 +238,7 @@ def _launch(nranks, plan, opts, peer, json_path):
     argv = [sys.executable, "-m", "gpucoll.launcher", "-np", str(nranks), "--no-tag-output",
             "-m", "gpucoll.bench"] + _plan_args(plan, opts)
     if opts["gpu"]:  # GPU peers run inside the job; rank 0 prints everything
-        argv += ["-G", str(opts["graphs"]), "--repeats", str(opts["repeats"])]
+        argv += ["-G", str(opts["graphs"]), "--group", str(opts["group"]), "--repeats", str(opts["repeats"])]
         argv += (["--vs", peer] if peer else []) + (["--json", json_path] if json_path else [])
         return subprocess.call(argv)
     if peer is None and opts["repeats"] == 1:

@@ -7,7 +7,9 @@ runner's (runner.Case), copied to and from the GPU around the timed calls.
 Timing: -w warm-up calls, the buffers refilled (fresh input, cleared output), a barrier, then
 -n calls launched eagerly from Python on one stream between two CUDA events, or with -G N the
 same call captured N times in one CUDA graph and the graph replayed (time per call = elapsed /
-calls, the slowest rank's). The check reads the output those timed calls left. The peers run
+calls, the slowest rank's); with --group K, K calls go out in one group (gpucoll's
+`with comm.group()`, NCCL's groupStart/groupEnd) and time per call = elapsed / calls. The
+check reads the output those timed calls left. The peers run
 in the same job, on the same stream and buffers' sizes, right after gpucoll's rows:
 
     nccl    NCCL through cupy.cuda.nccl; the unique id travels by gpucoll's own bcast. CuPy
@@ -24,6 +26,7 @@ in the same job, on the same stream and buffers' sizes, right after gpucoll's ro
     gpucoll-bench -np 2 -b 8 -e 512M -f 4 --vs nccl
     gpucoll-bench -np 2 -b 8 -e 64K -f 8 -G 100 --vs nccl
 """
+import contextlib
 import functools
 import os
 
@@ -93,7 +96,8 @@ class GpuCase:
 
 class _GpuTiming:
     """CUDA-event timing and CUDA-graph capture, shared by gpucoll's GPU backend and the peers.
-    Subclasses set self.stream (a cupy Stream) and self.graphs (0: eager)."""
+    Subclasses set self.stream (a cupy Stream), self.graphs (0: eager) and self.group (calls
+    per group, 0: none) and give group_of_calls() (a context manager) where they can group."""
 
     make_case = GpuCase
 
@@ -102,6 +106,9 @@ class _GpuTiming:
         then the timed calls between two events on self.stream."""
         cp = self.cp
         s = self.stream
+        iters = plan.iters
+        if self.group:
+            call, iters = self._grouped(call), max(1, -(-plan.iters // self.group))
         for _ in range(plan.warmup):
             call()
         s.synchronize()
@@ -132,21 +139,33 @@ class _GpuTiming:
             refill()
             self.barrier()
             start.record(s)
-            for _ in range(plan.iters):
+            for _ in range(iters):
                 call()
             end.record(s)
             end.synchronize()
-            calls = plan.iters
+            calls = iters * max(1, self.group)
         return cp.cuda.get_elapsed_time(start, end) * 1e-3 / calls, calls
 
-    def _setup_gpu(self, graphs):
+    def _grouped(self, call):
+        """self.group calls of `call` in one group: the unit a timed iteration issues."""
+        group_of_calls, k = getattr(self, "group_of_calls", None), self.group
+        if group_of_calls is None:
+            raise runner.Unsupported(f"{self.name}: gpucoll-bench cannot group its calls")
+
+        def grouped():
+            with group_of_calls():
+                for _ in range(k):
+                    call()
+        return grouped
+
+    def _setup_gpu(self, graphs, group=0):
         import cupy as cp
 
         self.cp = cp
         self.device = device()
         cp.cuda.Device(self.device).use()
         self.stream = cp.cuda.Stream(non_blocking=True)
-        self.graphs = graphs
+        self.graphs, self.group = graphs, group
 
     def device_name(self):
         props = self.cp.cuda.runtime.getDeviceProperties(self.device)
@@ -162,9 +181,12 @@ class _GpuTiming:
 class GpucollGpuBackend(_GpuTiming, runner.GpucollBackend):
     """gpucoll's collectives on CuPy arrays, on the benchmark's stream (stream= as a raw handle)."""
 
-    def __init__(self, comm=None, graphs=0):
+    def __init__(self, comm=None, graphs=0, group=0):
         runner.GpucollBackend.__init__(self, comm)
-        self._setup_gpu(graphs)
+        self._setup_gpu(graphs, group)
+
+    def group_of_calls(self):
+        return self.comm.group()
 
     def prepare(self, collective, send, recv, redop, root):
         c, op, sp = self.comm, self._ops[redop], self.stream.ptr
@@ -205,11 +227,11 @@ class NcclBackend(_GpuTiming, _HostChannel):
 
     name = "nccl"
 
-    def __init__(self, comm=None, graphs=0):
+    def __init__(self, comm=None, graphs=0, group=0):
         from cupy.cuda import nccl
 
         self._host(comm)
-        self._setup_gpu(graphs)
+        self._setup_gpu(graphs, group)
         self.nccl = nccl
         uid = None
         if self.rank == 0:  # bytes in CuPy 14, a tuple of (signed) chars before
@@ -227,6 +249,14 @@ class NcclBackend(_GpuTiming, _HostChannel):
             ("float32", "NCCL_FLOAT32"), ("float64", "NCCL_FLOAT64"))}
         self._ops = {k: getattr(n, v) for k, v in (("sum", "NCCL_SUM"), ("prod", "NCCL_PROD"), ("max", "NCCL_MAX"),
                                                     ("min", "NCCL_MIN"), ("avg", "NCCL_AVG")) if hasattr(n, v)}
+
+    @contextlib.contextmanager
+    def group_of_calls(self):
+        self.nccl.groupStart()
+        try:
+            yield
+        finally:
+            self.nccl.groupEnd()
 
     @staticmethod
     def version():
@@ -264,14 +294,14 @@ class TorchNcclBackend(_GpuTiming, _HostChannel):
 
     name = "torch"
 
-    def __init__(self, comm=None, graphs=0):
+    def __init__(self, comm=None, graphs=0, group=0):
         import torch
         import torch.distributed as dist
 
         from .peers import _free_port
 
         self._host(comm)
-        self._setup_gpu(graphs)
+        self._setup_gpu(graphs, group)
         self.torch, self.dist = torch, dist
         torch.cuda.set_device(self.device)
         port = self.comm.bcast(_free_port() if self.rank == 0 else None)

@@ -116,7 +116,9 @@ def preamble(opts, nranks, ranks_info, peer_label=None, settings=None):
         lines.append(f"#  Rank {info['rank']:2d} Pid {info['pid']:7d} on {info['host']:>10s} {where}")
     if opts.get("gpu"):
         lines.append("# GPU buffers (CuPy), CUDA-event timing, "
-                     + (f"CUDA graphs of {opts['graphs']} calls" if opts.get("graphs") else "eager launches from Python"))
+                     + (f"CUDA graphs of {opts['graphs']} calls" if opts.get("graphs")
+                        else f"groups of {opts['group']} calls (time per call)" if opts.get("group")
+                        else "eager launches from Python"))
     if settings:
         lines.append("# Settings: " + " ".join(f"{k}={v}" for k, v in sorted(settings.items())))
     if opts.get("check"):
