@@ -6,7 +6,7 @@ NP ?= 4
 STAMP := $(VENV)/.installed
 SOURCES := pyproject.toml setup.py $(wildcard cython_src/*.pyx cython_src/*.pxd cython_src/include/*.h)
 
-.PHONY: install demo test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref test-mpi4py-demos bench bench-gloo bench-launch bench-multihost bench-p2p bench-gpu calibrate-gpu clean
+.PHONY: install demo test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref test-mpi4py-demos bench bench-gloo bench-launch bench-multihost bench-p2p bench-reproduce bench-gpu calibrate-gpu clean
 
 install: $(STAMP)
 
@@ -91,6 +91,17 @@ bench-gloo: $(STAMP)
 bench-p2p: $(STAMP)
 	@mkdir -p $(BENCH_OUT)
 	$(PY) benchmarks/bench_p2p.py --repeats $(REPEATS) --json $(BENCH_OUT)/p2p.json
+
+# Do the host tables reproduce? INVOCATIONS separate runs of `make bench bench-p2p` (each
+# REPEATS runs), then each invocation's medians against the others' pooled ranges.
+INVOCATIONS ?= 3
+bench-reproduce: $(STAMP)
+	for i in $$(seq $(INVOCATIONS)); do $(MAKE) bench bench-p2p BENCH_OUT=$(BENCH_OUT)/invocation-$$i || exit 1; done
+	cd $(BENCH_OUT) && for f in $$(cd invocation-1 && ls *.json); do for i in $$(seq $(INVOCATIONS)); do \
+	  echo "== $$f: invocation $$i against the others"; \
+	  $(abspath $(PY)) $(CURDIR)/benchmarks/readme_table.py --check invocation-$$i/$$f \
+	    $$(for j in $$(seq $(INVOCATIONS)); do [ $$j = $$i ] || echo invocation-$$j/$$f; done) | tail -1; \
+	done; done
 
 bench-multihost: $(STAMP) test-deps
 	@mkdir -p $(BENCH_OUT)
