@@ -78,6 +78,17 @@ def test_no_rebinding_under_srun_or_mpirun():
         assert f"not binding ranks to cores: {who} started gpurun" in err, err
 
 
+def test_each_host_agent_binds_its_own_ranks():
+    # two agents on this machine (--launcher local), one rank each: each binds its local rank 0
+    hosts = ("--hosts", "localhost:1,127.0.0.1:1", "--launcher", "local", "--verbose")
+    got, err = run(2, *hosts, "--bind-to", "core")
+    assert all(len(c) == 1 for c in got.values()), got
+    for node in (0, 1):
+        assert f"gpurun agent (node {node}, " in err and "local rank -> CPUs: 0 -> " in err, err
+    got, err = run(2, *hosts, "--bind-to", "none")
+    assert all(c == ALLOWED for c in got.values()), got
+
+
 def test_verbose_says_which_cpu_each_rank_got():
     got, err = run(1, "--bind-to", "core", "--verbose")
     assert f"gpurun: local rank -> CPUs: 0 -> {got[0][0]}" in err, err
