@@ -299,7 +299,7 @@ cdef class DirectGroup:
             missing = dead or missing
         elif st == GC_ERR_TIMEOUT and not missing:
             # The report reads the flags again after the deadline: a late rank may just have come.
-            detail = "they came just after the deadline"
+            detail = "the ranks it waited for came just after the deadline"
         elif st == GC_ERR_MISMATCH:
             theirs, ours = describe_signature(self.g.bad_sig_peer), describe_signature(self.g.bad_sig_by)
             if self.g.bad_by == self.g.rank:
