@@ -3,7 +3,7 @@
 
 Thin bindings of cython_src/include/gc_reduce.h, gc_shmchan.h and gc_exec.h; the policy (names,
 sizes, retries, which channel serves which peer) lives in gpucoll/transports/. Every call that
-can fail goes through ``_check``, the one place where a native status becomes an exception.
+can fail goes through ``_check``, which hands its status to gpucoll.errors.native_error.
 
     >>> import numpy as np
     >>> from gpucoll._native import core
@@ -11,7 +11,6 @@ can fail goes through ``_check``, the one place where a native status becomes an
     array([1., 2., 3., 4.], dtype=float32)
 """
 from libc.stdint cimport int64_t, uint64_t, uintptr_t, int32_t
-from libc.string cimport strerror
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE, PyBUF_WRITABLE
 
 from gpucoll import errors
@@ -83,12 +82,14 @@ SEND, RECV, REDUCE, COPY = 1, 2, 4, 8
 
 cdef int _check(int rc, int peer=-1, int64_t step=-1, what=None, int64_t got=0,
                 int64_t want=0, int err_no=0, double timeout=0.0, int mismatch=0) except -1:
-    """The one error path: a GC_* status -> the gpucoll exception naming peer and step."""
+    """A GC_* status -> errors.native_error (the one error path), told the peer, the step and,
+    for a mismatch, what each side has."""
     if rc == GC_OK:
         return 0
-    where = f" at step {step}" if step >= 0 else ""
-    desc = what or ""
-    if rc == GC_ERR_MISMATCH:
+    desc = what or "the schedule"
+    if rc == GC_ERR_PEER or rc == GC_ERR_TIMEOUT:
+        desc += f" rank {peer}"   # the executor says "receiving from", "waiting for room toward"
+    elif rc == GC_ERR_MISMATCH:
         from gpucoll import dtypes, ops
         if mismatch == GC_MISMATCH_BYTES:
             desc += f" ({got} bytes announced, {want} expected)"
@@ -101,27 +102,15 @@ cdef int _check(int rc, int peer=-1, int64_t step=-1, what=None, int64_t got=0,
         elif mismatch == GC_MISMATCH_ROOT:
             name = lambda r: f"root {r}" if r >= 0 else "no root (a collective without one)"
             desc = f"rank {peer} has {name(got)}, this rank {name(want)}"
-        err = errors.MismatchError(
-            f"{desc}{where} with rank {peer}; every rank must call collectives in the same order "
-            "with matching counts, dtypes, ops and roots")
-        err.ranks = (peer,)
-        raise err
-    if rc == GC_ERR_TIMEOUT:
-        raise errors.TimeoutError(
-            f"timed out after {timeout:g} s{where} {desc} rank {peer}".replace("  ", " "))
-    if rc == GC_ERR_PEER:
-        raise errors.LostPeerError(f"rank {peer} is gone ({desc} it{where})", ranks=(peer,))
-    if rc == GC_ERR_USAGE:
-        msg = desc or "invalid arguments"
-        if got != want:
-            msg += f" ({got} bytes announced, {want} expected)"
-        who = f" with rank {peer}" if peer >= 0 else ""
-        raise errors.InvalidUsageError(f"{msg}{where}{who}")
-    if rc == GC_ERR_NOMEM:
-        raise MemoryError(f"out of memory{where}")
-    reason = strerror(err_no).decode() if err_no else "I/O error"
-    who = f" with rank {peer}" if peer >= 0 else ""
-    raise errors.GpucollError(f"{desc or 'I/O failed'}{where}{who}: {reason}")
+    elif rc == GC_ERR_USAGE and got != want:
+        desc += f" ({got} bytes announced, {want} expected)"
+    if step >= 0:
+        desc += f" at step {step}"
+    if rc == GC_ERR_MISMATCH or (rc == GC_ERR_USAGE and peer >= 0):
+        desc += f" with rank {peer}"
+    # A schedule that times out knows only the neighbour it waited for, which may itself be
+    # waiting: it names no ranks, and the dispatcher's diagnosis finds those that are late.
+    raise errors.native_error(rc, desc, () if rc == GC_ERR_TIMEOUT else (peer,), "", timeout, err_no)
 
 
 cdef class _Buf:

@@ -23,7 +23,8 @@ from libc.stdlib cimport free, malloc
 
 from gpucoll import dtypes, ops
 from gpucoll.call import BY_ID, KINDS  # the kinds' numbers: GC_KIND_* of gc_direct.h
-from gpucoll.errors import GpucollError, InvalidUsageError, LostPeerError, MismatchError, TimeoutError
+from gpucoll.errors import GpucollError, InvalidUsageError, native_error
+from gpucoll.ranks import ranges
 
 
 cdef extern from "gc_direct.h" nogil:
@@ -286,42 +287,34 @@ cdef class DirectGroup:
         self.g.yield_ns = <int64_t>(yield_s * 1e9)
 
     cdef int _raise(self, int st) except -1:
-        """The one error path: a failed native status becomes an exception."""
+        """A failed native status -> errors.native_error (the one error path), told the ranks
+        this rank waited for (a lost peer: those found dead) or the two mismatched calls."""
         missing = [self.g.missing[i] for i in range(self.g.nmissing)]
         dead = [self.g.dead[i] for i in range(self.g.ndead)]
-        names = lambda rs: ", ".join(map(str, rs))
+        what = f"rank {self.g.rank} of a direct shared-memory group of {self.g.nranks}"
+        detail = ""
         if st == GC_ERR_PEER:
-            raise LostPeerError(
-                f"rank(s) {names(dead or missing)} exited while rank {self.g.rank} waited for "
-                f"rank(s) {names(missing)} (direct shared-memory group of {self.g.nranks})",
-                dead or missing)
-        if st == GC_ERR_TIMEOUT:
+            if dead and sorted(dead) != sorted(missing):
+                detail = f"it waited for rank(s) {ranges(missing)}"
+            missing = dead or missing
+        elif st == GC_ERR_TIMEOUT and not missing:
             # The report reads the flags again after the deadline: a late rank may just have come.
-            whom = f"rank(s) {names(missing)}" if missing else "other ranks, which came just after the deadline"
-            err = TimeoutError(
-                f"rank {self.g.rank} timed out after {self.g.waited_s:.3g} s waiting for {whom} "
-                f"(direct shared-memory group of {self.g.nranks})")
-            err.ranks = tuple(missing)
-            raise err
-        if st == GC_ERR_MISMATCH:
+            detail = "the ranks it waited for came just after the deadline"
+        elif st == GC_ERR_MISMATCH:
             theirs, ours = describe_signature(self.g.bad_sig_peer), describe_signature(self.g.bad_sig_by)
-            rule = ("every rank must call collectives in the same order with matching counts, "
-                    "dtypes, ops and roots")
             if self.g.bad_by == self.g.rank:
                 which = " (the previous collective on this communicator)" if self.g.bad_prev else ""
-                msg = f"rank {self.g.bad_peer} called {theirs}, this rank with {ours}{which}; {rule}"
+                what = f"rank {self.g.bad_peer} called {theirs}, this rank with {ours}{which}"
             else:
-                msg = (f"rank {self.g.bad_by} found that rank {self.g.bad_peer} called {theirs} "
-                       f"where rank {self.g.bad_by} called {ours}; {rule}")
-            err = MismatchError(msg)
-            err.ranks = (self.g.bad_peer,)
-            raise err
-        if st == GC_ERR_USAGE:
+                what = (f"rank {self.g.bad_by} found that rank {self.g.bad_peer} called {theirs} "
+                        f"where rank {self.g.bad_by} called {ours}")
+            missing = [self.g.bad_peer]
+        elif st == GC_ERR_USAGE:
             if self.g.broken or not self.have_view:
                 raise GpucollError("this direct group is unusable: it was closed, or an earlier "
                                    "collective on it failed")
-            raise InvalidUsageError("invalid arguments for a direct collective (dtype, op or root)")
-        raise GpucollError(f"direct collective failed with status {st}")
+            detail = "invalid arguments for a direct collective (dtype, op or root)"
+        raise native_error(st, what, missing, detail, self.g.waited_s)
 
     def allreduce(self, size_t send_addr, size_t recv_addr, size_t count, int dtype_code,
                   int op_code, double timeout_s=-1.0):
@@ -409,6 +402,32 @@ cdef class DirectGroup:
         if st: self._raise(st)
 
 
+cdef size_t ANY_SIZE = <size_t>-1  # _send_view: a send buffer of any size
+
+
+cdef inline int _send_view(object sendbuf, object ndarray, object dt, Py_buffer *sv, size_t want,
+                           uintptr_t raddr, size_t rbytes, bint same_ok) except -1:
+    """HostFast's check of a send buffer: 1, with its view taken into *sv, when `sendbuf` is an
+    exact ndarray of dtype `dt`, contiguous, of `want` bytes (ANY_SIZE: any), that does not overlap
+    the receive buffer [raddr, raddr + rbytes) (same_ok: but for starting at raddr itself, which
+    reads as in place); else 0, holding nothing, and the general path runs the call and says
+    what was wrong."""
+    cdef uintptr_t saddr
+    cdef size_t n
+    if type(sendbuf) is not ndarray or sendbuf.dtype is not dt:
+        return 0
+    try:
+        PyObject_GetBuffer(sendbuf, sv, PyBUF_ANY_CONTIGUOUS)
+    except (BufferError, ValueError):
+        return 0
+    saddr, n = <uintptr_t>sv.buf, <size_t>sv.len
+    if ((want != ANY_SIZE and n != want)
+            or (not (same_ok and saddr == raddr) and saddr < raddr + rbytes and raddr < saddr + n)):
+        PyBuffer_Release(sv)
+        return 0
+    return 1
+
+
 cdef class HostFast:
     """The packed host fast paths of a communicator's Allreduce, Bcast, Reduce and Allgather
     on NumPy arrays over a direct group (installed by gpucoll/dispatch.py once a call ran on
@@ -489,16 +508,10 @@ cdef class HostFast:
             raddr = <uintptr_t>rv.buf
             saddr = raddr
             if sendbuf is not self.in_place:
-                if type(sendbuf) is not self.ndarray or sendbuf.dtype is not dt:
+                have_send = _send_view(sendbuf, self.ndarray, dt, &sv, nbytes, raddr, nbytes, True)
+                if not have_send:
                     return False
-                try:
-                    PyObject_GetBuffer(sendbuf, &sv, PyBUF_ANY_CONTIGUOUS)
-                except (BufferError, ValueError):
-                    return False
-                have_send = True
                 saddr = <uintptr_t>sv.buf
-                if <size_t>sv.len != nbytes or (saddr != raddr and saddr < raddr + nbytes and raddr < saddr + nbytes):
-                    return False
             if nbytes == 0:
                 return False
             count = nbytes // <size_t>rv.itemsize
@@ -585,19 +598,13 @@ cdef class HostFast:
                     return False
                 dt = sendbuf.dtype if type(sendbuf) is self.ndarray else None
             if sendbuf is not self.in_place:
-                if type(sendbuf) is not self.ndarray or sendbuf.dtype is not dt:
+                # off the root, any size: there is no receive buffer to match or overlap
+                have_send = _send_view(sendbuf, self.ndarray, dt, &sv, nbytes if have_recv else ANY_SIZE,
+                                       raddr, nbytes if have_recv else 0, True)
+                if not have_send:
                     return False
-                try:
-                    PyObject_GetBuffer(sendbuf, &sv, PyBUF_ANY_CONTIGUOUS)
-                except (BufferError, ValueError):
-                    return False
-                have_send = True
                 saddr = <uintptr_t>sv.buf
-                if have_recv:
-                    if <size_t>sv.len != nbytes or (saddr != raddr and saddr < raddr + nbytes and raddr < saddr + nbytes):
-                        return False
-                else:
-                    nbytes = <size_t>sv.len
+                nbytes = <size_t>sv.len
             c = self.codes.get(dt)
             if c is None:
                 return False
@@ -650,16 +657,10 @@ cdef class HostFast:
             raddr = <uintptr_t>rv.buf
             saddr = raddr + <size_t>self.rank * block  # IN_PLACE: this rank's block is in place
             if sendbuf is not self.in_place:
-                if type(sendbuf) is not self.ndarray or sendbuf.dtype is not dt:
+                have_send = _send_view(sendbuf, self.ndarray, dt, &sv, block, raddr, total, False)
+                if not have_send:
                     return False
-                try:
-                    PyObject_GetBuffer(sendbuf, &sv, PyBUF_ANY_CONTIGUOUS)
-                except (BufferError, ValueError):
-                    return False
-                have_send = True
                 saddr = <uintptr_t>sv.buf
-                if <size_t>sv.len != block or (saddr < raddr + total and raddr < saddr + block):
-                    return False
             count = block // isz
             if not self._direct("allgather", total, count, code, None, 0) or not self.enter():
                 return False

@@ -19,7 +19,7 @@ from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE, 
 import weakref
 
 from gpucoll import config
-from gpucoll.errors import GpucollError, LostPeerError, TimeoutError, InvalidUsageError
+from gpucoll.errors import InvalidUsageError, native_error
 
 
 cdef extern from "gc_types.h":
@@ -50,23 +50,11 @@ MAX_SOCKS = GC_TCP_MAX_SOCKS
 _live = weakref.WeakValueDictionary()
 
 
-cdef int check(int status, str what, int peer, int err) except -1:
-    """The one error path: a GC_* status becomes a gpucoll exception, or nothing."""
+cdef int check(int status, str what, int peer, int err, double waited=-1.0) except -1:
+    """A GC_* status -> errors.native_error (the one error path), or nothing."""
     if status >= 0:
         return 0
-    who = f"rank {peer}" if peer >= 0 else "the peer"
-    if status == GC_ERR_PEER:
-        raise LostPeerError(f"{what}: {who} closed the connection or its process is gone",
-                            ranks=(peer,) if peer >= 0 else ())
-    if status == GC_ERR_TIMEOUT:
-        raise TimeoutError(f"{what}: {who} did not make progress in time")
-    if status == GC_ERR_IO:
-        raise GpucollError(f"{what}: socket error with {who}: {strerror(err).decode()} (errno {err})")
-    if status == GC_ERR_USAGE:
-        raise InvalidUsageError(f"{what}: invalid arguments")
-    if status == GC_ERR_NOMEM:
-        raise MemoryError(what)
-    raise GpucollError(f"{what}: status {status}")
+    raise native_error(status, what, (peer,), "", waited if waited >= 0 else None, err)
 
 
 def tune_socket(int fd, int sockbuf=0):
@@ -177,9 +165,7 @@ cdef int _xfer(gc_chan *c, const void *sbuf, size_t slen, void *rbuf, size_t rle
             progress.append(f"sent {sdone} of {slen} bytes")
         if rlen:
             progress.append(f"received {rdone} of {rlen} bytes")
-        desc = f"{what} with rank {c.peer}{where} ({', '.join(progress)}" + (
-            f", timeout {t:g} s)" if status == GC_ERR_TIMEOUT else ")")
-        check(status, desc, c.peer, err)
+        check(status, f"{what} with rank {c.peer}{where} ({', '.join(progress)})", c.peer, err, t)
     return 0
 
 

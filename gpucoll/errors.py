@@ -1,5 +1,16 @@
-"""The exceptions gpucoll raises: one base class, one subclass per kind of failure."""
+"""The exceptions gpucoll raises: one base class, one subclass per kind of failure; and
+`native_error`, the one place where a failed native status becomes one of them."""
+import os
+
 from .mpi.exception import MPIErrorInfo
+from .ranks import ranges
+
+# The native layer's failure statuses: GC_ERR_* of cython_src/include/gc_types.h (a test reads
+# the header and checks these numbers).
+NATIVE_TIMEOUT, NATIVE_PEER, NATIVE_IO, NATIVE_USAGE, NATIVE_NOMEM, NATIVE_MISMATCH = -1, -2, -3, -4, -5, -6
+
+MISMATCH_RULE = ("every rank must call collectives in the same order with matching counts, dtypes, "
+                 "ops and roots")
 
 
 class GpucollError(MPIErrorInfo, RuntimeError):
@@ -49,3 +60,33 @@ class MismatchError(InvalidUsageError):
 
     Found by the direct engine's call signatures and the executor's message headers, or by the
     full cross-check of GPUCOLL_DEBUG_CHECKS=1. `ranks` names the ranks whose call differed."""
+
+
+def native_error(status, what, ranks=(), detail="", waited=None, err_no=0):
+    """The one error path of the native layer (cython_src/core.pyx, sock.pyx, direct.pyx): the
+    exception to raise for failed status `status` (a GC_ERR_* code) of `what` (the operation and
+    where it stood, e.g. "step 3, receiving from rank 1"). `ranks`: the peers it lost or waited
+    for, named in the message and in the exception's `ranks`; `detail`: what else the native
+    side knows (a mismatch's two calls, a usage error's reason); `waited`: seconds waited
+    before a timeout; `err_no`: the OS error of an I/O failure."""
+    ranks = tuple(r for r in ranks if r >= 0)
+    who = f"rank(s) {ranges(ranks)}" if ranks else "the peer"
+    more = f" ({detail})" if detail else ""
+    if status == NATIVE_PEER:
+        err = LostPeerError(f"{what}: {who} is gone: its connection closed or its process ended{more}")
+    elif status == NATIVE_TIMEOUT:
+        after = f" after {waited:.3g} s" if waited is not None else ""
+        err = TimeoutError(f"{what}: timed out{after}{f' waiting for {who}' if ranks else ''}{more}")
+    elif status == NATIVE_MISMATCH:
+        err = MismatchError(f"{what}{f': {detail}' if detail else ''}; {MISMATCH_RULE}")
+    elif status == NATIVE_USAGE:
+        err = InvalidUsageError(f"{what}: {detail or 'invalid arguments'}")
+    elif status == NATIVE_NOMEM:
+        return MemoryError(f"{what}: out of memory")
+    elif status == NATIVE_IO:
+        reason = f"{os.strerror(err_no)} (errno {err_no})" if err_no else "I/O error"
+        err = GpucollError(f"{what}: {reason}{f' with {who}' if ranks else ''}{more}")
+    else:
+        err = GpucollError(f"{what}: native status {status}{more}")
+    err.ranks = ranks
+    return err

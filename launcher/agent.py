@@ -21,7 +21,7 @@ import time
 
 from . import env as envmod
 from . import wire
-from .job import Job, Options, remove_shared_memory
+from .job import Job, Options, rank_cpus, remove_shared_memory
 from .output import Sink, make_output_dir
 from .signals import SignalInbox
 from .spawn import LaunchError, become_subreaper, program_argv, start_rank
@@ -129,7 +129,8 @@ def run_agent(master, node, secret, slots=None, host=None):
         os.chdir(start["cwd"])
     opts = Options(len(start["ranks"]) or 1, start["command"], module=start.get("module"),
                    tag_output=start.get("tag_output", True), output_dir=start.get("output_dir"),
-                   grace=start.get("grace", 3.0), exports=start.get("exports", {}))
+                   grace=start.get("grace", 3.0), exports=start.get("exports", {}),
+                   bind_to=start.get("bind_to"), verbose=start.get("verbose", False))
     try:
         argv = program_argv(opts.command, opts.module)
         make_output_dir(opts.output_dir)
@@ -144,9 +145,10 @@ def run_agent(master, node, secret, slots=None, host=None):
     job = AgentJob(opts, inbox, sock, host)
     try:
         try:
+            cpus = rank_cpus(opts, len(start["ranks"]), f"gpurun agent (node {node}, {host})")
             for local, r in enumerate(start["ranks"]):
                 env = envmod.rank_environ(common, r, local, opts.exports)
-                job.add(start_rank(r, argv, env, die_with_parent=True))
+                job.add(start_rank(r, argv, env, die_with_parent=True, cpus=cpus[local]))
         except LaunchError as exc:
             job.abort()
             wire.send(sock, {"type": "launch-error", "message": str(exc), "code": exc.exit_code})

@@ -129,10 +129,15 @@ RANK_COUNT = RankCount()
 @click.option("-x", "exports", multiple=True, metavar="VAR[=VAL]",
               help="-x VAR passes gpurun's VAR on; -x VAR=VAL sets it. Repeatable; wins over "
                    "the variables above.")
+@click.option("--bind-to", "bind_to", type=click.Choice(["none", "core", "numa"]), metavar="none|core|numa",
+              help="Bind each rank of a host to one CPU (core: physical cores first), to a NUMA node's CPUs "
+                   "(numa), or not at all (none), within gpurun's own CPU mask. Default: core when the "
+                   "host's ranks fit in that mask, else none; none when srun or mpirun started gpurun.")
+@click.option("-v", "--verbose", is_flag=True, help="Say on stderr how the ranks were bound, or why not.")
 @click.version_option(__version__, "-V", "--version", prog_name="gpurun")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="PROGRAM [ARGS]...")
 def gpurun(nprocs, module, tag_output, output_dir, timeout, grace, exports, command, hosts, hostfile,
-           launcher, launcher_cmd, nnodes, node_rank, master):
+           launcher, launcher_cmd, nnodes, node_rank, master, bind_to, verbose):
     import os
 
     from .env import parse_exports
@@ -149,7 +154,7 @@ def gpurun(nprocs, module, tag_output, output_dir, timeout, grace, exports, comm
         # `-m` is a flag, so that the module's own options are never parsed as gpurun's.
         module, command = command[0], command[1:]
     opts = Options(nprocs, command, module=module or None, tag_output=tag_output, output_dir=output_dir,
-                   timeout=timeout, grace=grace, exports=exported)
+                   timeout=timeout, grace=grace, exports=exported, bind_to=bind_to, verbose=verbose)
     if multi is None:
         raise SystemExit(launch(opts))
     if multi.launcher == "agent":

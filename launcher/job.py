@@ -17,6 +17,7 @@ import signal
 import socket
 import time
 
+from . import binding
 from . import env as envmod
 from . import report
 from .output import RankStream, Sink, make_output_dir, open_output_file
@@ -34,7 +35,7 @@ class Options:
     """What the command line asked for."""
 
     def __init__(self, nprocs, command, module=None, tag_output=True, output_dir=None,
-                 timeout=None, grace=3.0, exports=()):
+                 timeout=None, grace=3.0, exports=(), bind_to=None, verbose=False):
         self.nprocs = nprocs
         self.command = list(command)
         self.module = module
@@ -43,6 +44,8 @@ class Options:
         self.timeout = timeout or None
         self.grace = grace
         self.exports = dict(exports)
+        self.bind_to = bind_to      # binding.CHOICES, or None: gpurun's default
+        self.verbose = verbose
 
 
 def launch(opts):
@@ -64,11 +67,12 @@ def launch(opts):
         common = envmod.common_environ(
             os.environ, opts.nprocs, opts.nprocs, host, store.port, secret_hex, job_id)
         job = Job(opts, inbox)
+        cpus = rank_cpus(opts, opts.nprocs, "gpurun")
         # The ranks start while gpurun has one thread (see start_rank); the store serves
         # from its own thread once they are all started, answering those that came early.
         for r in range(opts.nprocs):
             env = envmod.rank_environ(common, r, r, opts.exports)
-            job.add(start_rank(r, argv, env, stdin_inherit=(r == 0)))
+            job.add(start_rank(r, argv, env, stdin_inherit=(r == 0), cpus=cpus[r]))
         store.start()
         return job.run()
     except LaunchError as exc:
@@ -84,6 +88,17 @@ def launch(opts):
         inbox.close()
         if job_id is not None:
             remove_shared_memory(job_id, secret_hex)
+
+
+def rank_cpus(opts, nlocal, who):
+    """The CPUs of each of this host's `nlocal` ranks (binding.plan); under --verbose, `who`
+    says in one line what was bound, or why not."""
+    cpus, note = binding.plan(opts.bind_to, nlocal)
+    if opts.verbose:
+        if note is None and cpus and cpus[0] is not None:
+            note = "local rank -> CPUs: " + ", ".join(f"{r} -> {binding.cpulist(c)}" for r, c in enumerate(cpus))
+        Sink(2).write(f"{who}: {note or 'ranks not bound (--bind-to none)'}\n".encode())
+    return cpus
 
 
 def remove_shared_memory(job_id, secret_hex):

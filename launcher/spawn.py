@@ -171,12 +171,14 @@ class Rank:
         return self.signal_group(0)
 
 
-def start_rank(rank, argv, env, stdin_inherit=False, die_with_parent=True):
+def start_rank(rank, argv, env, stdin_inherit=False, die_with_parent=True, cpus=None):
     """Start one rank with piped stdout and stderr in its own session.
 
     Rank 0 may inherit gpurun's stdin (as with mpiexec); the others read /dev/null.
     die_with_parent (Linux): the kernel kills the rank when its parent dies, so that the
     ranks of a gpurun or a host agent that was killed outright do not run on alone.
+    cpus: the CPUs the rank is bound to (binding.py), set before exec so that nothing of the
+    rank ever runs elsewhere; None leaves gpurun's mask.
 
     That needs code in the child between fork and exec (a preexec_fn), which is only safe
     in a process with one thread: a lock that another thread held at the fork stays locked
@@ -192,7 +194,7 @@ def start_rank(rank, argv, env, stdin_inherit=False, die_with_parent=True):
             stderr=subprocess.PIPE,
             start_new_session=True,
             close_fds=True,
-            preexec_fn=_die_with_parent() if die_with_parent else None,
+            preexec_fn=_in_child(_die_with_parent() if die_with_parent else None, cpus),
         )
     except FileNotFoundError:
         if os.path.exists(argv[0]):  # the file is there, so what is missing is its interpreter
@@ -202,6 +204,19 @@ def start_rank(rank, argv, env, stdin_inherit=False, die_with_parent=True):
     except OSError as exc:
         raise LaunchError(f"cannot run {argv[0]}: {exc.strerror}", EXIT_CANNOT_RUN) from None
     return Rank(rank, proc)
+
+
+def _in_child(arm, cpus):
+    """The preexec_fn that runs `arm` (or nothing) and binds the child to `cpus` (or not)."""
+    if cpus is None:
+        return arm
+    cpus = frozenset(cpus)
+
+    def prepare():
+        if arm is not None:
+            arm()
+        os.sched_setaffinity(0, cpus)
+    return prepare
 
 
 def _die_with_parent():

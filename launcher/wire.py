@@ -35,22 +35,15 @@ def send(sock, msg):
     sock.sendall(_LEN.pack(len(data)) + data)
 
 
-def _recv_exact(sock, n):
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise WireError("connection closed")
-        buf += chunk
-    return bytes(buf)
-
-
 def recv(sock):
     """One message, blocking (the socket's timeout applies)."""
-    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
-    if n > MAX_MESSAGE:
-        raise WireError(f"message of {n} bytes is too large")
-    return json.loads(_recv_exact(sock, n))
+    try:
+        (n,) = _LEN.unpack(handshake.recv_exact(sock, _LEN.size))
+        if n > MAX_MESSAGE:
+            raise WireError(f"message of {n} bytes is too large")
+        return json.loads(handshake.recv_exact(sock, n))
+    except EOFError as exc:
+        raise WireError(f"connection closed ({exc})") from None
 
 
 def agent_handshake(sock, secret, node, timeout=handshake.HANDSHAKE_TIMEOUT):

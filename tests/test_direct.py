@@ -261,7 +261,7 @@ def test_killed_rank_is_named():
     for rank in (0, 1):
         name, message, ranks, elapsed = all_ok({rank: results[rank]})[rank]
         assert name == "LostPeerError" and ranks == (2,), message
-        assert "rank(s) 2 exited" in message
+        assert "rank(s) 2 is gone" in message
         assert elapsed < 5.0
 
 

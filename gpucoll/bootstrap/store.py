@@ -33,6 +33,7 @@ import time
 from .. import config, log
 from ..errors import AuthenticationError, ConfigError, InvalidUsageError, StoreError
 from ..errors import TimeoutError as GpucollTimeout
+from ..transports.handshake import recv_exact
 from . import store_protocol as wire
 from .store_gate import Gate
 
@@ -685,8 +686,8 @@ class StoreClient:
     def _read(self, sock, limit):
         """One frame -> (opcode, Fields). A CLOSING frame (the server hangs up and says
         why) becomes a StoreError."""
-        size = wire.frame_size(_recv_exact(sock, wire.HEADER_SIZE), limit)
-        fields = wire.Fields(_recv_exact(sock, size))
+        size = wire.frame_size(recv_exact(sock, wire.HEADER_SIZE), limit)
+        fields = wire.Fields(recv_exact(sock, size))
         if fields.op == wire.CLOSING:
             raise _HungUp(f"the store at {self.address} closed this connection: {fields.text()}")
         return fields.op, fields
@@ -854,18 +855,6 @@ class StoreClient:
 
     def __repr__(self):
         return f"StoreClient({self.address!r})"
-
-
-def _recv_exact(sock, n):
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        chunk = sock.recv_into(view[got:])
-        if chunk == 0:
-            raise EOFError("the store closed the connection")
-        got += chunk
-    return buf
 
 
 # ======================================================================================

@@ -33,6 +33,7 @@ class HostStaging:
     """The pinned buffers and events of one communicator's staged GPU calls."""
 
     def __init__(self):
+        self.chunk_bytes = config.GPU_HOST_CHUNK.get()  # read once, when the communicator is made
         self._hosts = ()   # two pinned host addresses
         self._nbytes = 0   # bytes of each
         self._events = ()
@@ -46,10 +47,9 @@ class HostStaging:
 
     def chunks(self, call):
         """How many host collectives the call becomes: 0 when it does not go in chunks."""
-        chunk = config.GPU_HOST_CHUNK.get()
-        if call.kind not in PIPELINED or not chunk:
+        if call.kind not in PIPELINED or not self.chunk_bytes:
             return 0
-        step = max(1, chunk // dtypes.ITEMSIZE[call.code])
+        step = max(1, self.chunk_bytes // dtypes.ITEMSIZE[call.code])
         return -(-call.count // step)
 
     def run(self, call, stream, rank, run_host):
@@ -64,7 +64,7 @@ class HostStaging:
 
     def _pipelined(self, call, stream, rank, run_host):
         itemsize = dtypes.ITEMSIZE[call.code]
-        step = max(1, config.GPU_HOST_CHUNK.get() // itemsize)
+        step = max(1, self.chunk_bytes // itemsize)
         pieces = [(lo, min(call.count, lo + step)) for lo in range(0, call.count, step)]
         views = self._views(min(call.count, step) * itemsize, dtypes.numpy_dtype(call.code))
         # Which copies this rank needs: a broadcast's non-roots bring nothing up and its root

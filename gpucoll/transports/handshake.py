@@ -127,7 +127,7 @@ def connect(sock, secret, claim, timeout):
     sock.settimeout(timeout)
     try:
         sock.sendall(hello)
-        answer = _recv_exact(sock, _CHALLENGE_SIZE)
+        answer = recv_exact(sock, _CHALLENGE_SIZE)
     except socket.timeout:
         raise HandshakeError(f"no answer to the handshake within {timeout:g} s") from None
     except (ConnectionError, EOFError):
@@ -141,14 +141,20 @@ def connect(sock, secret, claim, timeout):
     sock.settimeout(None)
 
 
-def _recv_exact(sock, n):
-    data = b""
-    while len(data) < n:
-        part = sock.recv(n - len(data))
-        if not part:
-            raise EOFError
-        data += part
-    return data
+def recv_exact(sock, n):
+    """Exactly n bytes from a blocking socket (its timeout applies), as a bytearray: the one
+    reader of fixed-size pieces (handshakes, store frames, gpurun's wire). Raises EOFError when
+    the peer closes the connection first (callers map it to their own error), socket.timeout
+    and OSError as the socket does."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        chunk = sock.recv_into(view[got:])
+        if chunk == 0:
+            raise EOFError(f"the peer closed the connection after {got} of {n} bytes")
+        got += chunk
+    return buf
 
 
 # --- the acceptor's side ------------------------------------------------------------------

@@ -1,0 +1,127 @@
+"""Which CPUs each rank of this host runs on: gpurun --bind-to {none,core,numa}, as mpirun binds.
+
+A rank that the kernel moves between CPUs, or that shares one with another rank while a CPU
+is idle, waits for a context switch on every message of a collective; mpirun binds its ranks
+for that reason, and gpurun does the same.
+
+- core: one CPU each, spread over physical cores first (the first hardware thread of every
+  core, then the second ones), in the order of the CPUs gpurun may use;
+- numa: the allowed CPUs of one NUMA node each, ranks dealt over the nodes in turn;
+- none: the mask gpurun got, unchanged.
+
+Everything stays inside gpurun's own mask (os.sched_getaffinity: Slurm, taskset, a container's
+cpuset), so binding never widens what the job may use. Without --bind-to, gpurun binds to
+cores when the ranks of this host fit in that mask, and not at all when they do not (then two
+ranks would share a CPU while others stay free of ranks) or when srun or mpirun started
+gpurun (they place processes themselves).
+"""
+import os
+
+CHOICES = ("none", "core", "numa")
+
+_CPU_SYSFS = "/sys/devices/system/cpu"
+_NODE_SYSFS = "/sys/devices/system/node"
+# Variables that srun (a job step) or an MPI launcher set in the processes they start.
+_PLACED_BY = (("SLURM_STEP_ID", "srun"), ("OMPI_COMM_WORLD_SIZE", "mpirun"), ("PMI_RANK", "mpirun"),
+              ("PMIX_RANK", "mpirun"))
+
+
+def parse_cpulist(text):
+    """'0-3,8,10-11' (the kernel's list format) -> {0, 1, 2, 3, 8, 10, 11}."""
+    cpus = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def _read(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def core_order(allowed, sysfs=_CPU_SYSFS):
+    """The allowed CPUs in the order ranks get them with --bind-to core: the first allowed
+    hardware thread of each physical core (package, core id), cores in CPU order, then the
+    second threads, and so on. A CPU whose topology cannot be read counts as a core of its own."""
+    cores = {}
+    for cpu in sorted(allowed):
+        top = os.path.join(sysfs, f"cpu{cpu}", "topology")
+        package, core = _read(os.path.join(top, "physical_package_id")), _read(os.path.join(top, "core_id"))
+        key = (package, core) if package is not None and core is not None else ("cpu", cpu)
+        cores.setdefault(key, []).append(cpu)
+    threads = list(cores.values())
+    order = []
+    for i in range(max(map(len, threads), default=0)):
+        order.extend(t[i] for t in threads if i < len(t))
+    return order
+
+
+def numa_nodes(allowed, sysfs=_NODE_SYSFS):
+    """The allowed CPUs of each NUMA node that has some, in node order; one node holding all
+    of them when the machine says nothing about nodes."""
+    nodes = []
+    try:
+        names = sorted((n for n in os.listdir(sysfs) if n.startswith("node") and n[4:].isdigit()),
+                       key=lambda n: int(n[4:]))
+    except OSError:
+        names = []
+    for name in names:
+        text = _read(os.path.join(sysfs, name, "cpulist"))
+        cpus = parse_cpulist(text) & set(allowed) if text else set()
+        if cpus:
+            nodes.append(cpus)
+    return nodes or [set(allowed)]
+
+
+def placed_by(environ):
+    """'srun' or 'mpirun' when that launcher started this gpurun (and placed it), else None."""
+    for var, launcher in _PLACED_BY:
+        if environ.get(var) is not None:
+            return launcher
+    return None
+
+
+def plan(mode, nlocal, allowed=None, environ=None, cpu_sysfs=_CPU_SYSFS, node_sysfs=_NODE_SYSFS):
+    """(cpus, note): cpus[i] is the set of CPUs local rank i is bound to, or None (not bound);
+    note says why the default did not bind (None otherwise). `mode` is one of CHOICES, or
+    None for the default."""
+    allowed = set(os.sched_getaffinity(0) if allowed is None else allowed)
+    environ = os.environ if environ is None else environ
+    note = None
+    if mode is None:
+        launcher = placed_by(environ)
+        if launcher is not None:
+            mode, note = "none", f"not binding ranks to cores: {launcher} started gpurun and placed it"
+        elif nlocal > len(allowed):
+            mode, note = "none", (f"not binding ranks to cores: {nlocal} ranks on this host, {len(allowed)} "
+                                  f"CPU(s) allowed ({cpulist(allowed)})")
+        else:
+            mode = "core"
+    if mode == "none":
+        return [None] * nlocal, note
+    if mode == "core":
+        order = core_order(allowed, cpu_sysfs)
+        return [{order[i % len(order)]} for i in range(nlocal)], note
+    if mode == "numa":
+        nodes = numa_nodes(allowed, node_sysfs)
+        return [nodes[i % len(nodes)] for i in range(nlocal)], note
+    raise ValueError(f"--bind-to {mode!r}: use one of {', '.join(CHOICES)}")
+
+
+def cpulist(cpus):
+    """{0, 1, 2, 5} -> '0-2,5'."""
+    out, run = [], []
+    for cpu in sorted(cpus):
+        if run and cpu != run[-1] + 1:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(cpu)
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
