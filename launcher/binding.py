@@ -1,23 +1,27 @@
-"""Which CPUs each rank of this host runs on: gpurun --bind-to {none,core,numa}, as mpirun binds.
+"""Which CPUs each rank of this host runs on: gpurun --bind-to {share,core,numa,none}.
 
 A rank that the kernel moves between CPUs, or that shares one with another rank while a CPU
 is idle, waits for a context switch on every message of a collective; mpirun binds its ranks
 for that reason, and gpurun does the same.
 
-- core: one CPU each, spread over physical cores first (the first hardware thread of every
-  core, then the second ones), in the order of the CPUs gpurun may use;
+- share: an equal share of the whole physical cores each (all their hardware threads),
+  disjoint, so no two ranks meet on a core and a rank's own threads (a data loader, BLAS)
+  keep the rest of its share;
+- core: one CPU each, as mpirun binds two ranks, spread over physical cores first (the first
+  hardware thread of every core, then the second ones), in the order of the CPUs gpurun may use;
 - numa: the allowed CPUs of one NUMA node each, ranks dealt over the nodes in turn;
 - none: the mask gpurun got, unchanged.
 
 Everything stays inside gpurun's own mask (os.sched_getaffinity: Slurm, taskset, a container's
 cpuset), so binding never widens what the job may use. Without --bind-to, gpurun binds to
-cores when the ranks of this host fit in that mask, and not at all when they do not (then two
-ranks would share a CPU while others stay free of ranks) or when srun or mpirun started
-gpurun (they place processes themselves).
+shares when the ranks of this host are no more than its physical cores, to one CPU each when
+they are no more than its CPUs, and not at all when they are more (then two ranks would
+share a CPU while others stay free of ranks) or when srun or mpirun started gpurun (they
+place processes themselves).
 """
 import os
 
-CHOICES = ("none", "core", "numa")
+CHOICES = ("share", "core", "numa", "none")
 
 _CPU_SYSFS = "/sys/devices/system/cpu"
 _NODE_SYSFS = "/sys/devices/system/node"
@@ -45,21 +49,36 @@ def _read(path):
         return None
 
 
-def core_order(allowed, sysfs=_CPU_SYSFS):
-    """The allowed CPUs in the order ranks get them with --bind-to core: the first allowed
-    hardware thread of each physical core (package, core id), cores in CPU order, then the
-    second threads, and so on. A CPU whose topology cannot be read counts as a core of its own."""
+def physical_cores(allowed, sysfs=_CPU_SYSFS):
+    """The allowed CPUs grouped by physical core (package, core id), cores in CPU order, each
+    core's threads in CPU order. A CPU whose topology cannot be read counts as a core of its own."""
     cores = {}
     for cpu in sorted(allowed):
         top = os.path.join(sysfs, f"cpu{cpu}", "topology")
         package, core = _read(os.path.join(top, "physical_package_id")), _read(os.path.join(top, "core_id"))
         key = (package, core) if package is not None and core is not None else ("cpu", cpu)
         cores.setdefault(key, []).append(cpu)
-    threads = list(cores.values())
+    return list(cores.values())
+
+
+def core_order(allowed, sysfs=_CPU_SYSFS):
+    """The allowed CPUs in the order ranks get them with --bind-to core: the first allowed
+    hardware thread of each physical core, cores in CPU order, then the second threads, and so on."""
+    threads = physical_cores(allowed, sysfs)
     order = []
     for i in range(max(map(len, threads), default=0)):
         order.extend(t[i] for t in threads if i < len(t))
     return order
+
+
+def shares(allowed, nlocal, sysfs=_CPU_SYSFS):
+    """nlocal disjoint sets of whole physical cores, as many cores in each (the cores left
+    over stay unused), or None when there are fewer cores than ranks."""
+    cores = physical_cores(allowed, sysfs)
+    if not 0 < nlocal <= len(cores):
+        return None
+    k = len(cores) // nlocal
+    return [{cpu for core in cores[i * k:(i + 1) * k] for cpu in core} for i in range(nlocal)]
 
 
 def numa_nodes(allowed, sysfs=_NODE_SYSFS):
@@ -97,14 +116,19 @@ def plan(mode, nlocal, allowed=None, environ=None, cpu_sysfs=_CPU_SYSFS, node_sy
     if mode is None:
         launcher = placed_by(environ)
         if launcher is not None:
-            mode, note = "none", f"not binding ranks to cores: {launcher} started gpurun and placed it"
+            mode, note = "none", f"not binding ranks: {launcher} started gpurun and placed it"
         elif nlocal > len(allowed):
-            mode, note = "none", (f"not binding ranks to cores: {nlocal} ranks on this host, {len(allowed)} "
+            mode, note = "none", (f"not binding ranks: {nlocal} ranks on this host, {len(allowed)} "
                                   f"CPU(s) allowed ({cpulist(allowed)})")
         else:
-            mode = "core"
+            mode = "share"
     if mode == "none":
         return [None] * nlocal, note
+    if mode == "share":
+        got = shares(allowed, nlocal, cpu_sysfs)
+        if got is not None:
+            return got, note
+        mode = "core"  # more ranks than cores: a hardware thread each
     if mode == "core":
         order = core_order(allowed, cpu_sysfs)
         return [{order[i % len(order)]} for i in range(nlocal)], note

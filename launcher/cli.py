@@ -3,6 +3,8 @@ import click
 
 from gpucoll import __version__
 
+from .binding import CHOICES as BIND_CHOICES
+
 DEFAULT_GRACE_S = 3.0
 
 HELP = """Run PROGRAM as N ranks of one gpucoll job on this host, or across hosts.
@@ -129,10 +131,11 @@ RANK_COUNT = RankCount()
 @click.option("-x", "exports", multiple=True, metavar="VAR[=VAL]",
               help="-x VAR passes gpurun's VAR on; -x VAR=VAL sets it. Repeatable; wins over "
                    "the variables above.")
-@click.option("--bind-to", "bind_to", type=click.Choice(["none", "core", "numa"]), metavar="none|core|numa",
-              help="Bind each rank of a host to one CPU (core: physical cores first), to a NUMA node's CPUs "
-                   "(numa), or not at all (none), within gpurun's own CPU mask. Default: core when the "
-                   "host's ranks fit in that mask, else none; none when srun or mpirun started gpurun.")
+@click.option("--bind-to", "bind_to", type=click.Choice(BIND_CHOICES), metavar="|".join(BIND_CHOICES),
+              help="Bind each rank of a host to an equal share of whole physical cores (share), to one CPU "
+                   "(core: physical cores first), to a NUMA node's CPUs (numa), or not at all (none), within "
+                   "gpurun's own CPU mask. Default: share when the host's ranks are no more than its cores, "
+                   "core when no more than its CPUs, else none; none when srun or mpirun started gpurun.")
 @click.option("-v", "--verbose", is_flag=True, help="Say on stderr how the ranks were bound, or why not.")
 @click.version_option(__version__, "-V", "--version", prog_name="gpurun")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="PROGRAM [ARGS]...")

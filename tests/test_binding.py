@@ -65,7 +65,7 @@ def test_more_ranks_than_the_mask_holds_fall_back_to_none_with_a_note():
     cpu = ALLOWED[0]
     got, err = run(2, "--verbose", mask={cpu})
     assert got == {0: [cpu], 1: [cpu]}, got
-    assert f"gpurun: not binding ranks to cores: 2 ranks on this host, 1 CPU(s) allowed ({cpu})" in err, err
+    assert f"gpurun: not binding ranks: 2 ranks on this host, 1 CPU(s) allowed ({cpu})" in err, err
     _, quiet = run(2, mask={cpu})
     assert "binding" not in quiet, quiet   # the note is for --verbose only
 
@@ -75,7 +75,7 @@ def test_no_rebinding_under_srun_or_mpirun():
     for var, who in (("SLURM_STEP_ID", "srun"), ("OMPI_COMM_WORLD_SIZE", "mpirun")):
         got, err = run(2, "--verbose", env={var: "0" if var == "SLURM_STEP_ID" else "2"})
         assert all(c == ALLOWED for c in got.values()), (var, got)
-        assert f"not binding ranks to cores: {who} started gpurun" in err, err
+        assert f"not binding ranks: {who} started gpurun" in err, err
 
 
 def test_each_host_agent_binds_its_own_ranks():
@@ -130,8 +130,23 @@ def test_numa_deals_ranks_over_nodes_within_the_mask(tmp_path):
     assert binding.numa_nodes({1}, str(tmp_path / "missing")) == [{1}]
 
 
+def test_share_gives_each_rank_whole_cores_of_its_own(tmp_path):
+    # 2 packages x 2 cores x 2 threads, second threads numbered after the first ones
+    cpus8 = fake_cpus(tmp_path / "a", [(0, 0), (0, 1), (1, 0), (1, 1)] * 2)
+    assert binding.shares(range(8), 2, cpus8) == [{0, 1, 4, 5}, {2, 3, 6, 7}]
+    assert binding.shares(range(8), 3, cpus8) == [{0, 4}, {1, 5}, {2, 6}]  # the fourth core unused
+    assert binding.shares(range(8), 5, cpus8) is None
+    # five ranks on four cores: a hardware thread each, cores first
+    cpus, note = binding.plan("share", 5, allowed=range(8), environ={}, cpu_sysfs=cpus8)
+    assert cpus == [{0}, {1}, {2}, {3}, {4}] and note is None
+    # the default shares, within gpurun's mask: a core's threads stay together
+    assert binding.plan(None, 2, allowed={0, 4, 1, 5}, environ={}, cpu_sysfs=cpus8)[0] == [{0, 4}, {1, 5}]
+
+
 def test_default_plan():
-    assert binding.plan(None, 2, allowed={0, 1, 2}, environ={})[0] == [{c} for c in binding.core_order({0, 1, 2})[:2]]
+    cores = binding.physical_cores({0, 1, 2})
+    assert binding.plan(None, 2, allowed={0, 1, 2}, environ={})[0] == binding.shares({0, 1, 2}, 2)
+    assert len(cores) < 2 or all(len(c) >= 1 for c in binding.shares({0, 1, 2}, 2))
     cpus, note = binding.plan(None, 4, allowed={0, 1, 2}, environ={})
     assert cpus == [None] * 4 and "4 ranks on this host, 3 CPU(s) allowed (0-2)" in note
     cpus, note = binding.plan(None, 1, allowed={0, 1}, environ={"PMIX_RANK": "0"})
