@@ -314,6 +314,9 @@ class Head:
         self.started = True
         if self.opts.timeout:
             self.deadline = time.monotonic() + self.opts.timeout
+        # Agents of --launcher local share this machine, and each would bind its ranks from the
+        # first core: by default they leave their ranks unbound.
+        bind_to = self.opts.bind_to or ("none" if self.hopts.launcher == "local" else None)
         for node in self.nodes:
             node.running = set(node.ranks)
             node.conn.send({
@@ -321,7 +324,7 @@ class Head:
                 "store": self.store_address, "command": self.opts.command, "module": self.opts.module,
                 "exports": self.opts.exports, "tag_output": self.opts.tag_output,
                 "output_dir": self.opts.output_dir, "grace": self.opts.grace, "cwd": os.getcwd(),
-                "bind_to": self.opts.bind_to, "verbose": self.opts.verbose,
+                "bind_to": bind_to, "verbose": self.opts.verbose,
             })
 
     def _on_control(self, node):

@@ -87,6 +87,8 @@ def test_each_host_agent_binds_its_own_ranks():
         assert f"gpurun agent (node {node}, " in err and "local rank -> CPUs: 0 -> " in err, err
     got, err = run(2, *hosts, "--bind-to", "none")
     assert all(c == ALLOWED for c in got.values()), got
+    got, err = run(2, *hosts)  # by default agents sharing this machine do not bind (both would take core 0)
+    assert all(c == ALLOWED for c in got.values()), got
 
 
 def test_verbose_says_which_cpu_each_rank_got():
