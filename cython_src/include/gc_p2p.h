@@ -21,12 +21,16 @@
  * Protocols. EAGER sends complete once their bytes are in the channel (a synchronous send, flag
  * SYNC, once the receiver's ACK says it matched). A large send goes as RTS with the address of its
  * bytes; the receiver, once matched, copies them straight from the sender's memory with
- * process_vm_readv (cross-memory attach: one copy, no help from the sender) and answers ACK; where
+ * process_vm_readv (cross-memory attach: one copy, no help from the sender; in its next waits,
+ * tests or probes, oldest match first) and answers ACK; where
  * that is not possible (another host, no permission) it answers CTS and the sender streams DATA,
  * pipelined through the channel. Messages to oneself are matched at once (a copy).
  *
  * Progress. Nothing runs behind the caller's back: every call and every wait pushes the queued
- * frames of every peer and reads whatever arrived, under one mutex, without the GIL. A wait spins,
+ * frames of every peer and reads whatever arrived, under one mutex, without the GIL. Only waits,
+ * tests and probes copy rendezvous bytes: a rank that posts a window of Isends and Irecvs
+ * announces all its sends before it starts copying its peer's, so both directions copy at
+ * once. A wait spins,
  * then yields, then naps; every 100 ms without progress it asks each channel (and each known pid)
  * whether the peer lives. A peer found gone, or one that breaks the format (a bad kind, an EAGER
  * frame above GC_P2P_WIRE_EAGER_MAX, DATA nobody asked for), is "lost": what waits on it fails
@@ -75,7 +79,7 @@ enum { GC_P2P_LIVE = 0, GC_P2P_GONE = 1, GC_P2P_BAD_KIND = 2, GC_P2P_BAD_SIZE = 
        GC_P2P_CHAN_ERR = 5 };
 
 enum { GC_P2P_SEND = 1, GC_P2P_RECV = 2 };
-enum { GC_W_NONE = 0, GC_W_POSTED, GC_W_OUT, GC_W_ACK, GC_W_DATA, GC_W_CLAIM, GC_W_FILL };
+enum { GC_W_NONE = 0, GC_W_POSTED, GC_W_OUT, GC_W_ACK, GC_W_DATA, GC_W_CLAIM, GC_W_FILL, GC_W_COPY };
 
 typedef struct {
     uint64_t comm;
@@ -108,6 +112,8 @@ struct gc_p2p_req {
     uint64_t nbytes;
     uint32_t rflags;
     void *self_msg;            /* a synchronous send to oneself: the message that waits for its match */
+    /* a matched rendezvous read from the sender's memory (GC_W_COPY) */
+    uint64_t raddr, copied;
 };
 
 typedef struct gc_p2p_msg gc_p2p_msg;
@@ -162,6 +168,7 @@ typedef struct {
     gc_p2p_peer *peers;
     gc_p2p_req *posted_head, *posted_tail;
     gc_p2p_msg *ux_head, *ux_tail;
+    gc_p2p_req *copy_head, *copy_tail;   /* matched rendezvous receives whose bytes are still to be read */
     uint64_t next_id;
     uint64_t max_message;      /* an object message above this cannot be received here */
     volatile uint64_t progress_count;
@@ -342,6 +349,8 @@ static int gc_p2p__target(gc_p2p *e, gc_p2p_req *r, const gc_p2p_hdr *h, char **
     return GC_OK;
 }
 
+static void gc_p2p__ask_data(gc_p2p *e, gc_p2p_req *r, int peer);
+
 /* A receive matched an RTS of peer: take the bytes (cross-memory attach, else ask for DATA). */
 static void gc_p2p__rendezvous(gc_p2p *e, gc_p2p_req *r, int peer, const gc_p2p_hdr *h)
 {
@@ -358,43 +367,67 @@ static void gc_p2p__rendezvous(gc_p2p *e, gc_p2p_req *r, int peer, const gc_p2p_
         gc_p2p__finish(r, err);
         return;
     }
-    if (p->cma && p->pid > 0) {
-        uint64_t done = 0;
-        while (done < h->nbytes) {
-            uint64_t n = h->nbytes - done;
-            if (n > GC_P2P_CMA_CHUNK) n = GC_P2P_CMA_CHUNK;
-            struct iovec local = {dst + done, (size_t)n};
-            struct iovec remote = {(void *)(uintptr_t)(h->addr + done), (size_t)n};
-            ssize_t got = process_vm_readv(p->pid, &local, 1, &remote, 1, 0);
-            if (got > 0) {
-                done += (uint64_t)got;
-                continue;
-            }
-            if (got < 0 && errno == EINTR)
-                continue;
-            if (got < 0 && errno == ESRCH) {
-                gc_p2p__lose(e, peer, GC_P2P_GONE, 0);
-                gc_p2p__finish(r, GC_ERR_PEER);
-                return;
-            }
-            /* EPERM (no ptrace right here), ENOSYS, EFAULT...: the bytes come through the channel */
-            p->cma = 0;
-            break;
-        }
-        if (p->cma) {
-            gc_p2p__control(e, peer, GC_P2P_ACK, h->id, GC_OK);
-            gc_p2p__finish(r, GC_OK);
-            return;
-        }
-    }
-    r->buf = dst;             /* where DATA goes (the allocation, for object receives) */
+    r->buf = dst;             /* where the bytes go (the allocation, for object receives) */
     r->len = h->nbytes;
     r->id = h->id;
-    r->where = GC_W_DATA;
-    gc_p2p__req_push(&p->datas, NULL, r);
-    gc_p2p__control(e, peer, GC_P2P_CTS, h->id, 0);
+    if (p->cma && p->pid > 0) {
+        /* Read later, by a wait, test or probe: a progress pass inside a call that posts (an
+         * Isend, an Irecv) must not copy, or a rank that is busy copying the peer's messages
+         * announces its own only afterwards and the two directions take turns. */
+        r->raddr = h->addr;
+        r->copied = 0;
+        r->where = GC_W_COPY;
+        gc_p2p__req_push(&e->copy_head, &e->copy_tail, r);
+        return;
+    }
+    gc_p2p__ask_data(e, r, peer);
 }
 
+/* A rendezvous receive asks its sender to stream the bytes (CTS, then DATA). */
+static void gc_p2p__ask_data(gc_p2p *e, gc_p2p_req *r, int peer)
+{
+    r->where = GC_W_DATA;
+    gc_p2p__req_push(&e->peers[peer].datas, NULL, r);
+    gc_p2p__control(e, peer, GC_P2P_CTS, r->id, 0);
+}
+
+/* Read the next piece of the oldest matched rendezvous straight from its sender's memory
+ * (process_vm_readv: one copy); finished, it is acknowledged. 1 when there was one. */
+static int gc_p2p__copy(gc_p2p *e)
+{
+    gc_p2p_req *r = e->copy_head;
+    if (!r) return 0;
+    int peer = r->src;
+    gc_p2p_peer *p = &e->peers[peer];
+    while (r->copied < r->len) {
+        uint64_t n = r->len - r->copied;
+        if (n > GC_P2P_CMA_CHUNK) n = GC_P2P_CMA_CHUNK;
+        struct iovec local = {r->buf + r->copied, (size_t)n};
+        struct iovec remote = {(void *)(uintptr_t)(r->raddr + r->copied), (size_t)n};
+        ssize_t got = process_vm_readv(p->pid, &local, 1, &remote, 1, 0);
+        if (got > 0) {
+            r->copied += (uint64_t)got;
+            if (r->copied < r->len)
+                return 1;      /* the next piece at the next pass: frames keep moving meanwhile */
+            break;
+        }
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0 && errno == ESRCH) {
+            gc_p2p__lose(e, peer, GC_P2P_GONE, 0);   /* fails r with the peer's other requests */
+            return 1;
+        }
+        /* EPERM (no ptrace right here), ENOSYS, EFAULT...: the bytes come through the channel */
+        gc_p2p__req_unlink(&e->copy_head, &e->copy_tail, r);
+        p->cma = 0;
+        gc_p2p__ask_data(e, r, peer);
+        return 1;
+    }
+    gc_p2p__req_unlink(&e->copy_head, &e->copy_tail, r);
+    gc_p2p__control(e, peer, GC_P2P_ACK, r->id, GC_OK);
+    gc_p2p__finish(r, GC_OK);
+    return 1;
+}
 /* Deliver an unexpected message to the receive that matched it (the message is unlinked). */
 static void gc_p2p__take(gc_p2p *e, gc_p2p_req *r, gc_p2p_msg *m)
 {
@@ -643,6 +676,18 @@ static int gc_p2p__progress(gc_p2p *e)
     return moved;
 }
 
+/* A progress pass, then the next piece of a matched rendezvous (waits, tests and probes: the
+ * calls that post only make the progress pass). 1 when something moved. */
+static int gc_p2p__advance(gc_p2p *e)
+{
+    int moved = gc_p2p__progress(e);
+    if (gc_p2p__copy(e)) {
+        moved = 1;
+        e->progress_count++;
+    }
+    return moved;
+}
+
 /* The peer is gone or broke the format: fail whatever waits on it; stop reading it. */
 static void gc_p2p__lose(gc_p2p *e, int peer, int why, uint64_t value)
 {
@@ -669,6 +714,13 @@ static void gc_p2p__lose(gc_p2p *e, int peer, int why, uint64_t value)
         gc_p2p_req *r = p->datas;
         gc_p2p__req_unlink(&p->datas, NULL, r);
         gc_p2p__finish(r, GC_ERR_PEER);
+    }
+    for (gc_p2p_req *r = e->copy_head, *next; r; r = next) {
+        next = r->next;
+        if (r->src == peer) {
+            gc_p2p__req_unlink(&e->copy_head, &e->copy_tail, r);
+            gc_p2p__finish(r, GC_ERR_PEER);
+        }
     }
     if (p->filling && p->fill_req) {
         p->cut_nbytes = p->cur.nbytes;
@@ -930,7 +982,7 @@ static int gc_p2p_iprobe(gc_p2p *e, uint64_t comm, int source, int32_t tag, int 
     probe.peer = source;
     probe.tag = tag;
     pthread_mutex_lock(&e->mu);
-    gc_p2p__progress(e);
+    gc_p2p__advance(e);
     gc_p2p_msg *m = e->ux_head;
     for (; m; m = m->next)
         if (gc_p2p__matches(&probe, m->h.comm, m->src, m->h.tag))
@@ -1051,7 +1103,7 @@ static int gc_p2p_wait(gc_p2p *e, gc_p2p_req **reqs, int n, int all, double time
     for (;;) {
         int moved = 0;
         pthread_mutex_lock(&e->mu);
-        moved = gc_p2p__progress(e);
+        moved = gc_p2p__advance(e);
         int first = -1, ndone = 0;
         for (int i = 0; i < n; i++)
             if (__atomic_load_n(&reqs[i]->done, __ATOMIC_ACQUIRE)) {
@@ -1099,7 +1151,7 @@ static int gc_p2p_test(gc_p2p *e, gc_p2p_req *r)
 {
     if (__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) return 1;
     pthread_mutex_lock(&e->mu);
-    gc_p2p__progress(e);
+    gc_p2p__advance(e);
     pthread_mutex_unlock(&e->mu);
     return __atomic_load_n(&r->done, __ATOMIC_ACQUIRE);
 }
