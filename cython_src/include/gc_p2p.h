@@ -60,7 +60,9 @@
 #define GC_P2P_HDR_BYTES   48
 #define GC_P2P_WIRE_EAGER_MAX (1u << 20)   /* an EAGER frame above this breaks the format */
 #define GC_P2P_OFFER_MAX   4096u            /* a GPU offer describes memory: never more */
-#define GC_P2P_COALESCE    4096u            /* header and payload up to this go in one push */
+#define GC_P2P_COALESCE    (64u << 10)      /* header and payload up to this go in one push: copying
+                                                them together costs less than a second write (a TCP
+                                                segment) or, for a Send, a request */
 #define GC_P2P_PUSH_CHUNK  (64u << 10)      /* payload pushed in pieces the receiver copies as they come */
 #define GC_P2P_CMA_CHUNK   (256u << 20)     /* one process_vm_readv moves at most this */
 
@@ -171,6 +173,7 @@ typedef struct {
     gc_p2p_req *copy_head, *copy_tail;   /* matched rendezvous receives whose bytes are still to be read */
     uint64_t next_id;
     uint64_t max_message;      /* an object message above this cannot be received here */
+    char *frame;               /* GC_P2P_COALESCE bytes: a header and its payload pushed together */
     volatile uint64_t progress_count;
 } gc_p2p;
 
@@ -286,7 +289,7 @@ static int gc_p2p__push(gc_p2p *e, int peer)
         while (o->off < total) {
             ssize_t k;
             if (o->off == 0 && total <= GC_P2P_COALESCE) {
-                char frame[GC_P2P_COALESCE];
+                char *frame = e->frame;
                 memcpy(frame, &o->h, GC_P2P_HDR_BYTES);
                 if (o->plen) memcpy(frame + GC_P2P_HDR_BYTES, o->payload, o->plen);
                 k = c->send(c, frame, (size_t)total);
@@ -620,27 +623,37 @@ static int gc_p2p__pull(gc_p2p *e, int peer)
     gc_p2p_peer *p = &e->peers[peer];
     gc_chan *c = p->chan;
     int moved = 0;
+    const char *ptr = NULL;
+    size_t span = 0;          /* bytes shown by the last peek and not consumed yet: a header and
+                               * its payload are taken from one peek (a TCP peek costs a recv per
+                               * socket) */
     while (!p->lost) {
-        const void *ptr;
         if (p->filling && p->left == 0) {
             gc_p2p__filled(e, peer);
             moved = 1;
             continue;
         }
-        ssize_t k = c->peek(c, &ptr);
-        if (k < 0) {
-            gc_p2p__lose(e, peer, k == GC_ERR_PEER ? GC_P2P_GONE : GC_P2P_CHAN_ERR, (uint64_t)(-k));
-            return 1;
+        if (span == 0) {
+            const void *at;
+            ssize_t k = c->peek(c, &at);
+            if (k < 0) {
+                gc_p2p__lose(e, peer, k == GC_ERR_PEER ? GC_P2P_GONE : GC_P2P_CHAN_ERR, (uint64_t)(-k));
+                return 1;
+            }
+            if (k == 0)
+                return moved;
+            moved = 1;
+            ptr = (const char *)at;
+            span = (size_t)k;
         }
-        if (k == 0)
-            return moved;
-        moved = 1;
-        size_t n = (size_t)k;
+        size_t n = span;
         if (!p->filling) {
             size_t want = GC_P2P_HDR_BYTES - p->hgot;
             if (n > want) n = want;
             memcpy(p->hbuf + p->hgot, ptr, n);
             c->consume(c, n);
+            ptr += n;
+            span -= n;
             p->hgot += n;
             if (p->hgot == GC_P2P_HDR_BYTES) {
                 gc_p2p_hdr h;
@@ -657,6 +670,8 @@ static int gc_p2p__pull(gc_p2p *e, int peer)
             if (p->fill_msg) p->fill_msg->got += n;
         }
         c->consume(c, n);
+        ptr += n;
+        span -= n;
         p->left -= n;
     }
     return moved;
@@ -766,7 +781,10 @@ static gc_p2p *gc_p2p_create(int me, int n, uint64_t max_message)
     gc_p2p *e = (gc_p2p *)calloc(1, sizeof *e);
     if (!e) return NULL;
     e->peers = (gc_p2p_peer *)calloc((size_t)n, sizeof *e->peers);
-    if (!e->peers) {
+    e->frame = (char *)malloc(GC_P2P_COALESCE);
+    if (!e->peers || !e->frame) {
+        free(e->peers);
+        free(e->frame);
         free(e);
         return NULL;
     }
@@ -908,7 +926,7 @@ static int gc_p2p_send_now(gc_p2p *e, uint64_t comm, int dest, int32_t tag, cons
     pthread_mutex_lock(&e->mu);
     gc_p2p_peer *p = &e->peers[dest];
     if (p->chan && !p->lost && !p->out_head && len <= (uint64_t)p->eager_max) {
-        char frame[GC_P2P_COALESCE];
+        char *frame = e->frame;
         gc_p2p_hdr *h = (gc_p2p_hdr *)frame;
         memset(h, 0, sizeof *h);
         h->comm = comm;
