@@ -1000,7 +1000,7 @@ static int gc_p2p_iprobe(gc_p2p *e, uint64_t comm, int source, int32_t tag, int 
     probe.peer = source;
     probe.tag = tag;
     pthread_mutex_lock(&e->mu);
-    gc_p2p__advance(e);
+    gc_p2p__advance(e);       /* a polling probe moves matched rendezvous bytes too (MPI's progress) */
     gc_p2p_msg *m = e->ux_head;
     for (; m; m = m->next)
         if (gc_p2p__matches(&probe, m->h.comm, m->src, m->h.tag))
