@@ -3,6 +3,7 @@
     python benchmarks/bench_p2p.py                       # 8 B to 256 MiB, factor 8, 3 runs each
     python benchmarks/bench_p2p.py --repeats 5 --json p2p.json --max 16M
     python benchmarks/bench_p2p.py --gpu                 # also GPU rows (CuPy and 2 GPUs), NCCL beside
+    python benchmarks/bench_p2p.py --hosts               # two hosts (network namespaces, root), TCP
 
 Each run starts the same rank program under `gpurun -np 2` with gpucoll, then under
 `mpiexec -n 2` with mpi4py; --repeats runs alternate the two. Three tests, as OSU's:
@@ -16,6 +17,13 @@ gpucoll's two ranks are bound to a core each, as mpiexec binds Open MPI's by def
 not bind: on a busy machine the kernel may put both ranks on one core, and then every message
 waits for a context switch); --no-bind leaves them unbound.
 
+--hosts puts one rank on each of two hosts made of network namespaces joined by a veth pair
+(tests/netns.py, as benchmarks/bench_multihost.py): gpurun starts its agents with `--launcher
+local --launcher-cmd 'scripts/netns-exec.sh {host}'` (gpucoll's TCP channel), mpiexec its daemons
+through scripts/netns-rsh.sh with `--mca btl tcp,self` over eth0 (Open MPI's TCP). Both hosts
+share this machine's cores, so the rank program binds both libraries' ranks, one core each
+(mpiexec would bind each host's rank to the same first core).
+
 Every message is checked outside the timed part (the first and last bytes carry the iteration's
 number; the whole buffer after the last iteration); #wrong counts the messages that came back
 wrong. Each cell is the median over the runs with its range; ratio = Open MPI time / gpucoll time
@@ -23,6 +31,7 @@ wrong. Each cell is the median over the runs with its range; ratio = Open MPI ti
 faster (none on a wrong row). The exit status is 1 when a run was wrong or a library could not run.
 """
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -31,6 +40,8 @@ import sys
 import tempfile
 
 from gpucoll.bench import context, summary
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 RANK_PROGRAM = r'''
 import json, sys, time
@@ -46,7 +57,7 @@ else:
     comm = gpucoll.COMM_WORLD
     Waitall = gpucoll.Request.Waitall
 rank = comm.Get_rank()
-if lib.startswith("gpucoll") and "--no-bind" not in sys.argv:  # one core each, as mpiexec binds by default
+if (lib.startswith("gpucoll") and "--no-bind" not in sys.argv) or "--bind-all" in sys.argv:  # one core each
     import os
     cpus = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
@@ -151,7 +162,7 @@ if rank == 0:
 
 
 def run(argv, env=None):
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1200, env=env)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1200, env=env, stdin=subprocess.DEVNULL)
     for line in proc.stdout.splitlines():
         tail = line.split("RESULT ", 1)
         if len(tail) == 2:
@@ -210,6 +221,44 @@ def _gpus():
         return 0
 
 
+@contextlib.contextmanager
+def _place(two_hosts):
+    """The two network-namespace hosts of --hosts (tests/netns.py), or None: one host."""
+    if not two_hosts:
+        yield None
+        return
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from netns import TestHosts, missing_requirement
+
+    why = missing_requirement()
+    if why:
+        sys.exit(f"bench_p2p --hosts: {why}")
+    with TestHosts(2, tag="gcp2p") as hosts:
+        yield hosts
+
+
+def _launchers(hosts, mpiexec):
+    """(gpurun's argv, mpiexec's argv, environment): two ranks of this host, or one on each of hosts."""
+    bindir = os.path.dirname(sys.executable)
+    gpurun = os.path.join(bindir, "gpurun")
+    gpurun = [gpurun] if os.access(gpurun, os.X_OK) else [sys.executable, "-m", "gpucoll.launcher"]
+    if hosts is None:
+        return ([*gpurun, "-np", "2", "--no-tag-output"],
+                [mpiexec, "--allow-run-as-root", "--oversubscribe", "-n", "2"], None)
+    from netns import NSEXEC
+
+    a, b = hosts.names
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ.get('PATH', '')}", OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONDONTWRITEBYTECODE="1")
+    env.pop("GPUCOLL_SOCKET_IFNAME", None)
+    ours = [*gpurun, "--hosts", f"{a},{b}", "--launcher", "local", "--launcher-cmd", f"{NSEXEC} {{host}}",
+            "--no-tag-output"]
+    peer = [mpiexec, "--host", f"{a}:1,{b}:1", "-n", "2", "--prtemca", "plm_ssh_agent",
+            os.path.join(ROOT, "scripts", "netns-rsh.sh"), "--prtemca", "oob_tcp_if_include", "eth0",
+            "--mca", "btl_tcp_if_include", "eth0", "--mca", "btl", "tcp,self", "--bind-to", "none"]
+    return hosts.command(0, ours), hosts.command(0, peer) if mpiexec else None, env
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=2000, help="round trips per size up to 64 KiB")
@@ -219,6 +268,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=3, help="runs of each library, alternating (3)")
     ap.add_argument("--gpu", action="store_true", help="also GPU rows (latency; CuPy and 2 GPUs), NCCL beside")
     ap.add_argument("--no-bind", action="store_true", help="leave gpucoll's ranks unbound (gpurun's default)")
+    ap.add_argument("--hosts", action="store_true", help="one rank on each of two network-namespace hosts (root): "
+                    "gpucoll's TCP channel beside Open MPI's TCP")
     ap.add_argument("--json", help="write the settings, every run and the rows here")
     args = ap.parse_args()
     sizes, s = [], args.min
@@ -228,29 +279,28 @@ def main():
     if sizes[-1] != args.max and args.max > args.min:
         sizes.append(args.max)
     spec = [",".join(map(str, sizes)), str(args.iters), args.tests] + (["--no-bind"] if args.no_bind else [])
-    gpurun = os.path.join(os.path.dirname(sys.executable), "gpurun")
-    gpurun = [gpurun] if os.access(gpurun, os.X_OK) else [sys.executable, "-m", "gpucoll.launcher"]
+    spec += ["--bind-all"] if args.hosts else []
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     mpiexec = mpiexec if os.access(mpiexec, os.X_OK) else shutil.which("mpiexec")
-    if args.gpu and _gpus() < 2:
-        print("# --gpu: no GPU rows: they need CuPy and 2 GPUs", file=sys.stderr)
+    if args.gpu and (args.hosts or _gpus() < 2):
+        print("# --gpu: no GPU rows: they need CuPy and 2 GPUs of one host", file=sys.stderr)
         args.gpu = False
     libs = [("gpucoll", "mpi")] + ([("gpucoll-gpu", "mpi-gpu")] if args.gpu else [])
     runs, errors = [], []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, _place(args.hosts) as hosts:
         prog = os.path.join(tmp, "osu.py")
         with open(prog, "w") as f:
             f.write(RANK_PROGRAM)
+        ours_cmd, peer_cmd, env = _launchers(hosts, mpiexec)
         for i in range(args.repeats):
             print(f"# run {i + 1}/{args.repeats} ...", file=sys.stderr)
             run_ = {}
             for ours, peer in libs:
-                run_[ours] = run([*gpurun, "-np", "2", "--no-tag-output", sys.executable, prog, ours, *spec])
+                run_[ours] = run([*ours_cmd, sys.executable, prog, ours, *spec], env)
                 try:
                     if mpiexec is None:
                         raise RuntimeError("no mpiexec (pip install '.[test]')")
-                    run_[peer] = run([mpiexec, "--allow-run-as-root", "--oversubscribe", "-n", "2", sys.executable,
-                                      prog, peer, *spec])
+                    run_[peer] = run([*peer_cmd, sys.executable, prog, peer, *spec], env)
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
                     errors.append(f"{peer}: {exc}")
             runs.append(run_)
@@ -258,9 +308,11 @@ def main():
     rows = []
     names = {"latency": "one-way time (blocking Send + Recv ping-pong / 2)",
              "bw": "bandwidth (a window of Isends, one way)", "bibw": "bidirectional bandwidth (windows both ways)"}
+    where = ("point to point between 2 hosts (network namespaces + veth, TCP)" if args.hosts
+             else "host point to point, 2 ranks of one host")
     for test in args.tests.split(","):
-        rows += table(f"host point to point, 2 ranks of one host: {names[test]}", runs, sizes, test, "gpucoll", "mpi",
-                      "Open MPI", args.repeats)
+        rows += table(f"{where}: {names[test]}", runs, sizes, test, "gpucoll", "mpi",
+                      "Open MPI TCP" if args.hosts else "Open MPI", args.repeats)
     if args.gpu:
         rows += table("GPU point to point, 2 GPUs: one-way time", runs, sizes, "latency", "gpucoll-gpu", "mpi-gpu",
                       "NCCL", args.repeats)
@@ -269,7 +321,8 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(settings=context.describe(command=" ".join(sys.argv), iters=args.iters, sizes=sizes,
-                                                     tests=args.tests, repeats=args.repeats, bind=not args.no_bind),
+                                                     tests=args.tests, repeats=args.repeats, bind=not args.no_bind,
+                                                     hosts=2 if args.hosts else 1),
                            rows=rows, runs=[{k: {str(s): v for s, v in r.items()} for k, r in run_.items()}
                                             for run_ in runs]), f, indent=1)
     bad = any(r["gpucoll_wrong"] or r["peer_wrong"] for r in rows)

@@ -244,6 +244,17 @@ class P2PRequest(Request):
         """Index of a done one of reqs (P2PRequests), waiting in the engine; -1 after timeout s."""
         return reqs[0]._p2p._native.wait([r._native for r in reqs], False, timeout)
 
+    @staticmethod
+    def _wait_all(reqs, timeout):
+        """Wait in the engine until every one of reqs (P2PRequests) is done: one native wait, so
+        the rendezvous copies of a window run back to back (the caller's Wait then settles each).
+        After timeout s, the first one not done raises as its own Wait would. GPU requests
+        (subclasses) are left to their own Wait: theirs serves this process's offers meanwhile."""
+        if type(reqs[0]) is not P2PRequest:
+            return
+        if reqs[0]._p2p._native.wait([r._native for r in reqs], True, timeout) < 0:
+            next(r for r in reqs if not r._native.done)._timed_out(timeout)
+
     def _timed_out(self, timeout):
         p2p = self._p2p
         src = "any rank" if self.peer == ANY_SOURCE else f"rank {self.peer}"
@@ -336,6 +347,9 @@ class PointToPoint:
 
     # --- sends ------------------------------------------------------------------------------------
     def _start_send(self, data, dest, tag, name, flags=0):
+        """The request of a send of bytes `data` (done at once to PROC_NULL)."""
+        if dest == PROC_NULL:
+            return CompletedRequest(name)
         dest = self._check_peer(dest, "destination")
         tag = self._check_tag(tag, False)
         world = self._world[dest]
@@ -348,8 +362,6 @@ class PointToPoint:
         return memoryview(buf.array).cast("B") if buf.count else memoryview(b"")
 
     def send(self, buf, dest, tag):
-        if dest == PROC_NULL:
-            return
         self._start_send(self._payload(buf), dest, tag, "Send").Wait()
 
     # The short paths of Communicator.Send / Recv: a C-contiguous NumPy array of plain values, an
@@ -374,11 +386,15 @@ class PointToPoint:
         P2PRequest("Send", self, got, "send", dest, tag, keep=arr, cap=arr.nbytes).Wait()  # waits and explains
         return True
 
+    def _short_request(self, start, op, world, arr, peer, tag):
+        """The P2PRequest of a nonblocking short path (start: the engine's start_send or
+        start_recv), or None to take the general path."""
+        req = None if world is None else start(self._key, world, tag, arr)
+        return None if req is None else P2PRequest("I" + op, self, req, op, peer, tag, keep=arr, cap=arr.nbytes)
+
     def isend_array(self, arr, dest, tag):
         """Isend's short path: the request, or None to take the general path."""
-        world = self._send_world(dest, tag)
-        req = None if world is None else self._native.start_send(self._key, world, tag, arr)
-        return None if req is None else P2PRequest("Isend", self, req, "send", dest, tag, keep=arr, cap=arr.nbytes)
+        return self._short_request(self._native.start_send, "send", self._send_world(dest, tag), arr, dest, tag)
 
     def _recv_world(self, source, tag):
         """The world rank to receive from for the short paths (ANY_SOURCE as is), or None."""
@@ -390,9 +406,7 @@ class PointToPoint:
 
     def irecv_array(self, arr, source, tag):
         """Irecv's short path: the request, or None to take the general path."""
-        world = self._recv_world(source, tag)
-        req = None if world is None else self._native.start_recv(self._key, world, tag, arr)
-        return None if req is None else P2PRequest("Irecv", self, req, "recv", source, tag, keep=arr, cap=arr.nbytes)
+        return self._short_request(self._native.start_recv, "recv", self._recv_world(source, tag), arr, source, tag)
 
     def recv_array(self, arr, source, tag, status):
         world = self._recv_world(source, tag)
@@ -407,14 +421,10 @@ class PointToPoint:
         return True
 
     def isend(self, buf, dest, tag):
-        if dest == PROC_NULL:
-            return CompletedRequest("Isend")
         return self._start_send(self._payload(buf), dest, tag, "Isend")
 
     def issend(self, payload, dest, tag, name="Issend"):
         """A synchronous send: complete once the receiver has matched it."""
-        if dest == PROC_NULL:
-            return CompletedRequest(name)
         return self._start_send(payload, dest, tag, name, _native().SYNC)
 
     def send_bytes(self, payload, dest, tag, name="send", flags=0):
@@ -422,8 +432,6 @@ class PointToPoint:
         return self._start_send(payload, dest, tag, name, flags)
 
     def send_object(self, obj, dest, tag):
-        if dest == PROC_NULL:
-            return
         self.isend_object(obj, dest, tag, "send").Wait()
 
     def isend_object(self, obj, dest, tag, name="isend"):

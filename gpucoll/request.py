@@ -78,6 +78,9 @@ class Request:
     @staticmethod
     def Waitall(requests, statuses=None):
         """Wait for every request; `statuses` (a list as long as `requests`) gets each one's status."""
+        wait_all = getattr(type(requests[0]), "_wait_all", None) if requests else None
+        if wait_all is not None and all(type(req) is type(requests[0]) for req in requests):
+            wait_all(requests, config.TIMEOUT.get())  # one wait in native code (point to point); Wait then settles
         for i, req in enumerate(requests):
             req.Wait(statuses[i] if statuses is not None else None)
         return True

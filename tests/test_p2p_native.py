@@ -68,6 +68,16 @@ def test_nonblocking_requests_complete_through_waitall_waitany_waitsome_testall(
 
 
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_probes_move_the_bytes_of_a_matched_large_receive(gpurun_job, transport):
+    """A rank that only polls Iprobe still completes a large receive it posted before (MPI's
+    progress rule): the sender's blocking Send returns and its next message is found."""
+    job = run(gpurun_job, "progress", transport).check()
+    res = job.json_lines()
+    assert res[1] == {"probed": True, "whole": True}, res
+    assert res[0]["send_seconds"] < 10, res
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
 def test_a_receiver_that_dies_fails_the_large_send_naming_it(gpurun_job, transport):
     job = run(gpurun_job, "receiver-dies", transport, timeout="30")
     got = job.json_lines()[0]

@@ -21,12 +21,16 @@
  * Protocols. EAGER sends complete once their bytes are in the channel (a synchronous send, flag
  * SYNC, once the receiver's ACK says it matched). A large send goes as RTS with the address of its
  * bytes; the receiver, once matched, copies them straight from the sender's memory with
- * process_vm_readv (cross-memory attach: one copy, no help from the sender) and answers ACK; where
+ * process_vm_readv (cross-memory attach: one copy, no help from the sender; in its next waits,
+ * tests or probes, oldest match first) and answers ACK; where
  * that is not possible (another host, no permission) it answers CTS and the sender streams DATA,
  * pipelined through the channel. Messages to oneself are matched at once (a copy).
  *
  * Progress. Nothing runs behind the caller's back: every call and every wait pushes the queued
- * frames of every peer and reads whatever arrived, under one mutex, without the GIL. A wait spins,
+ * frames of every peer and reads whatever arrived, under one mutex, without the GIL. Only waits,
+ * tests and probes copy rendezvous bytes: a rank that posts a window of Isends and Irecvs
+ * announces all its sends before it starts copying its peer's, so both directions copy at
+ * once. A wait spins,
  * then yields, then naps; every 100 ms without progress it asks each channel (and each known pid)
  * whether the peer lives. A peer found gone, or one that breaks the format (a bad kind, an EAGER
  * frame above GC_P2P_WIRE_EAGER_MAX, DATA nobody asked for), is "lost": what waits on it fails
@@ -56,7 +60,9 @@
 #define GC_P2P_HDR_BYTES   48
 #define GC_P2P_WIRE_EAGER_MAX (1u << 20)   /* an EAGER frame above this breaks the format */
 #define GC_P2P_OFFER_MAX   4096u            /* a GPU offer describes memory: never more */
-#define GC_P2P_COALESCE    4096u            /* header and payload up to this go in one push */
+#define GC_P2P_COALESCE    (64u << 10)      /* header and payload up to this go in one push: copying
+                                                them together costs less than a second write (a TCP
+                                                segment) or, for a Send, a request */
 #define GC_P2P_PUSH_CHUNK  (64u << 10)      /* payload pushed in pieces the receiver copies as they come */
 #define GC_P2P_CMA_CHUNK   (256u << 20)     /* one process_vm_readv moves at most this */
 
@@ -75,7 +81,7 @@ enum { GC_P2P_LIVE = 0, GC_P2P_GONE = 1, GC_P2P_BAD_KIND = 2, GC_P2P_BAD_SIZE = 
        GC_P2P_CHAN_ERR = 5 };
 
 enum { GC_P2P_SEND = 1, GC_P2P_RECV = 2 };
-enum { GC_W_NONE = 0, GC_W_POSTED, GC_W_OUT, GC_W_ACK, GC_W_DATA, GC_W_CLAIM, GC_W_FILL };
+enum { GC_W_NONE = 0, GC_W_POSTED, GC_W_OUT, GC_W_ACK, GC_W_DATA, GC_W_CLAIM, GC_W_FILL, GC_W_COPY };
 
 typedef struct {
     uint64_t comm;
@@ -108,6 +114,8 @@ struct gc_p2p_req {
     uint64_t nbytes;
     uint32_t rflags;
     void *self_msg;            /* a synchronous send to oneself: the message that waits for its match */
+    /* a matched rendezvous read from the sender's memory (GC_W_COPY) */
+    uint64_t raddr, copied;
 };
 
 typedef struct gc_p2p_msg gc_p2p_msg;
@@ -162,8 +170,10 @@ typedef struct {
     gc_p2p_peer *peers;
     gc_p2p_req *posted_head, *posted_tail;
     gc_p2p_msg *ux_head, *ux_tail;
+    gc_p2p_req *copy_head, *copy_tail;   /* matched rendezvous receives whose bytes are still to be read */
     uint64_t next_id;
     uint64_t max_message;      /* an object message above this cannot be received here */
+    char *frame;               /* GC_P2P_COALESCE bytes: a header and its payload pushed together */
     volatile uint64_t progress_count;
 } gc_p2p;
 
@@ -279,7 +289,7 @@ static int gc_p2p__push(gc_p2p *e, int peer)
         while (o->off < total) {
             ssize_t k;
             if (o->off == 0 && total <= GC_P2P_COALESCE) {
-                char frame[GC_P2P_COALESCE];
+                char *frame = e->frame;
                 memcpy(frame, &o->h, GC_P2P_HDR_BYTES);
                 if (o->plen) memcpy(frame + GC_P2P_HDR_BYTES, o->payload, o->plen);
                 k = c->send(c, frame, (size_t)total);
@@ -342,6 +352,8 @@ static int gc_p2p__target(gc_p2p *e, gc_p2p_req *r, const gc_p2p_hdr *h, char **
     return GC_OK;
 }
 
+static void gc_p2p__ask_data(gc_p2p *e, gc_p2p_req *r, int peer);
+
 /* A receive matched an RTS of peer: take the bytes (cross-memory attach, else ask for DATA). */
 static void gc_p2p__rendezvous(gc_p2p *e, gc_p2p_req *r, int peer, const gc_p2p_hdr *h)
 {
@@ -358,43 +370,67 @@ static void gc_p2p__rendezvous(gc_p2p *e, gc_p2p_req *r, int peer, const gc_p2p_
         gc_p2p__finish(r, err);
         return;
     }
-    if (p->cma && p->pid > 0) {
-        uint64_t done = 0;
-        while (done < h->nbytes) {
-            uint64_t n = h->nbytes - done;
-            if (n > GC_P2P_CMA_CHUNK) n = GC_P2P_CMA_CHUNK;
-            struct iovec local = {dst + done, (size_t)n};
-            struct iovec remote = {(void *)(uintptr_t)(h->addr + done), (size_t)n};
-            ssize_t got = process_vm_readv(p->pid, &local, 1, &remote, 1, 0);
-            if (got > 0) {
-                done += (uint64_t)got;
-                continue;
-            }
-            if (got < 0 && errno == EINTR)
-                continue;
-            if (got < 0 && errno == ESRCH) {
-                gc_p2p__lose(e, peer, GC_P2P_GONE, 0);
-                gc_p2p__finish(r, GC_ERR_PEER);
-                return;
-            }
-            /* EPERM (no ptrace right here), ENOSYS, EFAULT...: the bytes come through the channel */
-            p->cma = 0;
-            break;
-        }
-        if (p->cma) {
-            gc_p2p__control(e, peer, GC_P2P_ACK, h->id, GC_OK);
-            gc_p2p__finish(r, GC_OK);
-            return;
-        }
-    }
-    r->buf = dst;             /* where DATA goes (the allocation, for object receives) */
+    r->buf = dst;             /* where the bytes go (the allocation, for object receives) */
     r->len = h->nbytes;
     r->id = h->id;
-    r->where = GC_W_DATA;
-    gc_p2p__req_push(&p->datas, NULL, r);
-    gc_p2p__control(e, peer, GC_P2P_CTS, h->id, 0);
+    if (p->cma && p->pid > 0) {
+        /* Read later, by a wait, test or probe: a progress pass inside a call that posts (an
+         * Isend, an Irecv) must not copy, or a rank that is busy copying the peer's messages
+         * announces its own only afterwards and the two directions take turns. */
+        r->raddr = h->addr;
+        r->copied = 0;
+        r->where = GC_W_COPY;
+        gc_p2p__req_push(&e->copy_head, &e->copy_tail, r);
+        return;
+    }
+    gc_p2p__ask_data(e, r, peer);
 }
 
+/* A rendezvous receive asks its sender to stream the bytes (CTS, then DATA). */
+static void gc_p2p__ask_data(gc_p2p *e, gc_p2p_req *r, int peer)
+{
+    r->where = GC_W_DATA;
+    gc_p2p__req_push(&e->peers[peer].datas, NULL, r);
+    gc_p2p__control(e, peer, GC_P2P_CTS, r->id, 0);
+}
+
+/* Read the next piece of the oldest matched rendezvous straight from its sender's memory
+ * (process_vm_readv: one copy); finished, it is acknowledged. 1 when there was one. */
+static int gc_p2p__copy(gc_p2p *e)
+{
+    gc_p2p_req *r = e->copy_head;
+    if (!r) return 0;
+    int peer = r->src;
+    gc_p2p_peer *p = &e->peers[peer];
+    while (r->copied < r->len) {
+        uint64_t n = r->len - r->copied;
+        if (n > GC_P2P_CMA_CHUNK) n = GC_P2P_CMA_CHUNK;
+        struct iovec local = {r->buf + r->copied, (size_t)n};
+        struct iovec remote = {(void *)(uintptr_t)(r->raddr + r->copied), (size_t)n};
+        ssize_t got = process_vm_readv(p->pid, &local, 1, &remote, 1, 0);
+        if (got > 0) {
+            r->copied += (uint64_t)got;
+            if (r->copied < r->len)
+                return 1;      /* the next piece at the next pass: frames keep moving meanwhile */
+            break;
+        }
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0 && errno == ESRCH) {
+            gc_p2p__lose(e, peer, GC_P2P_GONE, 0);   /* fails r with the peer's other requests */
+            return 1;
+        }
+        /* EPERM (no ptrace right here), ENOSYS, EFAULT...: the bytes come through the channel */
+        gc_p2p__req_unlink(&e->copy_head, &e->copy_tail, r);
+        p->cma = 0;
+        gc_p2p__ask_data(e, r, peer);
+        return 1;
+    }
+    gc_p2p__req_unlink(&e->copy_head, &e->copy_tail, r);
+    gc_p2p__control(e, peer, GC_P2P_ACK, r->id, GC_OK);
+    gc_p2p__finish(r, GC_OK);
+    return 1;
+}
 /* Deliver an unexpected message to the receive that matched it (the message is unlinked). */
 static void gc_p2p__take(gc_p2p *e, gc_p2p_req *r, gc_p2p_msg *m)
 {
@@ -587,27 +623,37 @@ static int gc_p2p__pull(gc_p2p *e, int peer)
     gc_p2p_peer *p = &e->peers[peer];
     gc_chan *c = p->chan;
     int moved = 0;
+    const char *ptr = NULL;
+    size_t span = 0;          /* bytes shown by the last peek and not consumed yet: a header and
+                               * its payload are taken from one peek (a TCP peek costs a recv per
+                               * socket) */
     while (!p->lost) {
-        const void *ptr;
         if (p->filling && p->left == 0) {
             gc_p2p__filled(e, peer);
             moved = 1;
             continue;
         }
-        ssize_t k = c->peek(c, &ptr);
-        if (k < 0) {
-            gc_p2p__lose(e, peer, k == GC_ERR_PEER ? GC_P2P_GONE : GC_P2P_CHAN_ERR, (uint64_t)(-k));
-            return 1;
+        if (span == 0) {
+            const void *at;
+            ssize_t k = c->peek(c, &at);
+            if (k < 0) {
+                gc_p2p__lose(e, peer, k == GC_ERR_PEER ? GC_P2P_GONE : GC_P2P_CHAN_ERR, (uint64_t)(-k));
+                return 1;
+            }
+            if (k == 0)
+                return moved;
+            moved = 1;
+            ptr = (const char *)at;
+            span = (size_t)k;
         }
-        if (k == 0)
-            return moved;
-        moved = 1;
-        size_t n = (size_t)k;
+        size_t n = span;
         if (!p->filling) {
             size_t want = GC_P2P_HDR_BYTES - p->hgot;
             if (n > want) n = want;
             memcpy(p->hbuf + p->hgot, ptr, n);
             c->consume(c, n);
+            ptr += n;
+            span -= n;
             p->hgot += n;
             if (p->hgot == GC_P2P_HDR_BYTES) {
                 gc_p2p_hdr h;
@@ -624,6 +670,8 @@ static int gc_p2p__pull(gc_p2p *e, int peer)
             if (p->fill_msg) p->fill_msg->got += n;
         }
         c->consume(c, n);
+        ptr += n;
+        span -= n;
         p->left -= n;
     }
     return moved;
@@ -640,6 +688,18 @@ static int gc_p2p__progress(gc_p2p *e)
         if (!p->lost) moved |= gc_p2p__pull(e, i);
     }
     if (moved) e->progress_count++;
+    return moved;
+}
+
+/* A progress pass, then the next piece of a matched rendezvous (waits, tests and probes: the
+ * calls that post only make the progress pass). 1 when something moved. */
+static int gc_p2p__advance(gc_p2p *e)
+{
+    int moved = gc_p2p__progress(e);
+    if (gc_p2p__copy(e)) {
+        moved = 1;
+        e->progress_count++;
+    }
     return moved;
 }
 
@@ -669,6 +729,13 @@ static void gc_p2p__lose(gc_p2p *e, int peer, int why, uint64_t value)
         gc_p2p_req *r = p->datas;
         gc_p2p__req_unlink(&p->datas, NULL, r);
         gc_p2p__finish(r, GC_ERR_PEER);
+    }
+    for (gc_p2p_req *r = e->copy_head, *next; r; r = next) {
+        next = r->next;
+        if (r->src == peer) {
+            gc_p2p__req_unlink(&e->copy_head, &e->copy_tail, r);
+            gc_p2p__finish(r, GC_ERR_PEER);
+        }
     }
     if (p->filling && p->fill_req) {
         p->cut_nbytes = p->cur.nbytes;
@@ -714,7 +781,10 @@ static gc_p2p *gc_p2p_create(int me, int n, uint64_t max_message)
     gc_p2p *e = (gc_p2p *)calloc(1, sizeof *e);
     if (!e) return NULL;
     e->peers = (gc_p2p_peer *)calloc((size_t)n, sizeof *e->peers);
-    if (!e->peers) {
+    e->frame = (char *)malloc(GC_P2P_COALESCE);
+    if (!e->peers || !e->frame) {
+        free(e->peers);
+        free(e->frame);
         free(e);
         return NULL;
     }
@@ -856,7 +926,7 @@ static int gc_p2p_send_now(gc_p2p *e, uint64_t comm, int dest, int32_t tag, cons
     pthread_mutex_lock(&e->mu);
     gc_p2p_peer *p = &e->peers[dest];
     if (p->chan && !p->lost && !p->out_head && len <= (uint64_t)p->eager_max) {
-        char frame[GC_P2P_COALESCE];
+        char *frame = e->frame;
         gc_p2p_hdr *h = (gc_p2p_hdr *)frame;
         memset(h, 0, sizeof *h);
         h->comm = comm;
@@ -930,7 +1000,7 @@ static int gc_p2p_iprobe(gc_p2p *e, uint64_t comm, int source, int32_t tag, int 
     probe.peer = source;
     probe.tag = tag;
     pthread_mutex_lock(&e->mu);
-    gc_p2p__progress(e);
+    gc_p2p__advance(e);       /* a polling probe moves matched rendezvous bytes too (MPI's progress) */
     gc_p2p_msg *m = e->ux_head;
     for (; m; m = m->next)
         if (gc_p2p__matches(&probe, m->h.comm, m->src, m->h.tag))
@@ -1051,7 +1121,7 @@ static int gc_p2p_wait(gc_p2p *e, gc_p2p_req **reqs, int n, int all, double time
     for (;;) {
         int moved = 0;
         pthread_mutex_lock(&e->mu);
-        moved = gc_p2p__progress(e);
+        moved = gc_p2p__advance(e);
         int first = -1, ndone = 0;
         for (int i = 0; i < n; i++)
             if (__atomic_load_n(&reqs[i]->done, __ATOMIC_ACQUIRE)) {
@@ -1099,7 +1169,7 @@ static int gc_p2p_test(gc_p2p *e, gc_p2p_req *r)
 {
     if (__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) return 1;
     pthread_mutex_lock(&e->mu);
-    gc_p2p__progress(e);
+    gc_p2p__advance(e);
     pthread_mutex_unlock(&e->mu);
     return __atomic_load_n(&r->done, __ATOMIC_ACQUIRE);
 }

@@ -29,7 +29,8 @@ from .handshake import Claim, HandshakeError, Purpose
 COMM_ID = "p2p"             # the channels' id among the collectives' (shm segment names, TCP claims)
 OPEN, ASK = "p2p/open", "p2p/ask"
 SHM_EAGER_MAX = 16 << 10    # within a host, larger messages are read from the sender's memory
-TCP_EAGER_MAX = 64 << 10    # between hosts, larger messages wait for their receive (no unexpected copy)
+TCP_EAGER_MAX = 256 << 10   # between hosts, larger messages wait for their receive (no unexpected copy);
+                            # up to this size a round trip costs more than the copy an early message takes
 
 
 class Links:

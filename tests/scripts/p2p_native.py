@@ -12,6 +12,9 @@
              Sends give up naming the peer and the way out; small ones cross fine; Sendrecv
              of large messages never deadlocks
   requests   many Isend/Irecv completed by Waitall, Waitany, Testall, Waitsome (gpucoll.MPI)
+  progress   rank 1 posts an Irecv of a large message, then only polls Iprobe for a later one:
+             the probes move the first one's bytes, so rank 0's blocking Send returns and the
+             later message comes (gpucoll.MPI)
   receiver-dies  rank 1 ends without receiving: rank 0's large Send raises LostPeerError naming it
   sender-dies    rank 0 ends right after an Isend of a large message: rank 1's Recv raises
                  LostPeerError naming rank 0
@@ -142,6 +145,25 @@ elif mode == "requests":
         pass
     out = {"whole": ok, "waitany": 0 <= first < 10, "waitsome": bool(some), "testall_before": before,
            "testall_after": MPI.Request.Testall(later)}
+elif mode == "progress":
+    from gpucoll import MPI
+
+    mpi = MPI.COMM_WORLD
+    if rank == 0:
+        t0 = time.monotonic()
+        mpi.Send(pattern(4 << 20, 3), 1, tag=1)  # returns once rank 1 has taken the bytes
+        out = {"send_seconds": time.monotonic() - t0}
+        mpi.Send(np.ones(8, np.uint8), 1, tag=2)
+    else:
+        big = np.zeros(4 << 20, np.uint8)
+        req = mpi.Irecv(big, 0, tag=1)
+        deadline = time.monotonic() + 10
+        probed = False
+        while not probed and time.monotonic() < deadline:
+            probed = mpi.Iprobe(0, 2)
+        mpi.Recv(np.zeros(8, np.uint8), 0, tag=2) if probed else None
+        req.Wait()
+        out = {"probed": bool(probed), "whole": bool(np.array_equal(big, pattern(4 << 20, 3)))}
 elif mode == "receiver-dies":
     comm.send("warm-up", peer, tag=9)  # the channel exists before the rendezvous starts
     comm.recv(source=peer, tag=9)
