@@ -13,9 +13,9 @@ Each run starts the same rank program under `gpurun -np 2` with gpucoll, then un
            Irecvs; Waitall; rank 1 answers with a 4-byte message; bandwidth = window bytes / time
   bibw     both ranks do both at once (Irecvs, Isends, Waitall): bytes both ways / time
 
-gpucoll's two ranks are bound to a core each, as mpiexec binds Open MPI's by default (gpurun does
-not bind: on a busy machine the kernel may put both ranks on one core, and then every message
-waits for a context switch); --no-bind leaves them unbound.
+gpucoll's two ranks are bound to a core each by gpurun, as mpiexec binds Open MPI's (unbound, a
+busy machine may put both ranks on one core, and then every message waits for a context switch);
+--no-bind starts them with `gpurun --bind-to none`.
 
 --hosts puts one rank on each of two hosts made of network namespaces joined by a veth pair
 (tests/netns.py, as benchmarks/bench_multihost.py): gpurun starts its agents with `--launcher
@@ -57,7 +57,7 @@ else:
     comm = gpucoll.COMM_WORLD
     Waitall = gpucoll.Request.Waitall
 rank = comm.Get_rank()
-if (lib.startswith("gpucoll") and "--no-bind" not in sys.argv) or "--bind-all" in sys.argv:  # one core each
+if "--bind-all" in sys.argv:  # two hosts on one machine: one core each, whatever the launchers do
     import os
     cpus = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
@@ -237,13 +237,13 @@ def _place(two_hosts):
         yield hosts
 
 
-def _launchers(hosts, mpiexec):
+def _launchers(hosts, mpiexec, bind=True):
     """(gpurun's argv, mpiexec's argv, environment): two ranks of this host, or one on each of hosts."""
     bindir = os.path.dirname(sys.executable)
     gpurun = os.path.join(bindir, "gpurun")
     gpurun = [gpurun] if os.access(gpurun, os.X_OK) else [sys.executable, "-m", "gpucoll.launcher"]
     if hosts is None:
-        return ([*gpurun, "-np", "2", "--no-tag-output"],
+        return ([*gpurun, "-np", "2", "--no-tag-output", *([] if bind else ["--bind-to", "none"])],
                 [mpiexec, "--allow-run-as-root", "--oversubscribe", "-n", "2"], None)
     from netns import NSEXEC
 
@@ -267,7 +267,7 @@ def main():
     ap.add_argument("--tests", default="latency,bw,bibw", help="which of latency,bw,bibw (all)")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each library, alternating (3)")
     ap.add_argument("--gpu", action="store_true", help="also GPU rows (latency; CuPy and 2 GPUs), NCCL beside")
-    ap.add_argument("--no-bind", action="store_true", help="leave gpucoll's ranks unbound (gpurun's default)")
+    ap.add_argument("--no-bind", action="store_true", help="leave gpucoll's ranks unbound (gpurun --bind-to none)")
     ap.add_argument("--hosts", action="store_true", help="one rank on each of two network-namespace hosts (root): "
                     "gpucoll's TCP channel beside Open MPI's TCP")
     ap.add_argument("--json", help="write the settings, every run and the rows here")
@@ -278,7 +278,7 @@ def main():
         s *= 8
     if sizes[-1] != args.max and args.max > args.min:
         sizes.append(args.max)
-    spec = [",".join(map(str, sizes)), str(args.iters), args.tests] + (["--no-bind"] if args.no_bind else [])
+    spec = [",".join(map(str, sizes)), str(args.iters), args.tests]
     spec += ["--bind-all"] if args.hosts else []
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     mpiexec = mpiexec if os.access(mpiexec, os.X_OK) else shutil.which("mpiexec")
@@ -291,7 +291,7 @@ def main():
         prog = os.path.join(tmp, "osu.py")
         with open(prog, "w") as f:
             f.write(RANK_PROGRAM)
-        ours_cmd, peer_cmd, env = _launchers(hosts, mpiexec)
+        ours_cmd, peer_cmd, env = _launchers(hosts, mpiexec, bind=not args.no_bind)
         for i in range(args.repeats):
             print(f"# run {i + 1}/{args.repeats} ...", file=sys.stderr)
             run_ = {}
