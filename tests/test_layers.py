@@ -21,9 +21,9 @@ LAYERS = [
     ("algorithms/transports/kernels", ["gpucoll.algorithms", "gpucoll.transports", "gpucoll.bootstrap",
                                        "gpucoll.kernels"]),
     ("native", ["gpucoll._native"]),
-    # Leaves that every layer uses (data, settings, errors); `gpucoll` itself resolves its public
-    # names lazily through importlib and imports nothing.
-    ("base", ["=gpucoll", "gpucoll.call", "gpucoll.config", "gpucoll.log", "gpucoll.errors", "gpucoll.dtypes",
+    # Leaves that every layer uses (data, settings, errors, the buffer exporter that IN_PLACE derives
+    # from); `gpucoll` itself resolves its public names lazily through importlib and imports nothing.
+    ("base", ["=gpucoll", "gpucoll._native.exporter", "gpucoll.call", "gpucoll.config", "gpucoll.log", "gpucoll.errors", "gpucoll.dtypes",
               "gpucoll.ops", "gpucoll.counters", "gpucoll.request", "gpucoll.ranks", "gpucoll.mpi.exception",
               "gpucoll.mpi.constants"]),
 ]

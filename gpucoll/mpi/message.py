@@ -18,6 +18,7 @@ import operator
 
 import numpy as np
 
+from .._native.exporter import AddressConstant
 from ..buffers import maybe_gpu_buffer
 from ..comm import IN_PLACE
 from ..errors import InvalidUsageError
@@ -28,22 +29,16 @@ from .constants import INTEGERS as _C
 ERR_TYPE = _C["ERR_TYPE"]
 
 
-class _Bottom:
-    """mpi4py's MPI.BOTTOM: the address 0, for messages whose datatype holds absolute addresses."""
+class BottomType(AddressConstant):
+    """Type of MPI.BOTTOM: the address 0, for messages whose datatype holds absolute addresses."""
 
-    def __repr__(self):
-        return "BOTTOM"
+    name, address = "BOTTOM", 0
 
-    def __reduce__(self):
-        return "BOTTOM"
-
-    def __int__(self):
+    def __index__(self):
         return 0
 
-    __index__ = __int__
 
-
-BOTTOM = _Bottom()
+BOTTOM = BottomType()
 
 
 def is_in_place(obj):
