@@ -12,6 +12,7 @@ gpucoll/mpi/, one concept per module.
 from . import comm as _core_comm
 from .errors import GpucollError
 from .mpi import datatype as _datatype
+from .mpi import docs as _docs
 from .mpi import errhandler as _errhandler
 from .mpi import op as _op
 from .mpi import unsupported as _unsupported
@@ -74,7 +75,8 @@ for _handle in _NAMED.values():
         _handle._register()  # so that Class.fromhandle(h.handle) finds the predefined ones too
 
 _unsupported.install(globals())
-del _core_comm, _datatype, _errhandler, _op, _unsupported, _handle  # mpi4py.MPI holds no modules: neither does this
+_docs.sign(globals())
+del _core_comm, _datatype, _docs, _errhandler, _op, _unsupported, _handle  # mpi4py.MPI holds no modules: neither does this
 
 
 def __dir__():

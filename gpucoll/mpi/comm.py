@@ -416,19 +416,19 @@ class Comm(Collectives, PointToPoint, Partitioned, FaultTolerance, Handle):
 
 
 def comm_lock_table(comm):
-    """mpi4py's MPI._comm_lock_table: the communicator's named locks."""
+    """The communicator's named locks (mpi4py's MPI._comm_lock_table)."""
     return comm._c("_comm_lock_table") and comm._s.locks
 
 
 def comm_lock(comm, key=None):
-    """mpi4py's MPI._comm_lock: the communicator's lock named key (made on first use)."""
+    """The communicator's lock named key, made on first use (mpi4py's MPI._comm_lock)."""
     table = comm_lock_table(comm)
     with _LOCKS_LOCK:
         return table.setdefault(key, threading.Lock())
 
 
 def commctx_intra(comm):
-    """mpi4py's MPI._commctx_intra: (a private duplicate of comm, a fresh tag), for libraries such as
+    """The pair (a private duplicate of comm, a fresh tag), mpi4py's MPI._commctx_intra, for libraries such as
     mpi4py.util.pkl5. The duplicate is made on the first call (collective: every rank calls it in the
     same operation) and freed with comm; the tag advances on every call."""
     with comm_lock(comm, "@commctx_intra"):

@@ -65,7 +65,7 @@ def Get_library_version():
 
 
 def get_vendor():
-    """('gpucoll', version): programs that special-case MPI libraries see that this is none of them."""
+    """The pair ('gpucoll', version): programs that special-case MPI libraries see that this is none of them."""
     return ("gpucoll", tuple(int(p) for p in __version__.split(".")[:3]))
 
 
@@ -149,7 +149,7 @@ def Remove_error_string(errorcode):
 
 # --- memory and addresses -----------------------------------------------------------------------------
 def Alloc_mem(size, info=None):
-    """size bytes of memory, as an MPI.buffer (ordinary host memory in gpucoll)."""
+    """Size bytes of memory, as an MPI.buffer (ordinary host memory in gpucoll)."""
     return buffer.allocate(size, True)
 
 
@@ -256,7 +256,7 @@ from .ports import Close_port, Open_port  # noqa: E402,F401 - MPI module functio
 
 
 def Get_abi_version():
-    """(-1, -1): gpucoll implements mpi4py's API, not the MPI 5 binary interface."""
+    """The pair (-1, -1): gpucoll implements mpi4py's API, not the MPI 5 binary interface."""
     return (-1, -1)
 
 

@@ -257,7 +257,7 @@ class Intercomm(Comm):
 
     # --- collectives across the groups -------------------------------------------------------------
     def _root(self, root, what):
-        """'root' (this rank is the root), 'idle' (PROC_NULL) or the remote root's rank."""
+        """The role: 'root' (this rank is the root), 'idle' (PROC_NULL) or the remote root's rank."""
         if root == ROOT:
             return "root"
         if root == PROC_NULL:
@@ -478,8 +478,9 @@ class Intercomm(Comm):
 
 
 def commctx_inter(comm):
-    """mpi4py's MPI._commctx_inter: (a private duplicate of comm, a fresh tag, a private duplicate
-    of the local group, whether this is the low group), made on the first call (collective)."""
+    """The tuple (a private duplicate of comm, a fresh tag, a private duplicate
+    of the local group, whether this is the low group), mpi4py's MPI._commctx_inter, made on the
+    first call (collective)."""
     from .comm import comm_lock
 
     with comm_lock(comm, "@commctx_inter"):

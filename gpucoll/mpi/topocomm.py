@@ -56,7 +56,7 @@ class Cartcomm(Topocomm):
     dim = ndim = property(Get_dim)
 
     def Get_topo(self):
-        """(dims, periods, coords of this rank)."""
+        """Return (dims, periods, coords of this rank)."""
         t = self._t("Get_topo")
         return list(t.dims), list(t.periods), t.coords(self.rank)
 
@@ -75,7 +75,7 @@ class Cartcomm(Topocomm):
         return t.coords(rank)
 
     def Shift(self, direction, disp):
-        """(source, dest): the ranks disp steps back and forward along direction (PROC_NULL off a
+        """Return (source, dest): the ranks disp steps back and forward along direction (PROC_NULL off a
         non-periodic edge)."""
         return self._t("Shift").shift(self.rank, direction, disp)
 
@@ -136,12 +136,12 @@ class Distgraphcomm(Topocomm):
     _topology = DistGraphTopology
 
     def Get_dist_neighbors_count(self):
-        """(indegree, outdegree, weighted)."""
+        """Return (indegree, outdegree, weighted)."""
         t = self._t("Get_dist_neighbors_count")
         return len(t.sources), len(t.destinations), t.weights is not None
 
     def Get_dist_neighbors(self):
-        """(sources, destinations, (sourceweights, destweights) or None)."""
+        """Return (sources, destinations, (sourceweights, destweights) or None)."""
         t = self._t("Get_dist_neighbors")
         weights = None if t.weights is None else (list(t.weights[0]), list(t.weights[1]))
         return list(t.sources), list(t.destinations), weights

@@ -79,6 +79,8 @@ def _graph_arrays(index, edges, what):
 
 # --- the topologies -------------------------------------------------------------------------------
 class CartTopology:
+    """A Cartesian topology: dims and periods; ranks map to coordinates in row-major order."""
+
     kind = CART
 
     def __init__(self, dims, periods):
@@ -127,6 +129,8 @@ class CartTopology:
 
 
 class GraphTopology:
+    """A graph topology: MPI's index and edges arrays."""
+
     kind = GRAPH
 
     def __init__(self, index, edges):
@@ -144,6 +148,8 @@ class GraphTopology:
 
 
 class DistGraphTopology:
+    """A distributed graph topology: this rank's sources and destinations, with weights or None."""
+
     kind = DIST_GRAPH
 
     def __init__(self, sources, destinations, sourceweights, destweights):

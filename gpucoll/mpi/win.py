@@ -371,7 +371,7 @@ class Win(Handle, BufferExporter):
         return _eh.create(errhandler_fn)
 
     def Shared_query(self, rank):
-        """(buffer, displacement unit) of rank's part of a shared window (PROC_NULL: the first
+        """Return (buffer, displacement unit) of rank's part of a shared window (PROC_NULL: the first
         rank with memory)."""
         s = self._st("Shared_query")
         if s.shared is None:
@@ -425,7 +425,7 @@ class Win(Handle, BufferExporter):
             self._flush(rank)
 
     def _layout(self, origin, target, what):
-        """(target displacement, byte positions of the target datatype's elements, the datatype) for
+        """Return (target displacement, byte positions of the target datatype's elements, the datatype) for
         an origin Msg; the target scales the displacement by its own displacement unit."""
         disp, count, datatype = _target_spec(target, origin, what)
         t = datatype._t
@@ -483,11 +483,11 @@ class Win(Handle, BufferExporter):
                                         data.tobytes(), fetch), what, answer)
 
     def Accumulate(self, origin, target_rank, target=None, op=None):
-        """target = target op origin, element by element (atomic)."""
+        """Set target = target op origin, element by element (atomic)."""
         self._accumulate(origin, None, target_rank, target, _OPS["SUM"] if op is None else op, "Accumulate", False)
 
     def Get_accumulate(self, origin, result, target_rank, target=None, op=None):
-        """result = target, then target = target op origin (atomic)."""
+        """Set result = target, then target = target op origin (atomic)."""
         self._accumulate(origin, result, target_rank, target, _OPS["SUM"] if op is None else op,
                          "Get_accumulate", True)
 
@@ -507,7 +507,7 @@ class Win(Handle, BufferExporter):
                          _OPS["SUM"] if op is None else op, what, True)
 
     def Compare_and_swap(self, origin, compare, result, target_rank, target_disp=0):
-        """result = target; if target == compare: target = origin (atomic, one element)."""
+        """Set result = target; if target == compare: target = origin (atomic, one element)."""
         what = "Compare_and_swap"
         self._st(what)
         o = _m.simple(origin, True, what=f"{what} origin")
