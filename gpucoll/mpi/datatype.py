@@ -18,6 +18,7 @@ from . import derived as _derived
 from .constants import INTEGERS as _C
 
 ERR_TYPE, ERR_ARG, ERR_KEYVAL = _C["ERR_TYPE"], _C["ERR_ARG"], _C["ERR_KEYVAL"]
+_INT_MAX = 2**31 - 1  # the largest count of MPI 3.1's C interface
 
 
 def type_error(message):
@@ -307,6 +308,12 @@ class Datatype:
 
     # --- derived datatypes (gpucoll/mpi/derived.py) ---------------------------------------
     def Create_contiguous(self, count):
+        if isinstance(count, int) and count > _INT_MAX:
+            # what mpi4py builds on an MPI 3.1 library (the version gpucoll.MPI reports): the whole
+            # INT_MAX blocks as a vector and the rest as a contiguous type, side by side in a struct
+            blocks, rest = divmod(count, _INT_MAX)
+            parts = (self.Create_vector(blocks, _INT_MAX, _INT_MAX), self.Create_contiguous(rest))
+            return type(self).Create_struct([1, 1], [0, blocks * _INT_MAX * self.extent], parts)
         return type(self)._of(_derived.contiguous(_Type, self._rec("Create_contiguous"), count))
 
     def Create_vector(self, count, blocklength, stride):

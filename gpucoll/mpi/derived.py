@@ -83,11 +83,22 @@ def vector(T, old, count, blocklength, stride, hvector=False):
     count, blocklength = _nonneg(count, what, "count"), _nonneg(blocklength, what, "blocklength")
     stride = int(stride)
     step = stride if hvector else stride * old.extent
-    offsets = (np.arange(count, dtype=np.int64)[:, None] * step
-               + np.arange(blocklength, dtype=np.int64)[None, :] * old.extent).reshape(-1)
     if hvector:
-        return new_type(T, old, offsets, _C["COMBINER_HVECTOR"], ([count, blocklength], [stride], [], [old]))
-    return new_type(T, old, offsets, _C["COMBINER_VECTOR"], ([count, blocklength, stride], [], [], [old]))
+        combiner, contents = _C["COMBINER_HVECTOR"], ([count, blocklength], [stride], [], [old])
+    else:
+        combiner, contents = _C["COMBINER_VECTOR"], ([count, blocklength, stride], [], [], [old])
+    if count == 0 or blocklength == 0:
+        return new_type(T, old, [], combiner, contents)
+    # offsets i*step + j*extent: their bounds are the sums of each term's, so that the offsets
+    # themselves are made only when the type is packed (a vector of 2**31 elements costs nothing)
+    span = [(count - 1) * step, (blocklength - 1) * old.extent]
+    lo, hi = sum(min(0, x) for x in span), sum(max(0, x) for x in span)
+
+    def offsets():
+        return (np.arange(count, dtype=np.int64)[:, None] * step
+                + np.arange(blocklength, dtype=np.int64)[None, :] * old.extent).reshape(-1)
+    return T.derived(old.size * count * blocklength, lo + old.lb, hi + old.ub, lo + old.true_lb, hi + old.true_ub,
+                     combiner, contents, lambda: _copies(old, offsets())())
 
 
 def indexed(T, old, blocklengths, displacements, hindexed=False):
