@@ -9,8 +9,9 @@ The release's test/ folder runs unmodified (tests/mpi4py_suite/fetch.py fetches 
 module runs as its own job (a hang or crash costs one module, not the run); the shim in
 tests/mpi4py_suite/shim does nothing but make `mpi4py.MPI` be `gpucoll.MPI`. Per rank it
 counts the modules that imported and the tests that passed, failed (an assertion), raised
-NotImplementedError, raised anything else, or were skipped; a module whose job did not end in
-time is a hang. `--check` exits 1 on any import failure, failure, other error or hang.
+NotImplementedError, raised anything else, were skipped, or are not applicable ("n/a": the four
+tests of the compiled mpi4py's own files, rank.py's NOT_APPLICABLE); a module whose job did not
+end in time is a hang. `--check` exits 1 on any import failure, failure, other error or hang.
 `--diff REF` (a --json of an earlier run, e.g. the reference's) lists, per module, the tests
 that passed there and did not pass here, with what they did here.
 """
@@ -27,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import fetch  # noqa: E402
 
-OUTCOMES = ("pass", "fail", "notimpl", "error", "skip", "xfail", "xpass")
+OUTCOMES = ("pass", "fail", "notimpl", "error", "skip", "xfail", "xpass", "n/a")
 
 
 def modules_of(testdir):
