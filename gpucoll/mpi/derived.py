@@ -259,16 +259,12 @@ def f90(T, named, combiner, params):
     return t
 
 
-def decode(datatype):
-    """(oldtype or types, combiner name, parameters) as mpi4py's Datatype.decode() gives them."""
-    from .datatype import Datatype
-
-    t = datatype._rec("decode")
-    if t.contents is None:
-        return datatype, "NAMED", {}
+def decode(t, handle):
+    """(oldtype or types, combiner name, parameters) of the derived type t as mpi4py's
+    Datatype.decode() gives them; handle(t) is a Datatype of a type record (of None: DATATYPE_NULL)."""
     i, a, _, d = t.contents
-    types = [Datatype._of(x) for x in d]
-    old = types[0] if len(types) == 1 else Datatype()
+    types = [handle(x) for x in d]
+    old = types[0] if len(types) == 1 else handle(None)
     name = COMBINER[t.combiner]
     if name in ("DUP",):
         params = {}
