@@ -290,46 +290,46 @@ class Intercomm(Comm):
     def Bcast(self, buf, root=0):
         self._bcast(buf, root, True)
 
-    def _bcast(self, buf, root, blocking):
-        role = self._root(root, "Bcast")
-        if role == "idle":
-            return _wait_if(done(name="Ibcast"), blocking)
-        if role == "root":
-            msg = _m.simple(buf, True, what="Bcast buf")
-            _no_gpu(msg, "Bcast")
-            data = msg.data()
-            return self._post("Bcast", [(j, data) for j in range(self.Get_remote_size())], [], blocking)
-        msg = _m.simple(buf, False, what="Bcast buf")
-        _no_gpu(msg, "Bcast")
-        return self._post("Bcast", [], [(role, msg)], blocking)
-
-    def _gather(self, sendbuf, recvbuf, root, blocking, vector=False):
-        what = "Gatherv" if vector else "Gather"
+    def _rooted(self, what, root, blocking, at_root, at_leaf):
+        """A rooted collective across the groups: the root posts at_root()'s (sends, receives),
+        each rank of the other group at_leaf(root's rank)'s, the root's group's others nothing."""
         role = self._root(root, what)
         if role == "idle":
             return _wait_if(done(name=f"I{what.lower()}"), blocking)
-        rsize = self.Get_remote_size()
-        if role == "root":
-            return self._post(what, [], list(enumerate(_blocks_of(recvbuf, False, rsize, vector, what))), blocking)
-        s = _m.simple(sendbuf, True, what=f"{what} sendbuf")
-        _no_gpu(s, what)
-        return self._post(what, [(role, s.data())], [], blocking)
+        sends, receives = at_root() if role == "root" else at_leaf(role)
+        return self._post(what, sends, receives, blocking)
+
+    @staticmethod
+    def _host(buf, readonly, what, name):
+        msg = _m.simple(buf, readonly, what=f"{what} {name}")
+        _no_gpu(msg, what)
+        return msg
+
+    def _bcast(self, buf, root, blocking):
+        def at_root():
+            data = self._host(buf, True, "Bcast", "buf").data()
+            return [(j, data) for j in range(self.Get_remote_size())], []
+        return self._rooted("Bcast", root, blocking, at_root,
+                            lambda role: ([], [(role, self._host(buf, False, "Bcast", "buf"))]))
+
+    def _gather(self, sendbuf, recvbuf, root, blocking, vector=False):
+        what = "Gatherv" if vector else "Gather"
+        return self._rooted(
+            what, root, blocking,
+            lambda: ([], list(enumerate(_blocks_of(recvbuf, False, self.Get_remote_size(), vector, what)))),
+            lambda role: ([(role, self._host(sendbuf, True, what, "sendbuf").data())], []))
 
     def _gatherv(self, sendbuf, recvbuf, root, blocking):
         return self._gather(sendbuf, recvbuf, root, blocking, True)
 
     def _scatter(self, sendbuf, recvbuf, root, blocking, vector=False):
         what = "Scatterv" if vector else "Scatter"
-        role = self._root(root, what)
-        if role == "idle":
-            return _wait_if(done(name=f"I{what.lower()}"), blocking)
-        rsize = self.Get_remote_size()
-        if role == "root":
-            blocks = _blocks_of(sendbuf, True, rsize, vector, what)
-            return self._post(what, [(j, b.data()) for j, b in enumerate(blocks)], [], blocking)
-        r = _m.simple(recvbuf, False, what=f"{what} recvbuf")
-        _no_gpu(r, what)
-        return self._post(what, [], [(role, r)], blocking)
+
+        def at_root():
+            blocks = _blocks_of(sendbuf, True, self.Get_remote_size(), vector, what)
+            return [(j, b.data()) for j, b in enumerate(blocks)], []
+        return self._rooted(what, root, blocking, at_root,
+                            lambda role: ([], [(role, self._host(recvbuf, False, what, "recvbuf"))]))
 
     def _scatterv(self, sendbuf, recvbuf, root, blocking):
         return self._scatter(sendbuf, recvbuf, root, blocking, True)
