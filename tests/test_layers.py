@@ -28,14 +28,6 @@ LAYERS = [
               "gpucoll.mpi.constants"]),
 ]
 
-# Cycles allowed for now, each with why; remove an entry as soon as its cycle is gone.
-ALLOWED_CYCLES = [
-    # gpucoll.MPI's communicator kinds: Intracomm mixes in the topology, port and fault-tolerance
-    # methods, whose modules build communicators of comm.py (imports inside functions).
-    frozenset({"gpucoll.mpi.comm", "gpucoll.mpi.intercomm", "gpucoll.mpi.ports", "gpucoll.mpi.session",
-               "gpucoll.mpi.topocomm", "gpucoll.mpi.topology", "gpucoll.mpi.ulfm"}),
-]
-
 _PYX_IMPORT = re.compile(r"^\s*(?:from\s+(gpucoll[\w.]*)\s+import\s+([\w, ()]+)|import\s+(gpucoll[\w.]*))", re.M)
 
 
@@ -148,7 +140,7 @@ def problems(root):
     upward = sorted(f"{a} ({LAYERS[layer_of(a)][0]}) -> {b} ({LAYERS[layer_of(b)][0]})"
                     for a, targets in edges.items() for b in targets
                     if layer_of(a) is not None and layer_of(b) is not None and layer_of(b) < layer_of(a))
-    loops = [sorted(c) for c in cycles(edges) if c not in ALLOWED_CYCLES]
+    loops = [sorted(c) for c in cycles(edges)]
     return unplaced, upward, loops
 
 

@@ -25,6 +25,7 @@ from .constants import INTEGERS as _C
 from .group import Group
 from .handle import Handle
 from .info import Info
+from .kinds import kind, register
 from .op import as_op
 from .partitioned import Partitioned
 from .pointtopoint import PointToPoint, issend_state
@@ -320,9 +321,7 @@ class Comm(Collectives, PointToPoint, Partitioned, FaultTolerance, Handle):
     @classmethod
     def Get_parent(cls):
         """The parent of a spawned job: gpucoll does not spawn, so always the null communicator."""
-        from .intercomm import Intercomm
-
-        return Intercomm()
+        return kind("Intercomm")()
 
     # --- Python objects (pickle): gpucoll's own methods -------------------------------------------
     def bcast(self, obj, root=0):
@@ -481,6 +480,7 @@ def _last_used_code():
     return max([_C["ERR_LASTCODE"], *added_classes, *added_strings])
 
 
+@register
 class Intracomm(TopologyMaker, Ports, Comm):
     """An intra-communicator."""
 
@@ -490,16 +490,23 @@ class Intracomm(TopologyMaker, Ports, Comm):
     def Create_from_group(group, stringtag="org.mpi4py", info=None, errhandler=None):
         """The communicator of group's processes (collective over them, without a parent
         communicator; processes that make several tell them apart by stringtag)."""
-        from .session import create_from_group
-
-        return create_from_group(group, stringtag, info, errhandler)
+        ranks = tuple(group._st("Create_from_group").ranks)
+        world = _world.init()
+        if world.rank not in ranks:
+            raise InvalidUsageError("Create_from_group: this process is not in the group",
+                                    error_class=_C["ERR_GROUP"])
+        name = f"fromgroup[{stringtag}]"
+        comm = Intracomm._wrap(_core.Communicator(world._ctx, f"{name}{name_count(name, ranks)}", ranks))
+        if info:
+            comm._s.info = dict(info.items())
+        if errhandler is not None:
+            comm._s.errhandler = errhandler._s
+        return comm
 
     def Create_intercomm(self, local_leader, peer_comm, remote_leader, tag=0):
         """The intercommunicator between this group and the one whose leader is remote_leader of
         peer_comm (collective over both groups; the leaders talk over peer_comm with tag)."""
-        from .intercomm import create_intercomm
-
-        return create_intercomm(self, local_leader, peer_comm, remote_leader, tag)
+        return kind("Intercomm")._from_leaders(self, local_leader, peer_comm, remote_leader, tag)
 
     @classmethod
     def _accepts(cls, other):

@@ -21,8 +21,10 @@ from .comm import Comm, Intracomm, comm_error, name_count
 from .composite import VCOLL_TAG, Composite, done
 from .constants import INTEGERS as _C
 from .group import Group
+from .kinds import register
 from . import message as _m
 from .op import as_op, check
+from .ports import side_key
 from .request import Request
 
 ROOT, PROC_NULL, UNDEFINED = _C["ROOT"], _C["PROC_NULL"], _C["UNDEFINED"]
@@ -44,10 +46,6 @@ def _bridge(ctx, name, local, remote):
     return _core.Communicator(ctx, name, tuple(remote) + tuple(local))
 
 
-def _side_key(worlds, comm_id, n):
-    return f"{comm_id}#{n}@{min(worlds)}"
-
-
 def make(local_core, remote, my_key, their_key, cls=None):
     """The Intercomm of local_core with the remote group (world ranks); the bridge is named by
     both sides' keys, lower group first, so that both sides give it the same name."""
@@ -66,7 +64,7 @@ def create_intercomm(intra, local_leader, peer_comm, remote_leader, tag):
         raise comm_error(f"Create_intercomm: local leader {local_leader} is out of range for a group of "
                          f"{core.size}", ERR_RANK)
     n = intra._s.children[("inter",)] = intra._s.children.get(("inter",), 0) + 1
-    mine = (core.world_ranks, _side_key(core.world_ranks, core._id, n))
+    mine = (core.world_ranks, side_key(core.world_ranks, core._id, n))
     theirs = None
     if core.rank == local_leader:
         peer = peer_comm._c("Create_intercomm")
@@ -78,6 +76,7 @@ def create_intercomm(intra, local_leader, peer_comm, remote_leader, tag):
     return make(core.Dup(), remote, mine[1], key)
 
 
+@register
 class Intercomm(Comm):
     """An intercommunicator: point to point and collectives between two disjoint groups."""
 
@@ -86,6 +85,16 @@ class Intercomm(Comm):
     @classmethod
     def _accepts(cls, other):
         return other._s is None or other._s.inter is not None
+
+    @staticmethod
+    def _from_leaders(intra, local_leader, peer_comm, remote_leader, tag):
+        """Intracomm.Create_intercomm (which finds this class by name, kinds.py)."""
+        return create_intercomm(intra, local_leader, peer_comm, remote_leader, tag)
+
+    @classmethod
+    def _joined(cls, local_core, remote, my_key, their_key):
+        """The intercommunicator of Accept and Connect (ports.py), as make() builds it."""
+        return make(local_core, remote, my_key, their_key, cls)
 
     def _c(self, what="communicator"):
         """The bridge (remote ranks first): what point to point and the collectives use."""

@@ -11,6 +11,7 @@ import itertools
 from .. import world as _world
 from ..errors import InvalidUsageError
 from .constants import INTEGERS as _C
+from .kinds import kind
 
 _PREFIX = "gpucoll-port:"
 _OPEN = {}             # port name -> its number (ports this process opened and has not closed)
@@ -43,13 +44,18 @@ def _parse(port_name, what):
         raise _error(f"{what}: {port_name!r} is not a port name of this job (MPI.Open_port makes them)") from None
 
 
-def _meet(intra, port_name, root, accept):
-    from .intercomm import _side_key, make
+def side_key(worlds, comm_id, n):
+    """The name one group gives its side of a new intercommunicator (Create_intercomm, Accept,
+    Connect): unique to the parent communicator and its n-th intercommunicator, ordered by the
+    group's lowest world rank."""
+    return f"{comm_id}#{n}@{min(worlds)}"
 
+
+def _meet(intra, port_name, root, accept):
     what = "Accept" if accept else "Connect"
     core = intra._c(what)
     n = intra._s.children[("inter",)] = intra._s.children.get(("inter",), 0) + 1
-    mine = (core.world_ranks, _side_key(core.world_ranks, core._id, n))
+    mine = (core.world_ranks, side_key(core.world_ranks, core._id, n))
     theirs = None
     if core.rank == root:
         owner, number = _parse(port_name, what)
@@ -64,7 +70,7 @@ def _meet(intra, port_name, root, accept):
             world._p2p.send_object((mine, world.rank), owner, tag)
             theirs = world._p2p.irecv_object(owner, tag).wait()
     remote, key = core.bcast(theirs, root)
-    return make(core.Dup(), remote, mine[1], key)
+    return kind("Intercomm")._joined(core.Dup(), remote, mine[1], key)
 
 
 class Ports:

@@ -6,6 +6,7 @@ communicator of its topology (MPI.Cartcomm(graph) raises TypeError, as in mpi4py
 """
 from .comm import Intracomm, comm_error
 from .constants import INTEGERS as _C
+from .kinds import register
 from .neighbor import Neighborhood
 from .topology import CartTopology, DistGraphTopology, GraphTopology
 
@@ -44,6 +45,7 @@ class Topocomm(Neighborhood, Intracomm):
     outdegree = property(lambda self: self.degrees[1])
 
 
+@register
 class Cartcomm(Topocomm):
     """A Cartesian grid of processes (row-major: the last coordinate varies fastest)."""
 
@@ -97,6 +99,7 @@ class Cartcomm(Topocomm):
         return handle
 
 
+@register
 class Graphcomm(Topocomm):
     """A graph of processes that every rank knows whole."""
 
@@ -129,6 +132,7 @@ class Graphcomm(Topocomm):
     nneighbors = property(lambda self: self.Get_neighbors_count(self.rank))
 
 
+@register
 class Distgraphcomm(Topocomm):
     """A distributed graph: each rank knows its own in- and out-neighbours."""
 

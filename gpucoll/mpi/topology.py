@@ -11,6 +11,7 @@ import operator
 
 from ..errors import InvalidUsageError
 from .constants import INTEGERS as _C
+from .kinds import kind as communicator_kind
 
 UNDEFINED, PROC_NULL = _C["UNDEFINED"], _C["PROC_NULL"]
 CART, GRAPH, DIST_GRAPH = _C["CART"], _C["GRAPH"], _C["DIST_GRAPH"]
@@ -163,9 +164,7 @@ class DistGraphTopology:
 
 def _make(parent, kind, topology, members, what):
     """The topology communicator of `members` (parent ranks, in order; the others get COMM_NULL)."""
-    from . import topocomm
-
-    cls = getattr(topocomm, kind)
+    cls = communicator_kind(kind)
     core = parent._c(what)
     new = core.Split(0 if core.rank in members else None, 0)
     if new is None:
