@@ -29,7 +29,7 @@ from .kinds import kind, register
 from .op import as_op
 from .partitioned import Partitioned
 from .pointtopoint import PointToPoint, issend_state
-from .ports import Ports
+from .ports import Ports, join
 from .request import Request
 from .topology import TopologyMaker
 from .ulfm import FaultTolerance
@@ -317,6 +317,12 @@ class Comm(Collectives, PointToPoint, Partitioned, FaultTolerance, Handle):
     def Iflush_buffer(self):
         self._c("Iflush_buffer")
         return Request()
+
+    @staticmethod
+    def Join(fd):
+        """The intercommunicator of this process and the one at the other end of the connected
+        socket fd, a process of this job (gpucoll does not join other jobs)."""
+        return join(fd)
 
     @classmethod
     def Get_parent(cls):
