@@ -4,9 +4,9 @@
     comm = MPI.COMM_WORLD
     comm.Allreduce(MPI.IN_PLACE, [buf, MPI.DOUBLE], op=MPI.SUM)
 
-Every name of mpi4py.MPI exists here. What gpucoll does not provide (RMA windows, MPI-IO,
-sessions, intercommunicators, topologies, ...) raises NotImplementedError naming the missing
-feature when it is called (gpucoll/mpi/unsupported.py lists them). The pieces live in
+Every name of mpi4py.MPI exists here. What gpucoll does not provide (spawning processes, the
+name service, C-level handles, ...) raises NotImplementedError naming the missing feature when
+it is called (gpucoll/mpi/unsupported.py lists them). The pieces live in
 gpucoll/mpi/, one concept per module.
 """
 from . import comm as _core_comm
