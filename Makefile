@@ -52,7 +52,7 @@ test-mpi4py: $(STAMP)
 	$(PY) tests/mpi4py_suite/run.py --np 2 3 4
 
 test-mpi4py-ref: $(STAMP)
-	$(PY) tests/mpi4py_suite/run.py --np 2 --mpi
+	$(PY) tests/mpi4py_suite/run.py --np 2 3 4 --mpi
 
 # mpi4py's demos (its demo/ folder) under gpurun, unchanged but for the import (the OSU benchmarks too);
 # the deterministic ones must print what they print under mpiexec with real mpi4py.

@@ -4,14 +4,15 @@
     comm = MPI.COMM_WORLD
     comm.Allreduce(MPI.IN_PLACE, [buf, MPI.DOUBLE], op=MPI.SUM)
 
-Every name of mpi4py.MPI exists here. What gpucoll does not provide (RMA windows, MPI-IO,
-sessions, intercommunicators, topologies, ...) raises NotImplementedError naming the missing
-feature when it is called (gpucoll/mpi/unsupported.py lists them). The pieces live in
+Every name of mpi4py.MPI exists here. What gpucoll does not provide (spawning processes, the
+name service, C-level handles, ...) raises NotImplementedError naming the missing feature when
+it is called (gpucoll/mpi/unsupported.py lists them). The pieces live in
 gpucoll/mpi/, one concept per module.
 """
 from . import comm as _core_comm
 from .errors import GpucollError
 from .mpi import datatype as _datatype
+from .mpi import docs as _docs
 from .mpi import errhandler as _errhandler
 from .mpi import op as _op
 from .mpi import unsupported as _unsupported
@@ -74,7 +75,8 @@ for _handle in _NAMED.values():
         _handle._register()  # so that Class.fromhandle(h.handle) finds the predefined ones too
 
 _unsupported.install(globals())
-del _core_comm, _datatype, _errhandler, _op, _unsupported, _handle  # mpi4py.MPI holds no modules: neither does this
+_docs.sign(globals())
+del _core_comm, _datatype, _docs, _errhandler, _op, _unsupported, _handle  # mpi4py.MPI holds no modules: neither does this
 
 
 def __dir__():

@@ -1,6 +1,6 @@
 """One collective call as data: what every layer below the API agrees on.
 
-A leaf (it imports only dtypes): the communicator builds a `Call` from the user's arguments,
+A leaf (it imports only dtypes, ops, errors and the native buffer exporter): the communicator builds a `Call` from the user's arguments,
 the dispatcher numbers and routes it, an engine runs it. The table of collective kinds lives
 here and nowhere else; the numbers are those of `GC_KIND_*` in cython_src/include/gc_direct.h
 (tests/test_call.py compares them)::
@@ -9,6 +9,7 @@ here and nowhere else; the numbers are those of `GC_KIND_*` in cython_src/includ
     Call("allgather", send, recv, block, code).nbytes   # bytes of ONE rank's block
 """
 from . import dtypes, ops
+from ._native.exporter import AddressConstant
 from .errors import InvalidUsageError
 
 
@@ -42,11 +43,11 @@ BY_ID = {k.id: k for k in KINDS.values()}
 ROOTED = frozenset(k.name for k in KINDS.values() if k.rooted)
 
 
-class _InPlace:
-    """Marker for mpi4py's IN_PLACE: the input is taken from the receive buffer."""
+class _InPlace(AddressConstant):
+    """Marker for mpi4py's IN_PLACE: the input is taken from the receive buffer. Like mpi4py's,
+    it is int-like (the MPI ABI's address -1) and an empty buffer; layers test it with `is`."""
 
-    def __repr__(self):
-        return "gpucoll.IN_PLACE"
+    name, address = "IN_PLACE", -1
 
 
 IN_PLACE = _InPlace()

@@ -110,7 +110,8 @@ def gpurun_job():
 # The pieces a test may find missing, and what provides them.
 PIECES = {
     "gpu": "a CUDA GPU and CuPy (make test-gpu on a GPU machine)",
-    "mpi4py": "mpi4py and Open MPI's mpiexec in this Python (pip install '.[test]')",
+    "mpi4py": "mpi4py and Open MPI's mpiexec in this Python (pip install '.[test]'), and mpi4py's release "
+              "(its test suite and demos) from PyPI",
     "mpich": "MPICH and mpi4py in .venv-mpich (scripts/setup-test-system.sh)",
     "slurm": "a running single-node Slurm (scripts/setup-test-system.sh, as root)",
     "pmix": "Slurm's pmix plugin and libpmix (scripts/setup-test-system.sh, as root)",
@@ -164,3 +165,21 @@ def pytest_runtest_setup(item):
             pytest.fail(f"{broken} ({PIECES[piece]})", pytrace=False)
         if reason is not None:
             unavailable(piece, reason)
+
+
+# --- mpi4py's release (its test suite and demos), fetched from PyPI once --------------------------
+@pytest.fixture(scope="session")
+def mpi4py_release():
+    """The folder holding test/, demo/ and src/mpi4py of the mpi4py release that
+    tests/mpi4py_suite/fetch.py downloads (once, checked by its SHA-256); unavailable("mpi4py")
+    when it cannot be fetched."""
+    import importlib.util
+
+    path = os.path.join(HERE, "mpi4py_suite", "fetch.py")
+    spec = importlib.util.spec_from_file_location("mpi4py_suite_fetch", path)
+    fetch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fetch)
+    try:
+        return fetch.fetch()
+    except (OSError, SystemExit) as exc:
+        unavailable("mpi4py", f"cannot fetch mpi4py's release (test suite and demos) from PyPI: {exc}")

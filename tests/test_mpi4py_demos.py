@@ -5,26 +5,11 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEMOS = os.path.join(HERE, "mpi4py_suite", "demos.py")
 
 
-@pytest.fixture(scope="module")
-def suite():
-    sys.path.insert(0, os.path.join(HERE, "mpi4py_suite"))
-    try:
-        import fetch
-
-        return fetch.fetch()
-    except (OSError, SystemExit) as exc:
-        pytest.skip(f"cannot fetch mpi4py's demos from PyPI: {exc}")
-    finally:
-        sys.path.remove(os.path.join(HERE, "mpi4py_suite"))
-
-
-def test_quick_demos_run_under_gpurun(suite):
+def test_quick_demos_run_under_gpurun(mpi4py_release):
     proc = subprocess.run([sys.executable, DEMOS, "--fast", "--timeout", "60"], capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]

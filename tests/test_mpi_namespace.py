@@ -112,3 +112,40 @@ def test_attribute_access_never_refuses_an_mpi4py_name():
     assert callable(MPI.Intracomm.Create_cart) and callable(MPI.Win.Allocate) and callable(MPI.Open_port)
     with pytest.raises(AttributeError, match="not an mpi4py.MPI name"):
         MPI.NO_SUCH_NAME
+
+
+def test_address_constants_are_int_like_empty_buffers_as_mpi4pys():
+    import pickle
+
+    import gpucoll
+
+    assert MPI.IN_PLACE is gpucoll.IN_PLACE  # one object for both APIs: every layer tests it with `is`
+    for name, address in (("BOTTOM", 0), ("IN_PLACE", -1), ("BUFFER_AUTOMATIC", -2)):
+        constant = getattr(MPI, name)
+        assert constant == address and not constant != address and constant != None  # noqa: E711
+        assert int(constant) == address and hash(constant) == hash(address) and bool(constant) == bool(address)
+        assert type(constant)() == constant and repr(constant) == name
+        view = memoryview(constant)
+        assert view.nbytes == 0 and view.obj is None
+        assert MPI.Get_address(constant) == address
+        assert pickle.loads(pickle.dumps(constant)) is constant
+        with pytest.raises(TypeError):
+            constant + 1
+    assert [1, 2][MPI.BOTTOM] == 1  # BOTTOM alone is an index, as in mpi4py
+
+
+def test_contiguous_type_beyond_int_max_is_built_as_on_mpi_3_without_typemap():
+    int_max = 2**31 - 1
+    count = int_max + 5
+    t = MPI.BYTE.Create_contiguous(count)
+    assert (t.size, t.extent) == (count, count)
+    base, combiner, params = t.decode()
+    assert (base, combiner, params["blocklengths"], params["displacements"]) == (MPI.DATATYPE_NULL, "STRUCT",
+                                                                                 [1, 1], [0, int_max])
+    whole, rest = params["datatypes"]
+    assert whole.decode()[1:] == ("VECTOR", {"count": 1, "blocklength": int_max, "stride": int_max})
+    assert (whole.size, rest.size) == (int_max, 5)
+    small = MPI.BYTE.Create_contiguous(int_max)  # up to INT_MAX: one contiguous type
+    assert small.decode()[1:] == ("CONTIGUOUS", {"count": int_max})
+    for x in (t, whole, rest, small):
+        x.Free()

@@ -25,10 +25,11 @@ from .constants import INTEGERS as _C
 from .group import Group
 from .handle import Handle
 from .info import Info
+from .kinds import kind, register
 from .op import as_op
 from .partitioned import Partitioned
 from .pointtopoint import PointToPoint, issend_state
-from .ports import Ports
+from .ports import Ports, join
 from .request import Request
 from .topology import TopologyMaker
 from .ulfm import FaultTolerance
@@ -317,12 +318,16 @@ class Comm(Collectives, PointToPoint, Partitioned, FaultTolerance, Handle):
         self._c("Iflush_buffer")
         return Request()
 
+    @staticmethod
+    def Join(fd):
+        """The intercommunicator of this process and the one at the other end of the connected
+        socket fd, a process of this job (gpucoll does not join other jobs)."""
+        return join(fd)
+
     @classmethod
     def Get_parent(cls):
         """The parent of a spawned job: gpucoll does not spawn, so always the null communicator."""
-        from .intercomm import Intercomm
-
-        return Intercomm()
+        return kind("Intercomm")()
 
     # --- Python objects (pickle): gpucoll's own methods -------------------------------------------
     def bcast(self, obj, root=0):
@@ -416,19 +421,19 @@ class Comm(Collectives, PointToPoint, Partitioned, FaultTolerance, Handle):
 
 
 def comm_lock_table(comm):
-    """mpi4py's MPI._comm_lock_table: the communicator's named locks."""
+    """The communicator's named locks (mpi4py's MPI._comm_lock_table)."""
     return comm._c("_comm_lock_table") and comm._s.locks
 
 
 def comm_lock(comm, key=None):
-    """mpi4py's MPI._comm_lock: the communicator's lock named key (made on first use)."""
+    """The communicator's lock named key, made on first use (mpi4py's MPI._comm_lock)."""
     table = comm_lock_table(comm)
     with _LOCKS_LOCK:
         return table.setdefault(key, threading.Lock())
 
 
 def commctx_intra(comm):
-    """mpi4py's MPI._commctx_intra: (a private duplicate of comm, a fresh tag), for libraries such as
+    """The pair (a private duplicate of comm, a fresh tag), mpi4py's MPI._commctx_intra, for libraries such as
     mpi4py.util.pkl5. The duplicate is made on the first call (collective: every rank calls it in the
     same operation) and freed with comm; the tag advances on every call."""
     with comm_lock(comm, "@commctx_intra"):
@@ -481,6 +486,7 @@ def _last_used_code():
     return max([_C["ERR_LASTCODE"], *added_classes, *added_strings])
 
 
+@register
 class Intracomm(TopologyMaker, Ports, Comm):
     """An intra-communicator."""
 
@@ -490,16 +496,23 @@ class Intracomm(TopologyMaker, Ports, Comm):
     def Create_from_group(group, stringtag="org.mpi4py", info=None, errhandler=None):
         """The communicator of group's processes (collective over them, without a parent
         communicator; processes that make several tell them apart by stringtag)."""
-        from .session import create_from_group
-
-        return create_from_group(group, stringtag, info, errhandler)
+        ranks = tuple(group._st("Create_from_group").ranks)
+        world = _world.init()
+        if world.rank not in ranks:
+            raise InvalidUsageError("Create_from_group: this process is not in the group",
+                                    error_class=_C["ERR_GROUP"])
+        name = f"fromgroup[{stringtag}]"
+        comm = Intracomm._wrap(_core.Communicator(world._ctx, f"{name}{name_count(name, ranks)}", ranks))
+        if info:
+            comm._s.info = dict(info.items())
+        if errhandler is not None:
+            comm._s.errhandler = errhandler._s
+        return comm
 
     def Create_intercomm(self, local_leader, peer_comm, remote_leader, tag=0):
         """The intercommunicator between this group and the one whose leader is remote_leader of
         peer_comm (collective over both groups; the leaders talk over peer_comm with tag)."""
-        from .intercomm import create_intercomm
-
-        return create_intercomm(self, local_leader, peer_comm, remote_leader, tag)
+        return kind("Intercomm")._from_leaders(self, local_leader, peer_comm, remote_leader, tag)
 
     @classmethod
     def _accepts(cls, other):

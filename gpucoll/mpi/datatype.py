@@ -15,9 +15,12 @@ import numpy as np
 from .. import dtypes as _dtypes
 from ..errors import InvalidUsageError
 from . import derived as _derived
+from .attributes import copy_attrs, create_keyval, delete_all, delete_attr, free_keyval, get_attr, set_attr
 from .constants import INTEGERS as _C
+from .memory import Msg, as_array
 
 ERR_TYPE, ERR_ARG, ERR_KEYVAL = _C["ERR_TYPE"], _C["ERR_ARG"], _C["ERR_KEYVAL"]
+_INT_MAX = 2**31 - 1  # the largest count of MPI 3.1's C interface
 
 
 def type_error(message):
@@ -285,9 +288,8 @@ class Datatype:
         t = self._rec("Free")
         if t.predefined and t.contents is None:
             raise type_error(f"Free: {t.name} is a predefined datatype and cannot be freed")
-        from .attributes import delete_all
-
-        delete_all(self, t.attrs)
+        if t.attrs:
+            delete_all(self, t.attrs)
         self._t = None
 
     def Dup(self):
@@ -298,15 +300,19 @@ class Datatype:
         new.base = t if t.typechar not in (None, "V") else None
         new.name = f"Dup {t.name}" if t.name else ""
         new.committed = t.committed
-        from .attributes import copy_attrs
-
-        new.attrs = copy_attrs(self, t.attrs)
+        new.attrs = copy_attrs(self, t.attrs) if t.attrs else {}
         return type(self)._of(new)
 
     Create_dup = Dup
 
     # --- derived datatypes (gpucoll/mpi/derived.py) ---------------------------------------
     def Create_contiguous(self, count):
+        if isinstance(count, int) and count > _INT_MAX:
+            # what mpi4py builds on an MPI 3.1 library (the version gpucoll.MPI reports): the whole
+            # INT_MAX blocks as a vector and the rest as a contiguous type, side by side in a struct
+            blocks, rest = divmod(count, _INT_MAX)
+            parts = (self.Create_vector(blocks, _INT_MAX, _INT_MAX), self.Create_contiguous(rest))
+            return type(self).Create_struct([1, 1], [0, blocks * _INT_MAX * self.extent], parts)
         return type(self)._of(_derived.contiguous(_Type, self._rec("Create_contiguous"), count))
 
     def Create_vector(self, count, blocklength, stride):
@@ -371,8 +377,6 @@ class Datatype:
     def Pack(self, inbuf, outbuf, position, comm=None):
         """Pack inbuf's elements of this type (as many as fit in it) into outbuf at byte `position`;
         the position after them."""
-        from .message import Msg, as_array
-
         t = self._rec("Pack")
         raw = _bytes_of(as_array(inbuf, True, "Pack inbuf"))
         data = Msg(raw, raw.size // t.extent if t.extent > 0 else 0, self).data()
@@ -386,8 +390,6 @@ class Datatype:
     def Unpack(self, inbuf, position, outbuf, comm=None):
         """Fill outbuf with elements of this type (as many as it holds) from inbuf's bytes at
         `position`; the position after them."""
-        from .message import Msg, as_array
-
         t = self._rec("Unpack")
         src = _bytes_of(as_array(inbuf, True, "Unpack inbuf"))
         raw = _bytes_of(as_array(outbuf, False, "Unpack outbuf"))
@@ -420,34 +422,27 @@ class Datatype:
     contents = property(Get_contents)
 
     def decode(self):
-        return _derived.decode(self)
+        t = self._rec("decode")
+        if t.contents is None:
+            return self, "NAMED", {}
+        return _derived.decode(t, Datatype._of)
 
     # --- attributes (Create_keyval/Set_attr/...) ---------------------------------------
     def Get_attr(self, keyval):
-        from .attributes import get_attr
-
         return get_attr(self._rec("Get_attr").attrs, keyval, "Datatype")
 
     def Set_attr(self, keyval, attrval):
-        from .attributes import set_attr
-
         set_attr(self, self._rec("Set_attr").attrs, keyval, attrval, "Datatype")
 
     def Delete_attr(self, keyval):
-        from .attributes import delete_attr
-
         delete_attr(self, self._rec("Delete_attr").attrs, keyval, "Datatype")
 
     @staticmethod
     def Create_keyval(copy_fn=None, delete_fn=None, nopython=False):
-        from .attributes import create_keyval
-
         return create_keyval("Datatype", copy_fn, delete_fn, nopython)
 
     @staticmethod
     def Free_keyval(keyval):
-        from .attributes import free_keyval
-
         return free_keyval(keyval)
 
     # --- predefined lookups -----------------------------------------------------------

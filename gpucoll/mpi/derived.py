@@ -83,11 +83,22 @@ def vector(T, old, count, blocklength, stride, hvector=False):
     count, blocklength = _nonneg(count, what, "count"), _nonneg(blocklength, what, "blocklength")
     stride = int(stride)
     step = stride if hvector else stride * old.extent
-    offsets = (np.arange(count, dtype=np.int64)[:, None] * step
-               + np.arange(blocklength, dtype=np.int64)[None, :] * old.extent).reshape(-1)
     if hvector:
-        return new_type(T, old, offsets, _C["COMBINER_HVECTOR"], ([count, blocklength], [stride], [], [old]))
-    return new_type(T, old, offsets, _C["COMBINER_VECTOR"], ([count, blocklength, stride], [], [], [old]))
+        combiner, contents = _C["COMBINER_HVECTOR"], ([count, blocklength], [stride], [], [old])
+    else:
+        combiner, contents = _C["COMBINER_VECTOR"], ([count, blocklength, stride], [], [], [old])
+    if count == 0 or blocklength == 0:
+        return new_type(T, old, [], combiner, contents)
+    # offsets i*step + j*extent: their bounds are the sums of each term's, so that the offsets
+    # themselves are made only when the type is packed (a vector of 2**31 elements costs nothing)
+    span = [(count - 1) * step, (blocklength - 1) * old.extent]
+    lo, hi = sum(min(0, x) for x in span), sum(max(0, x) for x in span)
+
+    def offsets():
+        return (np.arange(count, dtype=np.int64)[:, None] * step
+                + np.arange(blocklength, dtype=np.int64)[None, :] * old.extent).reshape(-1)
+    return T.derived(old.size * count * blocklength, lo + old.lb, hi + old.ub, lo + old.true_lb, hi + old.true_ub,
+                     combiner, contents, lambda: _copies(old, offsets())())
 
 
 def indexed(T, old, blocklengths, displacements, hindexed=False):
@@ -248,16 +259,12 @@ def f90(T, named, combiner, params):
     return t
 
 
-def decode(datatype):
-    """(oldtype or types, combiner name, parameters) as mpi4py's Datatype.decode() gives them."""
-    from .datatype import Datatype
-
-    t = datatype._rec("decode")
-    if t.contents is None:
-        return datatype, "NAMED", {}
+def decode(t, handle):
+    """(oldtype or types, combiner name, parameters) of the derived type t as mpi4py's
+    Datatype.decode() gives them; handle(t) is a Datatype of a type record (of None: DATATYPE_NULL)."""
     i, a, _, d = t.contents
-    types = [Datatype._of(x) for x in d]
-    old = types[0] if len(types) == 1 else Datatype()
+    types = [handle(x) for x in d]
+    old = types[0] if len(types) == 1 else handle(None)
     name = COMBINER[t.combiner]
     if name in ("DUP",):
         params = {}

@@ -5,6 +5,7 @@ import socket
 import time
 
 from .. import __version__
+from .._native.exporter import AddressConstant
 from .. import world as _world
 from ..errors import GpucollError, InvalidUsageError
 from . import exception as _exc
@@ -64,7 +65,7 @@ def Get_library_version():
 
 
 def get_vendor():
-    """('gpucoll', version): programs that special-case MPI libraries see that this is none of them."""
+    """The pair ('gpucoll', version): programs that special-case MPI libraries see that this is none of them."""
     return ("gpucoll", tuple(int(p) for p in __version__.split(".")[:3]))
 
 
@@ -148,7 +149,7 @@ def Remove_error_string(errorcode):
 
 # --- memory and addresses -----------------------------------------------------------------------------
 def Alloc_mem(size, info=None):
-    """size bytes of memory, as an MPI.buffer (ordinary host memory in gpucoll)."""
+    """Size bytes of memory, as an MPI.buffer (ordinary host memory in gpucoll)."""
     return buffer.allocate(size, True)
 
 
@@ -158,10 +159,12 @@ def Free_mem(mem):
 
 def Get_address(location):
     """The address of a buffer's first byte (BOTTOM and None: 0)."""
-    from .message import BOTTOM, as_array
+    from .message import as_array
 
-    if location is None or location is BOTTOM:
+    if location is None:
         return 0
+    if isinstance(location, AddressConstant):  # BOTTOM, IN_PLACE, BUFFER_AUTOMATIC: their address
+        return int(location)
     if isinstance(location, buffer):
         return location.address  # 0 for MPI.buffer.fromaddress(0, 0), as a dynamic window's memory
     arr = as_array(location, True, "Get_address")
@@ -225,7 +228,7 @@ _attached = [None]
 def Attach_buffer(buf):
     from .message import as_array
 
-    if buf is not _C and not isinstance(buf, _BufferAutomatic):
+    if buf is not _C and not isinstance(buf, BufferAutomaticType):
         arr = as_array(buf, False, "Attach_buffer") if not isinstance(buf, buffer) else buf
         if not arr.flags.writeable:
             raise BufferError("Attach_buffer: the buffer is read-only")
@@ -253,7 +256,7 @@ from .ports import Close_port, Open_port  # noqa: E402,F401 - MPI module functio
 
 
 def Get_abi_version():
-    """(-1, -1): gpucoll implements mpi4py's API, not the MPI 5 binary interface."""
+    """The pair (-1, -1): gpucoll implements mpi4py's API, not the MPI 5 binary interface."""
     return (-1, -1)
 
 
@@ -274,20 +277,13 @@ def Get_abi_fortran_info():
     return Info()
 
 
-class _BufferAutomatic:
-    """mpi4py's MPI.BUFFER_AUTOMATIC."""
+class BufferAutomaticType(AddressConstant):
+    """Type of MPI.BUFFER_AUTOMATIC: buffered sends take their buffer themselves (the MPI ABI's -2)."""
 
-    def __repr__(self):
-        return "BUFFER_AUTOMATIC"
-
-    def __reduce__(self):
-        return "BUFFER_AUTOMATIC"
-
-    def __int__(self):
-        return 1
+    name, address = "BUFFER_AUTOMATIC", -2
 
 
-BUFFER_AUTOMATIC = _BufferAutomatic()
+BUFFER_AUTOMATIC = BufferAutomaticType()
 
 
 def _typealign(datatype):

@@ -21,6 +21,8 @@ _USER = set()
 
 
 class Errhandler(Handle):
+    """An error handler: what a communicator, window or file does when a call fails."""
+
     __slots__ = ()
     _kind = "errhandler"
 

@@ -279,7 +279,7 @@ class File(Handle):
         s.comm.Barrier()
 
     def Get_view(self):
-        """(disp, etype, filetype, datarep); derived types come back as new handles."""
+        """The view (disp, etype, filetype, datarep); derived types come back as new handles."""
         v = self._st("Get_view").view
 
         def copy(t):

@@ -21,8 +21,10 @@ from .comm import Comm, Intracomm, comm_error, name_count
 from .composite import VCOLL_TAG, Composite, done
 from .constants import INTEGERS as _C
 from .group import Group
+from .kinds import register
 from . import message as _m
 from .op import as_op, check
+from .ports import side_key
 from .request import Request
 
 ROOT, PROC_NULL, UNDEFINED = _C["ROOT"], _C["PROC_NULL"], _C["UNDEFINED"]
@@ -44,10 +46,6 @@ def _bridge(ctx, name, local, remote):
     return _core.Communicator(ctx, name, tuple(remote) + tuple(local))
 
 
-def _side_key(worlds, comm_id, n):
-    return f"{comm_id}#{n}@{min(worlds)}"
-
-
 def make(local_core, remote, my_key, their_key, cls=None):
     """The Intercomm of local_core with the remote group (world ranks); the bridge is named by
     both sides' keys, lower group first, so that both sides give it the same name."""
@@ -66,7 +64,7 @@ def create_intercomm(intra, local_leader, peer_comm, remote_leader, tag):
         raise comm_error(f"Create_intercomm: local leader {local_leader} is out of range for a group of "
                          f"{core.size}", ERR_RANK)
     n = intra._s.children[("inter",)] = intra._s.children.get(("inter",), 0) + 1
-    mine = (core.world_ranks, _side_key(core.world_ranks, core._id, n))
+    mine = (core.world_ranks, side_key(core.world_ranks, core._id, n))
     theirs = None
     if core.rank == local_leader:
         peer = peer_comm._c("Create_intercomm")
@@ -78,6 +76,7 @@ def create_intercomm(intra, local_leader, peer_comm, remote_leader, tag):
     return make(core.Dup(), remote, mine[1], key)
 
 
+@register
 class Intercomm(Comm):
     """An intercommunicator: point to point and collectives between two disjoint groups."""
 
@@ -86,6 +85,16 @@ class Intercomm(Comm):
     @classmethod
     def _accepts(cls, other):
         return other._s is None or other._s.inter is not None
+
+    @staticmethod
+    def _from_leaders(intra, local_leader, peer_comm, remote_leader, tag):
+        """Intracomm.Create_intercomm (which finds this class by name, kinds.py)."""
+        return create_intercomm(intra, local_leader, peer_comm, remote_leader, tag)
+
+    @classmethod
+    def _joined(cls, local_core, remote, my_key, their_key):
+        """The intercommunicator of Accept and Connect (ports.py), as make() builds it."""
+        return make(local_core, remote, my_key, their_key, cls)
 
     def _c(self, what="communicator"):
         """The bridge (remote ranks first): what point to point and the collectives use."""
@@ -257,7 +266,7 @@ class Intercomm(Comm):
 
     # --- collectives across the groups -------------------------------------------------------------
     def _root(self, root, what):
-        """'root' (this rank is the root), 'idle' (PROC_NULL) or the remote root's rank."""
+        """The role: 'root' (this rank is the root), 'idle' (PROC_NULL) or the remote root's rank."""
         if root == ROOT:
             return "root"
         if root == PROC_NULL:
@@ -290,46 +299,46 @@ class Intercomm(Comm):
     def Bcast(self, buf, root=0):
         self._bcast(buf, root, True)
 
-    def _bcast(self, buf, root, blocking):
-        role = self._root(root, "Bcast")
-        if role == "idle":
-            return _wait_if(done(name="Ibcast"), blocking)
-        if role == "root":
-            msg = _m.simple(buf, True, what="Bcast buf")
-            _no_gpu(msg, "Bcast")
-            data = msg.data()
-            return self._post("Bcast", [(j, data) for j in range(self.Get_remote_size())], [], blocking)
-        msg = _m.simple(buf, False, what="Bcast buf")
-        _no_gpu(msg, "Bcast")
-        return self._post("Bcast", [], [(role, msg)], blocking)
-
-    def _gather(self, sendbuf, recvbuf, root, blocking, vector=False):
-        what = "Gatherv" if vector else "Gather"
+    def _rooted(self, what, root, blocking, at_root, at_leaf):
+        """A rooted collective across the groups: the root posts at_root()'s (sends, receives),
+        each rank of the other group at_leaf(root's rank)'s, the root's group's others nothing."""
         role = self._root(root, what)
         if role == "idle":
             return _wait_if(done(name=f"I{what.lower()}"), blocking)
-        rsize = self.Get_remote_size()
-        if role == "root":
-            return self._post(what, [], list(enumerate(_blocks_of(recvbuf, False, rsize, vector, what))), blocking)
-        s = _m.simple(sendbuf, True, what=f"{what} sendbuf")
-        _no_gpu(s, what)
-        return self._post(what, [(role, s.data())], [], blocking)
+        sends, receives = at_root() if role == "root" else at_leaf(role)
+        return self._post(what, sends, receives, blocking)
+
+    @staticmethod
+    def _host(buf, readonly, what, name):
+        msg = _m.simple(buf, readonly, what=f"{what} {name}")
+        _no_gpu(msg, what)
+        return msg
+
+    def _bcast(self, buf, root, blocking):
+        def at_root():
+            data = self._host(buf, True, "Bcast", "buf").data()
+            return [(j, data) for j in range(self.Get_remote_size())], []
+        return self._rooted("Bcast", root, blocking, at_root,
+                            lambda role: ([], [(role, self._host(buf, False, "Bcast", "buf"))]))
+
+    def _gather(self, sendbuf, recvbuf, root, blocking, vector=False):
+        what = "Gatherv" if vector else "Gather"
+        return self._rooted(
+            what, root, blocking,
+            lambda: ([], list(enumerate(_blocks_of(recvbuf, False, self.Get_remote_size(), vector, what)))),
+            lambda role: ([(role, self._host(sendbuf, True, what, "sendbuf").data())], []))
 
     def _gatherv(self, sendbuf, recvbuf, root, blocking):
         return self._gather(sendbuf, recvbuf, root, blocking, True)
 
     def _scatter(self, sendbuf, recvbuf, root, blocking, vector=False):
         what = "Scatterv" if vector else "Scatter"
-        role = self._root(root, what)
-        if role == "idle":
-            return _wait_if(done(name=f"I{what.lower()}"), blocking)
-        rsize = self.Get_remote_size()
-        if role == "root":
-            blocks = _blocks_of(sendbuf, True, rsize, vector, what)
-            return self._post(what, [(j, b.data()) for j, b in enumerate(blocks)], [], blocking)
-        r = _m.simple(recvbuf, False, what=f"{what} recvbuf")
-        _no_gpu(r, what)
-        return self._post(what, [], [(role, r)], blocking)
+
+        def at_root():
+            blocks = _blocks_of(sendbuf, True, self.Get_remote_size(), vector, what)
+            return [(j, b.data()) for j, b in enumerate(blocks)], []
+        return self._rooted(what, root, blocking, at_root,
+                            lambda role: ([], [(role, self._host(recvbuf, False, what, "recvbuf"))]))
 
     def _scatterv(self, sendbuf, recvbuf, root, blocking):
         return self._scatter(sendbuf, recvbuf, root, blocking, True)
@@ -478,8 +487,9 @@ class Intercomm(Comm):
 
 
 def commctx_inter(comm):
-    """mpi4py's MPI._commctx_inter: (a private duplicate of comm, a fresh tag, a private duplicate
-    of the local group, whether this is the low group), made on the first call (collective)."""
+    """The tuple (a private duplicate of comm, a fresh tag, a private duplicate
+    of the local group, whether this is the low group), mpi4py's MPI._commctx_inter, made on the
+    first call (collective)."""
     from .comm import comm_lock
 
     with comm_lock(comm, "@commctx_inter"):

@@ -18,32 +18,25 @@ import operator
 
 import numpy as np
 
+from .._native.exporter import AddressConstant
 from ..buffers import maybe_gpu_buffer
 from ..comm import IN_PLACE
-from ..errors import InvalidUsageError
 from ..p2p import PROC_NULL
 from . import datatype as _dt
 from .constants import INTEGERS as _C
+from .memory import Msg, as_array  # noqa: F401 - the message layer's names, for its users
 
-ERR_TYPE = _C["ERR_TYPE"]
 
+class BottomType(AddressConstant):
+    """Type of MPI.BOTTOM: the address 0, for messages whose datatype holds absolute addresses."""
 
-class _Bottom:
-    """mpi4py's MPI.BOTTOM: the address 0, for messages whose datatype holds absolute addresses."""
+    name, address = "BOTTOM", 0
 
-    def __repr__(self):
-        return "BOTTOM"
-
-    def __reduce__(self):
-        return "BOTTOM"
-
-    def __int__(self):
+    def __index__(self):
         return 0
 
-    __index__ = __int__
 
-
-BOTTOM = _Bottom()
+BOTTOM = BottomType()
 
 
 def is_in_place(obj):
@@ -89,35 +82,6 @@ def _gpu_buffer(obj, what):
             return None  # memory CUDA does not know (no CUDA in this process): host memory
         return maybe_gpu_buffer(obj, what)
     return maybe_gpu_buffer(obj, what)
-
-
-def as_array(obj, readonly, what):
-    """A NumPy array over the memory of a host buffer object (not copied); raises for others."""
-    if isinstance(obj, np.ndarray):
-        arr = obj
-    else:
-        try:
-            arr = np.asarray(memoryview(obj))
-        except TypeError:
-            arr = None
-        if arr is None and hasattr(obj, "__dlpack__"):
-            from . import dlpack
-
-            arr = dlpack.as_array(obj, writable=not readonly)
-        elif arr is None and hasattr(obj, "__cuda_array_interface__"):
-            from . import cai
-
-            arr = cai.as_array(obj, writable=not readonly)
-        if arr is None:
-            raise TypeError(f"{what}: a {type(obj).__name__} is not a buffer (expecting an object with the "
-                            "buffer protocol, DLPack or __cuda_array_interface__, or a list/tuple "
-                            "[buf, count, datatype])")
-    if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
-        raise BufferError(f"{what}: the buffer is not contiguous (shape {arr.shape}, strides {arr.strides}); "
-                          "pass a contiguous copy")
-    if not readonly and not arr.flags.writeable:
-        raise BufferError(f"{what}: the buffer is read-only; the result needs a writable buffer")
-    return arr
 
 
 def is_plain(msg):
@@ -170,79 +134,6 @@ def _index(value, what, name):
         return operator.index(value)
     except TypeError:
         raise TypeError(f"{what}: the {name} {value!r} is not an integer") from None
-
-
-# --- messages -------------------------------------------------------------------------------
-class Msg:
-    """count elements of datatype, starting at raw[0] (raw: the bytes from there to the buffer's
-    end). gpu: the caller's GPU object, passed to gpucoll's GPU path as it is."""
-
-    __slots__ = ("raw", "count", "datatype", "t", "gpu", "shift", "plain")
-
-    def __init__(self, raw, count, datatype, gpu=None, shift=0, plain=True):
-        self.raw, self.count, self.datatype, self.gpu = raw, count, datatype, gpu
-        self.t = datatype._t
-        self.shift = shift  # raw[0] is this many bytes past the first element's address (BOTTOM messages)
-        # False for DLPack and interface views: gpucoll's threads get copies, never the view itself,
-        # so that the exporter's capsule is let go in the caller's thread
-        self.plain = plain
-
-    def with_count(self, count):
-        """The same buffer and datatype with another count."""
-        return Msg(self.raw, count, self.datatype, self.gpu, self.shift, self.plain)
-
-    def sub(self, start, count):
-        """count elements from byte `start` of this message's memory."""
-        return Msg(self.raw[start:], count, self.datatype, self.gpu, self.shift, self.plain)
-
-    @property
-    def nbytes(self):
-        """Bytes of data (packed): count x the datatype's size."""
-        return self.count * self.t.size if self.t is not None else 0
-
-    def dense(self):
-        """True when the packed bytes are the memory itself: elements one after the other, each
-        one run of bytes (then data() is a view and received bytes land in place)."""
-        t = self.t
-        return t is None or self.count == 0 or (self.plain and self._contiguous())
-
-    def _contiguous(self):
-        return self.shift == 0 and self.t.contiguous()
-
-    def span(self):
-        return self.raw[:self.count * self.t.extent] if self.t is not None else self.raw[:0]
-
-    def data(self):
-        """The message's bytes, packed (a view when the layout is dense)."""
-        if self.count == 0 or self.t is None:
-            return np.zeros(0, np.uint8)
-        if self.dense():
-            return self.span()
-        if self._contiguous():
-            return self.span().copy()
-        return self.raw[self.t.byte_index(self.count) - self.shift]
-
-    def store(self, data):
-        """Write packed bytes (as data() gives them) into the message's memory; fewer bytes (a
-        shorter message received) fill the first elements, in typemap order, and leave the rest."""
-        if self.count == 0 or self.t is None or len(data) == 0:
-            return
-        if self._contiguous():
-            self.span()[:len(data)] = data
-        else:
-            self.raw[self.t.byte_index(self.count)[:len(data)] - self.shift] = data
-
-    def elements(self):
-        """A NumPy array of the elements (what reductions work on) and whether it is a copy
-        that store() must write back."""
-        t = self.t
-        if t.np is not None and t.np.itemsize == t.extent and t.lb == 0 and self.shift == 0 and self.plain:
-            return self.span().view(t.np), False
-        e = t.element()
-        if e is None or e.np is None:
-            raise InvalidUsageError(f"reductions need a datatype made of one basic type; {t.name or 'this one'} "
-                                    "mixes several", error_class=ERR_TYPE)
-        return self.data().copy().view(e.np), True
 
 
 def _split(msg, what, vector):

@@ -154,7 +154,7 @@ class Op:
         return self._r is None or self._r.predefined
 
     def Reduce_local(self, inbuf, inoutbuf):
-        """inoutbuf = inbuf op inoutbuf, on this rank only."""
+        """Compute inoutbuf = inbuf op inoutbuf, on this rank only."""
         from .message import local_pair
 
         a, b, datatype, finish = local_pair(inbuf, inoutbuf)
@@ -162,7 +162,7 @@ class Op:
         finish()
 
     def __call__(self, x, y):
-        """x op y for Python objects (what the object methods, such as allreduce, use)."""
+        """Return x op y for Python objects (what the object methods, such as allreduce, use)."""
         r = self._r
         if r is None:
             raise ValueError("MPI.OP_NULL cannot be called")

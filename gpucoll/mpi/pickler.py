@@ -47,7 +47,7 @@ class Pickle:
         return self._loads(data)
 
     def dumps_oob(self, obj):
-        """(pickle data, out-of-band buffers): buffers of THRESHOLD bytes or more travel apart."""
+        """Return (pickle data, out-of-band buffers): buffers of THRESHOLD bytes or more travel apart."""
         from .buffer import buffer
 
         buffers = []

@@ -1,20 +1,30 @@
-"""Ports between the groups of one job: MPI.Open_port, Close_port, Intracomm.Accept and Connect.
+"""Ports between the groups of one job: MPI.Open_port, Close_port, Intracomm.Accept and Connect;
+Comm.Join between two processes of one job connected by a socket.
 
 gpucoll does not start processes (Spawn) or join other jobs, but two groups of one job can meet
 through a port as MPI's client/server calls do: a port name says which process opened it, the
 connecting group's root sends its group there, the accepting group's root (the process that
 opened the port) answers with its own, and each root tells its group; the result is the same
-intercommunicator as Create_intercomm's (intercomm.py).
+intercommunicator as Create_intercomm's (intercomm.py). Join sends each side's job, world rank
+and join number over the socket: two processes of one job then make the intercommunicator of
+their two one-process groups; a process of another job is refused (NotImplementedError).
 """
 import itertools
+import os
+import socket
+import struct
 
+from .. import comm as _core
 from .. import world as _world
 from ..errors import InvalidUsageError
 from .constants import INTEGERS as _C
+from .kinds import kind
+from .unsupported import Unsupported
 
 _PREFIX = "gpucoll-port:"
 _OPEN = {}             # port name -> its number (ports this process opened and has not closed)
 _NUMBERS = itertools.count(1)
+_JOINS = itertools.count(1)
 _PORT_TAG = -100000    # world point-to-point tags of port handshakes: _PORT_TAG - port number
 
 
@@ -43,13 +53,18 @@ def _parse(port_name, what):
         raise _error(f"{what}: {port_name!r} is not a port name of this job (MPI.Open_port makes them)") from None
 
 
-def _meet(intra, port_name, root, accept):
-    from .intercomm import _side_key, make
+def side_key(worlds, comm_id, n):
+    """The name one group gives its side of a new intercommunicator (Create_intercomm, Accept,
+    Connect): unique to the parent communicator and its n-th intercommunicator, ordered by the
+    group's lowest world rank."""
+    return f"{comm_id}#{n}@{min(worlds)}"
 
+
+def _meet(intra, port_name, root, accept):
     what = "Accept" if accept else "Connect"
     core = intra._c(what)
     n = intra._s.children[("inter",)] = intra._s.children.get(("inter",), 0) + 1
-    mine = (core.world_ranks, _side_key(core.world_ranks, core._id, n))
+    mine = (core.world_ranks, side_key(core.world_ranks, core._id, n))
     theirs = None
     if core.rank == root:
         owner, number = _parse(port_name, what)
@@ -64,7 +79,36 @@ def _meet(intra, port_name, root, accept):
             world._p2p.send_object((mine, world.rank), owner, tag)
             theirs = world._p2p.irecv_object(owner, tag).wait()
     remote, key = core.bcast(theirs, root)
-    return make(core.Dup(), remote, mine[1], key)
+    return kind("Intercomm")._joined(core.Dup(), remote, mine[1], key)
+
+
+def _exchange(fd, data):
+    """Send data over the connected socket fd and receive the other side's (both send first)."""
+    with socket.socket(fileno=os.dup(fd)) as sock:  # a handle of our own: the caller's fd stays open
+        sock.sendall(struct.pack("!I", len(data)) + data)
+        received = b""
+        while len(received) < 4 or len(received) < 4 + struct.unpack("!I", received[:4])[0]:
+            chunk = sock.recv(4096)
+            if not chunk:
+                raise _error("Join: the other side closed the socket before it said who it is")
+            received += chunk
+    return received[4:]
+
+
+def join(fd):
+    """Comm.Join: the intercommunicator of this process and the one at the other end of the
+    connected socket fd, both of this job (one process on each side)."""
+    world = _world.init()
+    n = next(_JOINS)
+    job_id = world._ctx.job_id
+    theirs = _exchange(fd, f"{job_id}|{world.rank}|{n}".encode()).decode(errors="replace")
+    job, rank, number = theirs.rsplit("|", 2)
+    if job != str(job_id):
+        raise Unsupported(f"Join: the other side is a process of another job ({job!r}); gpucoll joins "
+                          "processes of one job only")
+    rank = int(rank)
+    local = _core.Communicator(world._ctx, f"join{n}@{world.rank}", (world.rank,))
+    return kind("Intercomm")._joined(local, (rank,), f"join{n}@{world.rank}", f"join{number}@{rank}")
 
 
 class Ports:

@@ -5,7 +5,6 @@ the job) and "mpi://SELF" (this process). A session is a local object that names
 group of a process set becomes a communicator with Intracomm.Create_from_group, collective over
 the group's processes, which tell their communicators apart by the string tag.
 """
-from .. import comm as _core
 from .. import world as _world
 from ..errors import InvalidUsageError
 from . import errhandler as _eh
@@ -128,20 +127,3 @@ class Session(Handle):
 def group_of_pset(session, pset_name):
     """Group.Create_from_session_pset."""
     return session.Create_group(pset_name)
-
-
-def create_from_group(group, stringtag="org.mpi4py", info=None, errhandler=None):
-    """Intracomm.Create_from_group: the communicator of group's processes (collective over them)."""
-    from .comm import Intracomm, name_count
-
-    ranks = tuple(group._st("Create_from_group").ranks)
-    world = _world.init()
-    if world.rank not in ranks:
-        raise InvalidUsageError("Create_from_group: this process is not in the group", error_class=_C["ERR_GROUP"])
-    name = f"fromgroup[{stringtag}]"
-    comm = Intracomm._wrap(_core.Communicator(world._ctx, f"{name}{name_count(name, ranks)}", ranks))
-    if info:
-        comm._s.info = dict(info.items())
-    if errhandler is not None:
-        comm._s.errhandler = errhandler._s
-    return comm

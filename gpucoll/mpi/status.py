@@ -14,7 +14,7 @@ _SOURCE, _TAG, _ERROR, _CANCELLED, _COUNT_LO, _COUNT_HI = range(6)
 
 
 class Status(_CoreStatus):
-    """mpi4py's Status (a gpucoll.Status with the whole MPI API)."""
+    """A message's status: a gpucoll.Status with the whole API of mpi4py's Status."""
 
     __slots__ = ("_f",)
 

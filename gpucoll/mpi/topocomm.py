@@ -6,6 +6,7 @@ communicator of its topology (MPI.Cartcomm(graph) raises TypeError, as in mpi4py
 """
 from .comm import Intracomm, comm_error
 from .constants import INTEGERS as _C
+from .kinds import register
 from .neighbor import Neighborhood
 from .topology import CartTopology, DistGraphTopology, GraphTopology
 
@@ -44,6 +45,7 @@ class Topocomm(Neighborhood, Intracomm):
     outdegree = property(lambda self: self.degrees[1])
 
 
+@register
 class Cartcomm(Topocomm):
     """A Cartesian grid of processes (row-major: the last coordinate varies fastest)."""
 
@@ -56,7 +58,7 @@ class Cartcomm(Topocomm):
     dim = ndim = property(Get_dim)
 
     def Get_topo(self):
-        """(dims, periods, coords of this rank)."""
+        """Return (dims, periods, coords of this rank)."""
         t = self._t("Get_topo")
         return list(t.dims), list(t.periods), t.coords(self.rank)
 
@@ -75,7 +77,7 @@ class Cartcomm(Topocomm):
         return t.coords(rank)
 
     def Shift(self, direction, disp):
-        """(source, dest): the ranks disp steps back and forward along direction (PROC_NULL off a
+        """Return (source, dest): the ranks disp steps back and forward along direction (PROC_NULL off a
         non-periodic edge)."""
         return self._t("Shift").shift(self.rank, direction, disp)
 
@@ -97,6 +99,7 @@ class Cartcomm(Topocomm):
         return handle
 
 
+@register
 class Graphcomm(Topocomm):
     """A graph of processes that every rank knows whole."""
 
@@ -129,6 +132,7 @@ class Graphcomm(Topocomm):
     nneighbors = property(lambda self: self.Get_neighbors_count(self.rank))
 
 
+@register
 class Distgraphcomm(Topocomm):
     """A distributed graph: each rank knows its own in- and out-neighbours."""
 
@@ -136,12 +140,12 @@ class Distgraphcomm(Topocomm):
     _topology = DistGraphTopology
 
     def Get_dist_neighbors_count(self):
-        """(indegree, outdegree, weighted)."""
+        """Return (indegree, outdegree, weighted)."""
         t = self._t("Get_dist_neighbors_count")
         return len(t.sources), len(t.destinations), t.weights is not None
 
     def Get_dist_neighbors(self):
-        """(sources, destinations, (sourceweights, destweights) or None)."""
+        """Return (sources, destinations, (sourceweights, destweights) or None)."""
         t = self._t("Get_dist_neighbors")
         weights = None if t.weights is None else (list(t.weights[0]), list(t.weights[1]))
         return list(t.sources), list(t.destinations), weights

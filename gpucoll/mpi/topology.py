@@ -11,6 +11,7 @@ import operator
 
 from ..errors import InvalidUsageError
 from .constants import INTEGERS as _C
+from .kinds import kind as communicator_kind
 
 UNDEFINED, PROC_NULL = _C["UNDEFINED"], _C["PROC_NULL"]
 CART, GRAPH, DIST_GRAPH = _C["CART"], _C["GRAPH"], _C["DIST_GRAPH"]
@@ -79,6 +80,8 @@ def _graph_arrays(index, edges, what):
 
 # --- the topologies -------------------------------------------------------------------------------
 class CartTopology:
+    """A Cartesian topology: dims and periods; ranks map to coordinates in row-major order."""
+
     kind = CART
 
     def __init__(self, dims, periods):
@@ -127,6 +130,8 @@ class CartTopology:
 
 
 class GraphTopology:
+    """A graph topology: MPI's index and edges arrays."""
+
     kind = GRAPH
 
     def __init__(self, index, edges):
@@ -144,6 +149,8 @@ class GraphTopology:
 
 
 class DistGraphTopology:
+    """A distributed graph topology: this rank's sources and destinations, with weights or None."""
+
     kind = DIST_GRAPH
 
     def __init__(self, sources, destinations, sourceweights, destweights):
@@ -157,9 +164,7 @@ class DistGraphTopology:
 
 def _make(parent, kind, topology, members, what):
     """The topology communicator of `members` (parent ranks, in order; the others get COMM_NULL)."""
-    from . import topocomm
-
-    cls = getattr(topocomm, kind)
+    cls = communicator_kind(kind)
     core = parent._c(what)
     new = core.Split(0 if core.rank in members else None, 0)
     if new is None:

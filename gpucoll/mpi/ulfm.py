@@ -10,6 +10,7 @@ import numpy as np
 
 from .composite import Composite, done
 from .group import Group
+from .kinds import kind
 from .request import Request
 
 
@@ -24,12 +25,11 @@ def _agreement(comm):
     """The communicator Iagree runs on: its own, so that an agreement in progress does not take the
     place of the collectives the program calls meanwhile (made on first use, with no exchange)."""
     from .. import comm as _core
-    from .comm import Intracomm
 
     attrs = comm._s.attrs
     if "_agree" not in attrs:
         core = comm._c("Iagree")
-        attrs["_agree"] = Intracomm._wrap(_core.Communicator(core._ctx, f"{core._id}.agree", core.world_ranks))
+        attrs["_agree"] = kind("Intracomm")._wrap(_core.Communicator(core._ctx, f"{core._id}.agree", core.world_ranks))
     return attrs["_agree"]
 
 

@@ -371,7 +371,7 @@ class Win(Handle, BufferExporter):
         return _eh.create(errhandler_fn)
 
     def Shared_query(self, rank):
-        """(buffer, displacement unit) of rank's part of a shared window (PROC_NULL: the first
+        """Return (buffer, displacement unit) of rank's part of a shared window (PROC_NULL: the first
         rank with memory)."""
         s = self._st("Shared_query")
         if s.shared is None:
@@ -425,7 +425,7 @@ class Win(Handle, BufferExporter):
             self._flush(rank)
 
     def _layout(self, origin, target, what):
-        """(target displacement, byte positions of the target datatype's elements, the datatype) for
+        """Return (target displacement, byte positions of the target datatype's elements, the datatype) for
         an origin Msg; the target scales the displacement by its own displacement unit."""
         disp, count, datatype = _target_spec(target, origin, what)
         t = datatype._t
@@ -435,28 +435,24 @@ class Win(Handle, BufferExporter):
 
     def Put(self, origin, target_rank, target=None):
         """Write origin into target_rank's window (complete at the next synchronisation)."""
-        self._put(origin, target_rank, target, "Put")
-
-    def _put(self, origin, target_rank, target, what):
-        self._st(what)
-        if target_rank == PROC_NULL:
-            return None
-        msg = _m.simple(origin, True, what=f"{what} origin")
-        offset, index, _ = self._layout(msg, target, what)
-        return self._send(target_rank, ("put", self._s.comm.rank, offset, index, msg.data().copy()), what)
+        self._move(True, origin, target_rank, target, "Put")
 
     def Get(self, origin, target_rank, target=None):
         """Read target_rank's window into origin (there at the next synchronisation)."""
-        self._get(origin, target_rank, target, "Get")
+        self._move(False, origin, target_rank, target, "Get")
 
-    def _get(self, origin, target_rank, target, what):
+    def _move(self, put, origin, target_rank, target, what):
+        """Put (origin's bytes to the target) or Get (the target's bytes into origin): the entry
+        that the next synchronisation completes, None for PROC_NULL."""
         self._st(what)
         if target_rank == PROC_NULL:
             return None
-        msg = _m.simple(origin, False, what=f"{what} origin")
+        msg = _m.simple(origin, put, what=f"{what} origin")
         offset, index, _ = self._layout(msg, target, what)
-        return self._send(target_rank, ("get", self._s.comm.rank, offset, index), what,
-                          lambda answer: msg.store(answer[1]))
+        me = self._s.comm.rank
+        if put:
+            return self._send(target_rank, ("put", me, offset, index, msg.data().copy()), what)
+        return self._send(target_rank, ("get", me, offset, index), what, lambda answer: msg.store(answer[1]))
 
     def _accumulate(self, origin, result, target_rank, target, op, what, fetch):
         self._st(what)
@@ -483,11 +479,11 @@ class Win(Handle, BufferExporter):
                                         data.tobytes(), fetch), what, answer)
 
     def Accumulate(self, origin, target_rank, target=None, op=None):
-        """target = target op origin, element by element (atomic)."""
+        """Set target = target op origin, element by element (atomic)."""
         self._accumulate(origin, None, target_rank, target, _OPS["SUM"] if op is None else op, "Accumulate", False)
 
     def Get_accumulate(self, origin, result, target_rank, target=None, op=None):
-        """result = target, then target = target op origin (atomic)."""
+        """Set result = target, then target = target op origin (atomic)."""
         self._accumulate(origin, result, target_rank, target, _OPS["SUM"] if op is None else op,
                          "Get_accumulate", True)
 
@@ -507,7 +503,7 @@ class Win(Handle, BufferExporter):
                          _OPS["SUM"] if op is None else op, what, True)
 
     def Compare_and_swap(self, origin, compare, result, target_rank, target_disp=0):
-        """result = target; if target == compare: target = origin (atomic, one element)."""
+        """Set result = target; if target == compare: target = origin (atomic, one element)."""
         what = "Compare_and_swap"
         self._st(what)
         o = _m.simple(origin, True, what=f"{what} origin")
@@ -540,10 +536,10 @@ class Win(Handle, BufferExporter):
         return Request._of(Composite([entry[0]], finish, name))
 
     def Rput(self, origin, target_rank, target=None):
-        return self._request(self._put(origin, target_rank, target, "Rput"), "Rput")
+        return self._request(self._move(True, origin, target_rank, target, "Rput"), "Rput")
 
     def Rget(self, origin, target_rank, target=None):
-        return self._request(self._get(origin, target_rank, target, "Rget"), "Rget")
+        return self._request(self._move(False, origin, target_rank, target, "Rget"), "Rget")
 
     def Raccumulate(self, origin, target_rank, target=None, op=None):
         entry = self._accumulate(origin, None, target_rank, target, _OPS["SUM"] if op is None else op,

@@ -9,8 +9,9 @@ The release's test/ folder runs unmodified (tests/mpi4py_suite/fetch.py fetches 
 module runs as its own job (a hang or crash costs one module, not the run); the shim in
 tests/mpi4py_suite/shim does nothing but make `mpi4py.MPI` be `gpucoll.MPI`. Per rank it
 counts the modules that imported and the tests that passed, failed (an assertion), raised
-NotImplementedError, raised anything else, or were skipped; a module whose job did not end in
-time is a hang. `--check` exits 1 on any import failure, failure, other error or hang.
+NotImplementedError, raised anything else, were skipped, or are not applicable ("n/a": the four
+tests of the compiled mpi4py's own files, rank.py's NOT_APPLICABLE); a module whose job did not
+end in time is a hang. `--check` exits 1 on any import failure, failure, other error or hang.
 `--diff REF` (a --json of an earlier run, e.g. the reference's) lists, per module, the tests
 that passed there and did not pass here, with what they did here.
 """
@@ -27,11 +28,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import fetch  # noqa: E402
 
-OUTCOMES = ("pass", "fail", "notimpl", "error", "skip", "xfail", "xpass")
+OUTCOMES = ("pass", "fail", "notimpl", "error", "skip", "xfail", "xpass", "n/a")
 
 
 def modules_of(testdir):
     return sorted(f[:-3] for f in os.listdir(testdir) if f.startswith("test_") and f.endswith(".py"))
+
+
+def module_timeout(args, np_):
+    """Seconds a module's job may run: --timeout, stretched by the ranks per core when there are
+    more ranks than cores (4 ranks on 2 cores take each core in turns: a slow module is not a hang)."""
+    return round(args.timeout * max(1.0, np_ / (os.cpu_count() or 1)))
 
 
 def _command(args, np_, outdir, module):
@@ -41,7 +48,7 @@ def _command(args, np_, outdir, module):
         return [mpiexec, "--oversubscribe", "-n", str(np_), *runner]
     gpurun = os.path.join(os.path.dirname(sys.executable), "gpurun")
     launcher = [gpurun] if os.access(gpurun, os.X_OK) else [sys.executable, "-m", "gpucoll.launcher"]
-    return [*launcher, "-np", str(np_), "--timeout", str(args.timeout), *runner]
+    return [*launcher, "-np", str(np_), "--timeout", str(module_timeout(args, np_)), *runner]
 
 
 def _environment(args, top):
@@ -63,7 +70,7 @@ def run_module(args, top, np_, module):
     try:
         proc = subprocess.run(_command(args, np_, outdir, module), cwd=os.path.join(top, "test"),
                               env=_environment(args, top), capture_output=True, text=True,
-                              timeout=args.timeout + 30, stdin=subprocess.DEVNULL)
+                              timeout=module_timeout(args, np_) + 30, stdin=subprocess.DEVNULL)
         code, tail = proc.returncode, (proc.stdout + proc.stderr)[-3000:]
     except subprocess.TimeoutExpired as exc:
         code, tail = "timeout", str(exc.stdout or "")[-3000:]
@@ -177,7 +184,8 @@ def main(argv=None):
     ap.add_argument("--np", type=int, nargs="+", default=[2, 3, 4])
     ap.add_argument("-m", "--modules", nargs="+", help="only these modules (default: all)")
     ap.add_argument("--mpi", action="store_true", help="real mpi4py under mpiexec (the reference)")
-    ap.add_argument("--timeout", type=int, default=300, help="seconds per module job")
+    ap.add_argument("--timeout", type=int, default=300,
+                    help="seconds per module job (times ranks per core where ranks outnumber cores)")
     ap.add_argument("--op-timeout", type=int, default=60, help="GPUCOLL_TIMEOUT of the jobs")
     ap.add_argument("--json", help="write every record here")
     ap.add_argument("--import-only", action="store_true",
