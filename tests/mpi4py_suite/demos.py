@@ -36,7 +36,10 @@ DEMOS = [
     ("nxtval", "nxtval-threads.py", 3, [], True, True),
     ("nxtval", "nxtval-onesided.py", 3, [], True, True),
     ("nxtval", "nxtval-scalable.py", 3, [], True, True),
-    ("nxtval", "nxtval-mpi3.py", 3, [], True, True),
+    # Its mutex spins on fetch-and-add without backing off; with 3 ranks on 2 cores two contenders
+    # can each run whole lock/op/unlock rounds in their own time slice and livelock for a minute
+    # (about 1 run in 15): kept out of the quick set, still in `make test-mpi4py-demos`.
+    ("nxtval", "nxtval-mpi3.py", 3, [], False, True),
     ("reductions", "test_reductions.py", 3, ["-q"], True, False),
     ("sequential", "test_seq.py", 3, [], True, True),
     ("threads", "sendrecv.py", 2, [], True, False),
