@@ -83,13 +83,18 @@ def _lost_on_socket():
         ch.close()
 
 
-def _lost_in_schedule():
-    ch = _closed_channel()
+def _receive_in_schedule(ch, timeout):
+    """A one-step schedule that receives 16 bytes from rank 1 over channel ch."""
     buf = np.zeros(16, np.float32)
     steps = np.array([[RECV, -1, -1, 0, 0, 1, 1, 0, 16]], np.int64)
+    core.run_schedule(steps, np.array([0, ch.ptr], np.uint64), buf.ctypes.data, buf.ctypes.data, 0, 4, 10, 0,
+                      timeout)
+
+
+def _lost_in_schedule():
+    ch = _closed_channel()
     try:
-        core.run_schedule(steps, np.array([0, ch.ptr], np.uint64), buf.ctypes.data, buf.ctypes.data, 0,
-                          4, 10, 0, 5.0)
+        _receive_in_schedule(ch, 5.0)
     finally:
         ch.close()
 
@@ -123,11 +128,8 @@ def _timeout_on_socket():
 
 def _timeout_in_schedule():
     ch, there = _channel()
-    buf = np.zeros(16, np.float32)
-    steps = np.array([[RECV, -1, -1, 0, 0, 1, 1, 0, 16]], np.int64)
     try:
-        core.run_schedule(steps, np.array([0, ch.ptr], np.uint64), buf.ctypes.data, buf.ctypes.data, 0,
-                          4, 10, 0, 0.3)
+        _receive_in_schedule(ch, 0.3)
     finally:
         ch.close()
         there.close()
