@@ -75,6 +75,18 @@ cdef extern from "gc_cuda.h" nogil:
         int op[64]
         int n
 
+    int GC_MAXMSGS
+    ctypedef struct gc_msgs:
+        unsigned long long data[64]
+        unsigned long long slot[64]
+        unsigned long long count[64]
+        unsigned long long copy[64]
+        unsigned long long seq[64]
+        unsigned long long peer[64]
+        int put[64]
+        int n
+        int nslots
+
     ctypedef struct gc_cuda_api:
         CUresult (*DriverGetVersion)(int *) noexcept nogil
         CUresult (*DeviceGet)(CUdevice *, int) noexcept nogil
@@ -124,15 +136,20 @@ cdef extern from "gc_cuda.h" nogil:
         gc_team team
         gc_args args
         gc_multi multi
+        gc_msgs msgs
+        void *msg_params[3]
         CUcontext ctx
         volatile unsigned long long *err_host
     void gc_launch_init(gc_launch *l)
+    CUresult gc_launch_with(gc_launch *l, CUfunction fn, unsigned grid, unsigned block, CUstream stream,
+                            void **params)
     CUresult gc_launch_make_current(gc_launch *l)
     CUresult gc_launch_go(gc_launch *l, CUfunction fn, unsigned grid, unsigned block, CUstream stream)
 
 
 MAXRANKS = GC_MAXRANKS
 MAXFUSE = GC_MAXFUSE
+MAXMSGS = GC_MAXMSGS
 
 
 class CudaError(GpucollError):
@@ -533,6 +550,30 @@ cdef class Launcher:
         self.l.args.nvalues = nvalues
         with nogil:
             rc = gc_launch_go(&self.l, <CUfunction>fn, grid, block, <CUstream>stream)
+        if rc != 0:
+            _launch_failed(&self.l, rc)
+
+    def launch_msgs(self, uintptr_t fn, unsigned blocks_per_msg, unsigned block, uintptr_t stream, entries,
+                    int nslots):
+        """p2p_slots over up to MAXMSGS messages: (data, slot, count, copy, seq, peer, put) each."""
+        cdef CUresult rc
+        cdef int i = 0
+        if len(entries) > GC_MAXMSGS:
+            raise CudaError(f"at most {GC_MAXMSGS} messages per point-to-point launch")
+        for data, slot, count, copy, seq, peer, put in entries:
+            self.l.msgs.data[i] = data
+            self.l.msgs.slot[i] = slot
+            self.l.msgs.count[i] = count
+            self.l.msgs.copy[i] = copy
+            self.l.msgs.seq[i] = seq
+            self.l.msgs.peer[i] = peer
+            self.l.msgs.put[i] = put
+            i += 1
+        self.l.msgs.n = i
+        self.l.msgs.nslots = nslots
+        with nogil:
+            rc = gc_launch_with(&self.l, <CUfunction>fn, blocks_per_msg * i, block, <CUstream>stream,
+                                self.l.msg_params)
         if rc != 0:
             _launch_failed(&self.l, rc)
 

@@ -425,7 +425,7 @@ class Communicator:
             return CompletedRequest("Isend") if nonblocking else None
         grouped = not nonblocking and self._group is not None  # starts now, completes with the group
         if b.is_gpu:
-            req = self._gpu_p2p().send(b, dest, tag, stream, nonblocking or grouped)
+            req = self._gpu_p2p().send(b, dest, tag, stream, nonblocking or grouped, self._group is not None)
         else:
             _host_stream(stream)
             req = self._p2p.isend(b, dest, tag) if nonblocking or grouped else self._p2p.send(b, dest, tag)
@@ -438,7 +438,8 @@ class Communicator:
         self._check_alive()
         b = host_buffer(buf, what, writable=True)
         if b.is_gpu:
-            return self._gpu_p2p().recv(b, source, tag, status, stream, nonblocking=True)
+            return self._gpu_p2p().recv(b, source, tag, status, stream, nonblocking=True,
+                                        in_group=self._group is not None)
         _host_stream(stream)
         return self._p2p.irecv(b, source, tag, status)
 
@@ -644,6 +645,8 @@ class _Group:
             return False
         comm._group = None
         if kind is not None:  # the block raised: what it deferred is dropped with it
+            if comm._p2p.gpu is not None:
+                comm._p2p.gpu.drop_group()
             return False
         stats = comm._stats
         stats.groups += 1
@@ -654,6 +657,8 @@ class _Group:
             for call, req in self.calls:
                 if req is not None:
                     req.record(call.stream)
+        if comm._p2p.gpu is not None:
+            comm._p2p.gpu.end_group()
         for req in self.waits:
             _wait_enqueued(req)
         return False

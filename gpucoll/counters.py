@@ -18,7 +18,7 @@ class PathCounters:
     """The counters of one communicator (all start at 0)."""
 
     __slots__ = ("host", "gpu", "gpu_fast", "groups", "group_deferred", "group_p2p", "fused_launches",
-                 "fused_calls")
+                 "fused_calls", "p2p_slot_launches", "p2p_slot_messages")
 
     def __init__(self):
         self.host = collections.Counter()  # host collectives of the general path, by algorithm
@@ -29,9 +29,12 @@ class PathCounters:
         self.group_p2p = 0       # Send/Recv that a group completed at its end
         self.fused_launches = 0  # fused all-reduce launches (ar_oneshot_multi)
         self.fused_calls = 0     # all-reduces run by those launches
+        self.p2p_slot_launches = 0  # slot kernel launches of small GPU messages (gpucoll/gpu/slots.py)
+        self.p2p_slot_messages = 0  # sends and receives those launches carried
 
     def snapshot(self, host_fast):
         """A plain dict of the counters; `host_fast`: the calls the host fast path ran."""
         return {"host_fast": host_fast, "host": dict(self.host), "gpu_fast": self.gpu_fast, "gpu": dict(self.gpu),
                 "groups": self.groups, "group_deferred": self.group_deferred, "group_p2p": self.group_p2p,
-                "fused_launches": self.fused_launches, "fused_calls": self.fused_calls}
+                "fused_launches": self.fused_launches, "fused_calls": self.fused_calls,
+                "p2p_slot_launches": self.p2p_slot_launches, "p2p_slot_messages": self.p2p_slot_messages}

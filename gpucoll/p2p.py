@@ -35,10 +35,14 @@ RESERVED_TAG_MAX = -1000  # tags at or below this are gpucoll's own (objects, GP
 OBJECT_GATHER_TAG = -1001
 OBJECT_SCATTER_TAG = -1002
 GPU_BYTES_TAG = -1004  # the bytes of a GPU offer that the receiver could not map
+# GPU messages flagged OFFER carry a descriptor, not the data; its first byte says which kind.
 # A GPU offer (gpucoll/gpu/p2p.py makes and pulls them; a host receive only asks for the bytes):
-# IPC memory handle, offset, bytes, interprocess event handle, sequence number n. The receiver
-# answers offer n with a pickled tuple tagged reply_tag(n).
-OFFER = struct.Struct("!64sQQ64sI")
+# OFFER_KIND, IPC memory handle, offset, bytes, interprocess event handle, sequence number n. The
+# receiver answers offer n with a pickled tuple tagged reply_tag(n). The other kind is a small
+# message waiting in the sender's GPU outbox (gpucoll/gpu/slots.py), which a host receive reads
+# through the communicator's GPU side.
+OFFER_KIND = b"O"
+OFFER = struct.Struct("!c64sQQ64sI")
 _REPLY_TAG_BASE = -(1 << 30)
 
 
@@ -195,8 +199,8 @@ class P2PRequest(Request):
             source = p2p.rank_of(src) if src >= 0 else ANY_SOURCE
             reported = tag if self._report_tag is None else self._report_tag
             self.status.source, self.status.tag, self.status.nbytes = source, reported, nbytes
-            if err == native.OK and flags & native.OFFER:  # GPU memory offered to a host buffer
-                p2p.ask_for_bytes(self, source, tag, self._native.data())
+            if err == native.OK and flags & native.OFFER:  # a GPU message for a host buffer
+                p2p.gpu_message_to_host(self, source, tag, self._native.data())
                 return
         if err == native.OK:
             if self._object:
@@ -485,6 +489,14 @@ class PointToPoint:
             req = P2PRequest("Mrecv", self, native, "recv", rank, tg)
         return rank, tg, nbytes, flags, req
 
+    def gpu_message_to_host(self, req, source, tag, descriptor):
+        """A GPU message matched a host receive: ask for an offer's bytes; read a small message
+        out of the sender's GPU outbox through this communicator's GPU side."""
+        if descriptor[:1] == OFFER_KIND:
+            self.ask_for_bytes(req, source, tag, descriptor)
+        else:
+            self._comm._gpu_p2p().slot_to_host(req, source, tag, descriptor)
+
     def ask_for_bytes(self, req, source, tag, offer):
         """A GPU offer matched a receive that cannot pull it (a host buffer, memory it cannot
         map): receive the bytes instead. They come with GPU_BYTES_TAG; the status reports `tag`."""
@@ -492,7 +504,7 @@ class PointToPoint:
             req._error = GpucollError(f"rank {source} sent a malformed GPU offer ({len(offer)} bytes instead of "
                                       f"{OFFER.size})")
             return
-        seq = OFFER.unpack(offer)[4]
+        seq = OFFER.unpack(offer)[5]
         req._native = self._native.irecv(self._key, self._world[source], GPU_BYTES_TAG, req._keep)
         req._report_tag = tag
         req._settled = False

@@ -83,6 +83,20 @@ typedef struct {
     int pad;
 } gc_multi;
 
+/* Point-to-point launches (p2p_slots): one entry per small GPU message of a call or group. */
+#define GC_MAXMSGS 64
+typedef struct {
+    unsigned long long data[GC_MAXMSGS];   /* the caller's buffer: source of a put, target of a get */
+    unsigned long long slot[GC_MAXMSGS];   /* the slot's header as mapped here; the bytes follow */
+    unsigned long long count[GC_MAXMSGS];  /* the message's bytes */
+    unsigned long long copy[GC_MAXMSGS];   /* bytes a get copies out (0: the receive refused it) */
+    unsigned long long seq[GC_MAXMSGS];
+    unsigned long long peer[GC_MAXMSGS];   /* the other rank, named in a timeout */
+    int put[GC_MAXMSGS];
+    int n;
+    int nslots;
+} gc_msgs;
+
 typedef struct {
     CUresult (*Init)(unsigned int);
     CUresult (*DriverGetVersion)(int *);
@@ -234,7 +248,9 @@ typedef struct {
     gc_team team;
     gc_args args;
     gc_multi multi;     /* third parameter of the fused kernel; the others read two */
+    gc_msgs msgs;       /* third parameter of p2p_slots */
     void *params[3];
+    void *msg_params[3];
     CUcontext ctx;
     volatile unsigned long long *err_host;
 } gc_launch;
@@ -245,6 +261,9 @@ static void gc_launch_init(gc_launch *l)
     l->params[0] = &l->team;
     l->params[1] = &l->args;
     l->params[2] = &l->multi;
+    l->msg_params[0] = &l->team;
+    l->msg_params[1] = &l->args;
+    l->msg_params[2] = &l->msgs;
 }
 
 static inline CUresult gc_launch_make_current(gc_launch *l)
@@ -256,15 +275,21 @@ static inline CUresult gc_launch_make_current(gc_launch *l)
     return rc;
 }
 
-static inline CUresult gc_launch_go(gc_launch *l, CUfunction fn, unsigned grid, unsigned block,
-                                    CUstream stream)
+static inline CUresult gc_launch_with(gc_launch *l, CUfunction fn, unsigned grid, unsigned block,
+                                      CUstream stream, void **params)
 {
     if (l->err_host && *l->err_host)
         return GC_ERR_DEVICE_TIMEOUT;
     CUresult rc = gc_launch_make_current(l);
     if (rc != 0)
         return rc;
-    return gc_cu.LaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, l->params, NULL);
+    return gc_cu.LaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, params, NULL);
+}
+
+static inline CUresult gc_launch_go(gc_launch *l, CUfunction fn, unsigned grid, unsigned block,
+                                    CUstream stream)
+{
+    return gc_launch_with(l, fn, grid, block, stream, l->params);
 }
 
 #endif

@@ -23,7 +23,7 @@ C_TYPES = {
 }
 REDUCE_KERNELS = ("ar_oneshot", "ar_oneshot_multi", "ar_twoshot", "ar_direct", "rs_staged", "rs_direct", "red_staged")
 COPY_KERNELS = ("barrier", "ag_staged", "ag_direct", "bc_staged", "bc_direct", "a2a_staged", "a2a_direct",
-                "ga_staged", "sc_staged")
+                "ga_staged", "sc_staged", "p2p_slots")
 
 
 def cache_dir():

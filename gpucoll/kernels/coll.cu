@@ -110,27 +110,33 @@ __device__ __forceinline__ void signal_all(const Team &t, u64 value)
             st_release_sys(flag_at(t, t.flags[p], t.rank), value);
 }
 
+// Spin until *f >= value; false (and the timeout recorded) after t.timeout_ns. The host reads
+// the error word without synchronising: (seq << 8) | (1 + peer).
+__device__ __forceinline__ bool wait_word(const Team &t, const u64 *f, u64 value, u64 peer)
+{
+    if (ld_acquire_sys(f) >= value)
+        return true;
+    u64 t0 = now_ns();
+    while (ld_acquire_sys(f) < value) {
+        if (now_ns() - t0 > (u64)t.timeout_ns) {
+            if (t.sync)
+                atomicExch((u64 *)t.sync + 2, 1ull + peer);
+            if (t.err) {
+                *(volatile u64 *)t.err = (t.seq << 8) | (1ull + peer);
+                __threadfence_system();
+            }
+            return false;
+        }
+    }
+    return true;
+}
+
 // Wait until every peer's block blockIdx.x signalled `value`.
 __device__ __forceinline__ void wait_all(const Team &t, u64 value)
 {
     int p = threadIdx.x;
-    if (p < t.nranks && p != t.rank) {
-        const u64 *f = flag_at(t, t.flags[t.rank], p);
-        if (ld_acquire_sys(f) < value) {
-            u64 t0 = now_ns();
-            while (ld_acquire_sys(f) < value) {
-                if (now_ns() - t0 > (u64)t.timeout_ns) {
-                    // The host reads this word without synchronising: (seq << 8) | (1 + peer).
-                    atomicExch((u64 *)t.sync + 2, 1ull + p);
-                    if (t.err) {
-                        *(volatile u64 *)t.err = (t.seq << 8) | (1ull + p);
-                        __threadfence_system();
-                    }
-                    break;
-                }
-            }
-        }
-    }
+    if (p < t.nranks && p != t.rank)
+        wait_word(t, flag_at(t, t.flags[t.rank], p), value, p);
     __syncthreads();
 }
 
@@ -165,12 +171,12 @@ struct Rg {
     u64 lo, hi;
 };
 
-// This block's part of [0, len): equal parts, multiples of `vec` units.
-__device__ __forceinline__ Rg slice(u64 len, u64 vec)
+// Part `part` of `parts` equal parts of [0, len), multiples of `vec` units.
+__device__ __forceinline__ Rg slice_of(u64 len, u64 vec, u64 part, u64 parts)
 {
-    u64 per = (len + gridDim.x - 1) / gridDim.x;
+    u64 per = (len + parts - 1) / parts;
     per = (per + vec - 1) / vec * vec;
-    u64 lo = (u64)blockIdx.x * per;
+    u64 lo = part * per;
     if (lo > len)
         lo = len;
     u64 hi = lo + per;
@@ -179,6 +185,9 @@ __device__ __forceinline__ Rg slice(u64 len, u64 vec)
     Rg r = {lo, hi};
     return r;
 }
+
+// This block's part of [0, len).
+__device__ __forceinline__ Rg slice(u64 len, u64 vec) { return slice_of(len, vec, blockIdx.x, gridDim.x); }
 
 __device__ __forceinline__ u64 umin(u64 a, u64 b) { return a < b ? a : b; }
 
@@ -724,5 +733,67 @@ KERNEL sc_staged(Team t, Args a)
     if (r != root)
         copy_bytes((char *)a.recv, stage(t, t.stage[r], op, 0, root), s.lo, s.hi);
     op_end(t, op);
+}
+
+// ---- point to point through outboxes (gpucoll/gpu/slots.py) -------------------------------
+// A rank's outbox for one peer is `nslots` slots in the sender's own memory: a header of
+// SLOT_BLOCKS ready words and SLOT_BLOCKS free words, then the message's bytes. Message n
+// (numbered per pair) uses slot n % nslots. Sender block b waits until every block of the
+// slot's previous message was read out (the free words; the two messages may be cut into
+// different slices), copies its slice in and release-stores n + 1 in ready[b]. The receiver,
+// told n by the envelope that the host matched, has block b wait for ready[b], copy that same
+// slice out over P2P and release-store n + 1 in free[b] (in the sender's memory). One launch
+// carries every message of a group, SLOT_BLOCKS blocks each.
+#define SLOT_BLOCKS 4
+#define SLOT_FREE_WORDS 16  // free[] starts 128 bytes after ready[]: another cache line
+#define SLOT_HEADER 256
+#define MAXMSGS 64
+
+// Mirrors gc_msgs in cython_src/include/gc_cuda.h.
+struct Msgs {
+    u64 data[MAXMSGS];   // the caller's buffer: source of a put, target of a get
+    u64 slot[MAXMSGS];   // the slot's header as mapped here
+    u64 count[MAXMSGS];  // the message's bytes
+    u64 copy[MAXMSGS];   // bytes a get copies out: count, or 0 when the receive refused it
+    u64 seq[MAXMSGS];
+    u64 peer[MAXMSGS];   // the other rank, named in a timeout
+    int put[MAXMSGS];
+    int n;
+    int nslots;
+};
+
+KERNEL p2p_slots(Team t, Args a, Msgs m)
+{
+    const int e = blockIdx.x / SLOT_BLOCKS, b = blockIdx.x % SLOT_BLOCKS;
+    u64 *ready = (u64 *)m.slot[e], *freed = ready + SLOT_FREE_WORDS;
+    char *bytes = (char *)m.slot[e] + SLOT_HEADER;
+    const u64 seq = m.seq[e];
+    const Rg s = slice_of(m.count[e], 16, b, SLOT_BLOCKS);
+    __shared__ int ok;
+    if (threadIdx.x == 0)
+        ok = 1;
+    __syncthreads();
+    if (m.put[e]) {
+        if (seq >= (u64)m.nslots && threadIdx.x < SLOT_BLOCKS &&
+            !wait_word(t, freed + threadIdx.x, seq - m.nslots + 1, m.peer[e]))
+            ok = 0;
+        __syncthreads();
+        if (!ok)
+            return;
+        copy_bytes(bytes, (const char *)m.data[e], s.lo, s.hi);
+        __syncthreads();
+        if (threadIdx.x == 0)
+            st_release_sys(ready + b, seq + 1);
+    } else {
+        if (threadIdx.x == 0 && !wait_word(t, ready + b, seq + 1, m.peer[e]))
+            ok = 0;
+        __syncthreads();
+        if (!ok)
+            return;
+        copy_bytes((char *)m.data[e], bytes, s.lo, umin(s.hi, m.copy[e]));
+        __syncthreads();
+        if (threadIdx.x == 0)
+            st_release_sys(freed + b, seq + 1);
+    }
 }
 #endif  // GC_COPY

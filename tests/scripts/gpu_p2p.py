@@ -2,8 +2,9 @@
 
     gpurun -np 2 python gpu_p2p.py
 
-Small messages (through host memory) and large ones (offers pulled over CUDA IPC), CuPy and
-torch, blocking, nonblocking both ways at once, Sendrecv, ANY_SOURCE/ANY_TAG with statuses,
+Small messages (GPU to GPU through the sender's outbox slots, counted by comm.stats()) and
+large ones (offers pulled over CUDA IPC), CuPy and torch, more small messages in flight than a
+pair has slots, tags received out of order, a group's pairwise exchange in one launch, blocking, nonblocking both ways at once, Sendrecv, ANY_SOURCE/ANY_TAG with statuses,
 GPU to host and host to GPU, a too-small receive buffer, stream order on both sides (the
 sender overwrites its buffer right after Send; the receiver computes right after Recv),
 GPUCOLL_P2P_DISABLE=1, and a capture that must refuse. Output: "RESULT {json}" on each rank.
@@ -118,6 +119,88 @@ def host_and_gpu_mixed():
         check("host to GPU", cp.asnumpy(g), data(LARGE, 51))
 
 
+def slot_stats():
+    st = comm.stats()
+    return st["p2p_slot_launches"], st["p2p_slot_messages"]
+
+
+def small_slots():
+    before = slot_stats()
+    for n, seed in ((1, 100), (8, 101), (4096, 102), (65536, 103), (0, 104), (777, 105)):
+        if RANK == 0:
+            comm.Send(cp.asarray(bytes_of(n, seed)), 1, tag=n % 1000)
+        else:
+            y = cp.full(n + 3, 7, cp.uint8)  # a larger buffer: only n bytes change
+            st = Status()
+            comm.Recv(y, 0, n % 1000, status=st)
+            check(f"slot {n} B", cp.asnumpy(y), np.concatenate([bytes_of(n, seed), np.full(3, 7, np.uint8)]))
+            expect(f"slot {n} B status", (st.source, st.tag, st.nbytes), (0, n % 1000, n))
+    launches, messages = (a - b for a, b in zip(slot_stats(), before))
+    expect("slot messages counted", (launches, messages), (6, 6))
+
+
+def bytes_of(n, seed):
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+def slots_in_flight():
+    count = 3 * 32 + 5  # more than a pair's slots: the sender's stream waits on the device for free ones
+    s = cp.cuda.Stream(non_blocking=True)
+    if RANK == 0:
+        with s:  # made, sent (the current stream) and kept alive in the order of s
+            sent = [cp.asarray(bytes_of(1000 + i, 200 + i)) for i in range(count)]
+            for i in range(count):
+                comm.Send(sent[i], 1, tag=i)
+        s.synchronize()
+    else:
+        got = [cp.zeros(1000 + i, cp.uint8) for i in range(count)]
+        for i in range(count):
+            comm.Recv(got[i], 0, i)
+        for i in range(count):
+            check(f"in flight {i}", cp.asnumpy(got[i]), bytes_of(1000 + i, 200 + i))
+
+
+def slots_out_of_order():
+    if RANK == 0:
+        for tag in (1, 2, 3):
+            comm.Send(cp.asarray(bytes_of(300 * tag, 300 + tag)), 1, tag=tag)
+    else:
+        got = {tag: cp.zeros(300 * tag, cp.uint8) for tag in (1, 2, 3)}
+        for tag in (3, 1, 2):
+            comm.Recv(got[tag], 0, tag)
+        for tag in (1, 2, 3):
+            check(f"out of order tag {tag}", cp.asnumpy(got[tag]), bytes_of(300 * tag, 300 + tag))
+
+
+def slot_to_host_buffer():
+    if RANK == 0:
+        for seed in (400, 401):
+            comm.Send(cp.asarray(bytes_of(5000, seed)), 1, tag=4)
+    else:
+        for seed in (400, 401):  # twice: the slot is freed after a host receive too
+            h = np.zeros(5000, np.uint8)
+            st = Status()
+            comm.Recv(h, 0, 4, status=st)
+            check(f"GPU slot to host {seed}", h, bytes_of(5000, seed))
+            expect(f"GPU slot to host status {seed}", (st.source, st.tag, st.nbytes), (0, 4, 5000))
+
+
+def group_exchange():
+    s = cp.cuda.Stream(non_blocking=True)
+    for rep in range(3):  # inputs change between repetitions
+        with s:
+            mine = cp.asarray(bytes_of(2048, 500 + 10 * rep + RANK))
+            got = cp.zeros(2048, cp.uint8)
+        before = slot_stats()
+        with comm.group():
+            sreq = comm.Isend(mine, PEER, 8, stream=s)
+            rreq = comm.Irecv(got, PEER, 8, stream=s)
+        sreq.Wait()
+        rreq.Wait()
+        check(f"group exchange {rep}", cp.asnumpy(got), bytes_of(2048, 500 + 10 * rep + PEER))
+        expect(f"group exchange {rep}: one launch for both", tuple(a - b for a, b in zip(slot_stats(), before)), (1, 2))
+
+
 def too_small():
     if RANK == 0:
         comm.Send(cp.asarray(data(LARGE, 60)), 1, tag=9)  # completes although the receive fails
@@ -191,7 +274,9 @@ def capture_refused():
         s.end_capture()
 
 
-for name, fn in (("blocking", blocking), ("nonblocking", both_ways_nonblocking),
+for name, fn in (("blocking", blocking), ("small slots", small_slots), ("slots in flight", slots_in_flight),
+                 ("slots out of order", slots_out_of_order), ("slot to host", slot_to_host_buffer),
+                 ("group exchange", group_exchange), ("nonblocking", both_ways_nonblocking),
                  ("sendrecv", sendrecv_and_wildcards), ("mixed", host_and_gpu_mixed), ("too small", too_small),
                  ("stream order", stream_order), ("p2p disabled", p2p_disabled), ("torch", torch_tensors),
                  ("capture", capture_refused)):

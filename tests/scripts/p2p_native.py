@@ -199,7 +199,7 @@ elif mode == "huge":
         whole = all(np.array_equal(b[at:at + len(block)], block[:n - at]) for at in range(0, n, len(block)))
         out = {"whole": whole, "count": st.Get_count()}
 elif mode == "offer":
-    from gpucoll.p2p import GPU_BYTES_TAG, OFFER, OFFER_FLAG, reply_tag
+    from gpucoll.p2p import GPU_BYTES_TAG, OFFER, OFFER_FLAG, OFFER_KIND, reply_tag
 
     sizes = {1: 3 << 20, 2: 100_000, 3: 5000}
     if rank == 0:
@@ -207,7 +207,7 @@ elif mode == "offer":
         answers = []
         for seq, (tag, n) in enumerate(sizes.items()):
             reply = p.irecv_bytes(1, reply_tag(seq))
-            p.send_bytes(OFFER.pack(b"h" * 64, 0, n, b"e" * 64, seq), 1, tag, "Send", OFFER_FLAG).Wait()
+            p.send_bytes(OFFER.pack(OFFER_KIND, b"h" * 64, 0, n, b"e" * 64, seq), 1, tag, "Send", OFFER_FLAG).Wait()
             reply.Wait()
             answers.append(pickle.loads(reply._native.data())[0])
             p.send_bytes(pattern(n, tag), 1, GPU_BYTES_TAG, "Send").Wait()
