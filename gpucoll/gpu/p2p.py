@@ -98,10 +98,14 @@ class GpuRecvRequest(P2PRequest):
             cuda.stream_wait_event(streams.handle(stream), self.target.event)
         else:
             cuda.event_synchronize(self.target.event)
+            self.target.owner.check_slots(self.target.buf.device)  # the slot kernel may have given up
         return True
 
     def Test(self, status=None):
-        return super().Test(status) and cuda.event_query(self.target.event)
+        if super().Test(status) and cuda.event_query(self.target.event):
+            self.target.owner.check_slots(self.target.buf.device)
+            return True
+        return False
 
     def wait(self, status=None, stream=None):
         self.Wait(status, stream)
@@ -216,6 +220,12 @@ class GpuPointToPoint:
             out = self._outboxes[device] = slots.Outboxes(device, ctx, self.p2p._comm.name)
         out.check()
         return out
+
+    def check_slots(self, device):
+        """Raise the timeout a slot kernel of this device recorded, if any."""
+        out = self._outboxes.get(device)
+        if out is not None:
+            out.check()
 
     def _launch(self, out, stream, entries):
         out.launch(entries, stream)
