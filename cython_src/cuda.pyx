@@ -83,7 +83,7 @@ cdef extern from "gc_cuda.h" nogil:
         unsigned long long copy[64]
         unsigned long long seq[64]
         unsigned long long peer[64]
-        int put[64]
+        int mode[64]
         int n
         int nslots
 
@@ -126,6 +126,7 @@ cdef extern from "gc_cuda.h" nogil:
         CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned int) noexcept nogil
         CUresult (*StreamSynchronize)(CUstream) noexcept nogil
         CUresult (*StreamIsCapturing)(CUstream, int *) noexcept nogil
+        CUresult (*StreamCreate)(CUstream *, unsigned int) noexcept nogil
 
     gc_cuda_api gc_cu
     int gc_cuda_load()
@@ -461,6 +462,13 @@ def stream_synchronize(uintptr_t stream):
     _check(rc, "cuStreamSynchronize")
 
 
+def stream_create():
+    """A new stream of the current context that does not wait for the legacy default stream."""
+    cdef CUstream s = NULL
+    _check(gc_cu.StreamCreate(&s, 1), "cuStreamCreate")
+    return <uintptr_t>s
+
+
 def stream_is_capturing(uintptr_t stream):
     cdef int status = 0
     _check(gc_cu.StreamIsCapturing(<CUstream>stream, &status), "cuStreamIsCapturing")
@@ -555,19 +563,19 @@ cdef class Launcher:
 
     def launch_msgs(self, uintptr_t fn, unsigned blocks_per_msg, unsigned block, uintptr_t stream, entries,
                     int nslots):
-        """p2p_slots over up to MAXMSGS messages: (data, slot, count, copy, seq, peer, put) each."""
+        """p2p_slots over up to MAXMSGS messages: (data, slot, count, copy, seq, peer, mode) each."""
         cdef CUresult rc
         cdef int i = 0
         if len(entries) > GC_MAXMSGS:
             raise CudaError(f"at most {GC_MAXMSGS} messages per point-to-point launch")
-        for data, slot, count, copy, seq, peer, put in entries:
+        for data, slot, count, copy, seq, peer, mode in entries:
             self.l.msgs.data[i] = data
             self.l.msgs.slot[i] = slot
             self.l.msgs.count[i] = count
             self.l.msgs.copy[i] = copy
             self.l.msgs.seq[i] = seq
             self.l.msgs.peer[i] = peer
-            self.l.msgs.put[i] = put
+            self.l.msgs.mode[i] = mode
             i += 1
         self.l.msgs.n = i
         self.l.msgs.nslots = nslots

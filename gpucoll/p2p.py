@@ -31,25 +31,9 @@ ANY_SOURCE = -1
 ANY_TAG = -1
 PROC_NULL = -2  # a peer that does not exist: sends to it and receives from it do nothing, at once
 TAG_UB = 2**31 - 1  # the largest user tag
-RESERVED_TAG_MAX = -1000  # tags at or below this are gpucoll's own (objects, GPU replies)
+RESERVED_TAG_MAX = -1000  # tags at or below this are gpucoll's own (objects, MPI's composite calls)
 OBJECT_GATHER_TAG = -1001
 OBJECT_SCATTER_TAG = -1002
-GPU_BYTES_TAG = -1004  # the bytes of a GPU offer that the receiver could not map
-# GPU messages flagged OFFER carry a descriptor, not the data; its first byte says which kind.
-# A GPU offer (gpucoll/gpu/p2p.py makes and pulls them; a host receive only asks for the bytes):
-# OFFER_KIND, IPC memory handle, offset, bytes, interprocess event handle, sequence number n. The
-# receiver answers offer n with a pickled tuple tagged reply_tag(n). The other kind is a small
-# message waiting in the sender's GPU outbox (gpucoll/gpu/slots.py), which a host receive reads
-# through the communicator's GPU side.
-OFFER_KIND = b"O"
-OFFER = struct.Struct("!c64sQQ64sI")
-_REPLY_TAG_BASE = -(1 << 30)
-
-
-def reply_tag(seq):
-    return _REPLY_TAG_BASE - seq
-
-
 def _memory_bytes():
     """This host's physical memory: no object message larger than that can be received here."""
     try:
@@ -69,7 +53,9 @@ def _native():
     return _engine
 
 
-OFFER_FLAG = _engine.OFFER  # a received message is a GPU offer (gpucoll/gpu/p2p.py)
+# A message flagged OFFER carries an envelope, not the data: the data waits in the sender's GPU
+# memory (gpucoll/gpu/slots.py), and a host receive reads it through the communicator's GPU side.
+OFFER_FLAG = _engine.OFFER
 # The 48-byte header of every frame on a point-to-point channel (gc_p2p_hdr in gc_p2p.h), for tools
 # and tests: communicator key, tag, kind | flags, bytes, send id, address, status (native byte order).
 FRAME = struct.Struct("=QiIQQQq")
@@ -159,15 +145,13 @@ class P2PRequest(Request):
     """A send or receive of the native engine. Wait() gives up after GPUCOLL_TIMEOUT, naming
     what it waited for; a receive's status is filled in when it completes."""
 
-    __slots__ = ("_native", "_p2p", "_settled", "_op", "peer", "tag", "_status", "_object", "_keep", "_cap",
-                 "_report_tag")
+    __slots__ = ("_native", "_p2p", "_settled", "_op", "peer", "tag", "_status", "_object", "_keep", "_cap")
 
     def __init__(self, name, p2p, native_req, op, peer, tag, status=None, obj=False, keep=None, cap=0):
-        # Request.__init__'s threading.Event is not needed (on every call's path: set fields directly);
-        # _report_tag: the tag the status reports when it is not the message's (GPU offers)
+        # Request.__init__'s threading.Event is not needed (on every call's path: set fields directly)
         (self.name, self._error, self._value, self._native, self._p2p, self._settled, self._op, self.peer, self.tag,
-         self._status, self._object, self._keep, self._cap, self._report_tag) = (
-            name, None, None, native_req, p2p, False, op, peer, tag, status, obj, keep, cap, None)
+         self._status, self._object, self._keep, self._cap) = (
+            name, None, None, native_req, p2p, False, op, peer, tag, status, obj, keep, cap)
 
     @property
     def status(self):
@@ -197,8 +181,7 @@ class P2PRequest(Request):
         if self._op == "recv":
             src, tag, nbytes, flags = self._native.status
             source = p2p.rank_of(src) if src >= 0 else ANY_SOURCE
-            reported = tag if self._report_tag is None else self._report_tag
-            self.status.source, self.status.tag, self.status.nbytes = source, reported, nbytes
+            self.status.source, self.status.tag, self.status.nbytes = source, tag, nbytes
             if err == native.OK and flags & native.OFFER:  # a GPU message for a host buffer
                 p2p.gpu_message_to_host(self, source, tag, self._native.data())
                 return
@@ -222,7 +205,7 @@ class P2PRequest(Request):
             status.source, status.tag, status.nbytes = mine.source, mine.tag, mine.nbytes
 
     def Wait(self, status=None):
-        while not self._settled:  # a GPU offer to a host buffer is followed by its bytes: wait again
+        if not self._settled:
             timeout = self._p2p._timeout
             if not self._native.wait(timeout):
                 self._timed_out(timeout)
@@ -230,7 +213,7 @@ class P2PRequest(Request):
         return self._outcome(status)
 
     def Test(self, status=None):
-        while not self._settled:
+        if not self._settled:
             if not self._native.test():
                 return False
             self._settle()
@@ -432,7 +415,7 @@ class PointToPoint:
         return self._start_send(payload, dest, tag, name, _native().SYNC)
 
     def send_bytes(self, payload, dest, tag, name="send", flags=0):
-        """Start sending bytes (a GPU offer: flags=OFFER); the request."""
+        """Start sending bytes (a GPU message's envelope: flags=OFFER); the request."""
         return self._start_send(payload, dest, tag, name, flags)
 
     def send_object(self, obj, dest, tag):
@@ -469,10 +452,6 @@ class PointToPoint:
     def irecv_object(self, source, tag, status=None, name="irecv"):
         return self._post(None, source, tag, status, name, obj=True)
 
-    def irecv_bytes(self, source, tag, status=None, name="irecv"):
-        """A receive of whatever size arrives; its request's _native.data() holds the bytes."""
-        return self._post(None, source, tag, status, name)
-
     # --- probes and withdrawing -----------------------------------------------------------------
     def probe(self, source, tag, take):
         """The first arrived message matching (source, tag) as (source, tag, nbytes, flags,
@@ -489,26 +468,9 @@ class PointToPoint:
             req = P2PRequest("Mrecv", self, native, "recv", rank, tg)
         return rank, tg, nbytes, flags, req
 
-    def gpu_message_to_host(self, req, source, tag, descriptor):
-        """A GPU message matched a host receive: ask for an offer's bytes; read a small message
-        out of the sender's GPU outbox through this communicator's GPU side."""
-        if descriptor[:1] == OFFER_KIND:
-            self.ask_for_bytes(req, source, tag, descriptor)
-        else:
-            self._comm._gpu_p2p().slot_to_host(req, source, tag, descriptor)
-
-    def ask_for_bytes(self, req, source, tag, offer):
-        """A GPU offer matched a receive that cannot pull it (a host buffer, memory it cannot
-        map): receive the bytes instead. They come with GPU_BYTES_TAG; the status reports `tag`."""
-        if len(offer) != OFFER.size:
-            req._error = GpucollError(f"rank {source} sent a malformed GPU offer ({len(offer)} bytes instead of "
-                                      f"{OFFER.size})")
-            return
-        seq = OFFER.unpack(offer)[5]
-        req._native = self._native.irecv(self._key, self._world[source], GPU_BYTES_TAG, req._keep)
-        req._report_tag = tag
-        req._settled = False
-        self.send_bytes(pickle.dumps(("bytes",)), source, reply_tag(seq), "GPU answer").Wait()
+    def gpu_message_to_host(self, req, source, tag, envelope):
+        """A GPU message matched a host receive: read it out of the sender's GPU memory."""
+        self._comm._gpu_p2p().to_host(req, source, tag, envelope)
 
     def withdraw(self, req):
         """Take back a receive that nothing matched yet: True when it was still unmatched (it is

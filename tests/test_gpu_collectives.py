@@ -111,7 +111,7 @@ def test_gpu_debug_log_names_algorithm_and_transport(gpurun_job):
 @needs_gpu
 def test_gpu_timeout_names_operation_and_peer(gpurun_job):
     env = job_env(2, GPUCOLL_TIMEOUT="4")
-    job = gpurun_job(2, "gpu_timeout.py", env=env, timeout=180).check()
+    job = gpurun_job(2, "gpu_timeout.py", env=env, timeout=120).check()
     res = job.json_lines()
     assert all(r["fast_wrong"] == [] and r["dup_sum"] == 8.0 for r in res.values()), job.describe()
     assert all(r["fast_calls"] == 4 for r in res.values()), "repeated calls did not take the packed launch"
@@ -120,10 +120,15 @@ def test_gpu_timeout_names_operation_and_peer(gpurun_job):
     assert r0["raised"] and r0["ranks"] == [1], job.describe()
     assert f"allreduce #{r0['seq']}" in r0["raised"] and "for rank 1" in r0["raised"], r0["raised"]
     assert r0["next"] == "TimeoutError"
-    r1 = res[1]
-    assert r0["slots_before"], "the 32 small GPU messages before the stalled one did not arrive intact"
-    assert r1["slot_sender"] and "rank 0" in r1["slot_sender"], job.describe()
-    assert r0["slot_receiver"] and "rank 1" in r0["slot_receiver"], job.describe()
+
+
+@needs_gpu
+def test_gpu_slot_timeout_names_the_peer_on_both_sides(gpurun_job):
+    env = job_env(2, GPUCOLL_TIMEOUT="4")
+    res = gpurun_job(2, "gpu_slot_timeout.py", env=env, timeout=120).check().json_lines()
+    assert res[0]["slots_before"], "the 32 small GPU messages before the stalled one did not arrive intact"
+    assert res[1]["slot_sender"] and "rank 0" in res[1]["slot_sender"], res
+    assert res[0]["slot_receiver"] and "rank 1" in res[0]["slot_receiver"], res
 
 
 @needs_gpu
@@ -136,8 +141,8 @@ def test_gpu_point_to_point(gpurun_job):
         assert res["nfail"] == 0, f"rank {rank}: {res['failures']}"
     assert results[1]["checked"] > 120
     text = job.stderr + job.stdout
-    for path in ("offered via P2P/IPC", "pulled via P2P/IPC", "via host memory", "via its GPU outbox slot",
-                 "out of its GPU outbox slot"):
+    for path in ("announced for a pull over P2P/IPC", "pulled via P2P/IPC", "via host memory",
+                 "via its GPU outbox slot", "out of its GPU outbox slot"):
         assert path in text, text[-3000:]
 
 

@@ -96,12 +96,16 @@ def test_a_sender_that_dies_mid_rendezvous_fails_the_receive_naming_it(gpurun_jo
 
 
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
-def test_a_gpu_offer_received_into_host_memory_brings_its_bytes(gpurun_job, transport):
-    """Every host receive path (the blocking short path included) answers an offer by asking for
-    the bytes, and its status reports the message, not the offer."""
-    res = run(gpurun_job, "offer", transport).check().json_lines()
-    assert res[0]["answers"] == ["bytes"] * 3, res
-    assert res[1]["got"] == {"1": [True, 0, 1, 3 << 20], "2": [True, 0, 2, 100_000], "3": [True, 0, 3, 5000]}, res
+def test_a_gpu_envelope_never_reaches_a_host_buffer_as_data(gpurun_job, transport):
+    """Every host receive path (the blocking short path included) treats a GPU message's envelope
+    as one: it reads the data from GPU memory or raises saying why (here: nothing can be mapped),
+    and never returns the envelope as the message."""
+    res = run(gpurun_job, "envelope", transport).check().json_lines()
+    got = res[1]["got"]
+    for tag in ("1", "2", "3"):
+        assert "rank 0" in got[tag] and "GPU" in got[tag] and "GPUCOLL_P2P_DISABLE=1" in got[tag], got
+        assert got[f"{tag} untouched"], got
+    assert res[1]["after"], res
 
 
 def _available_memory():

@@ -92,7 +92,7 @@ typedef struct {
     unsigned long long copy[GC_MAXMSGS];   /* bytes a get copies out (0: the receive refused it) */
     unsigned long long seq[GC_MAXMSGS];
     unsigned long long peer[GC_MAXMSGS];   /* the other rank, named in a timeout */
-    int put[GC_MAXMSGS];
+    int mode[GC_MAXMSGS];                  /* GC_SLOT_* steps (gpucoll/kernels/coll.cu) */
     int n;
     int nslots;
 } gc_msgs;
@@ -139,6 +139,7 @@ typedef struct {
     CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned int);
     CUresult (*StreamSynchronize)(CUstream);
     CUresult (*StreamIsCapturing)(CUstream, int *);
+    CUresult (*StreamCreate)(CUstream *, unsigned int);
     CUresult (*GetErrorString)(CUresult, const char **);
     CUresult (*GetErrorName)(CUresult, const char **);
 } gc_cuda_api;
@@ -215,6 +216,7 @@ static int gc_cuda_load(void)
     GC_SYM(StreamWaitEvent, "cuStreamWaitEvent", NULL);
     GC_SYM(StreamSynchronize, "cuStreamSynchronize", NULL);
     GC_SYM(StreamIsCapturing, "cuStreamIsCapturing", NULL);
+    GC_SYM(StreamCreate, "cuStreamCreate", NULL);
     GC_SYM(GetErrorString, "cuGetErrorString", NULL);
     GC_SYM(GetErrorName, "cuGetErrorName", NULL);
 #undef GC_SYM

@@ -4,47 +4,35 @@ Matching (source, tag, ANY_SOURCE, ANY_TAG, no overtaking between two ranks) is 
 engine's (gpucoll/p2p.py, the public face of cython_src/include/gc_p2p.h); only the data path
 is the GPU's:
 
-* To another process of this host, above EAGER_MAX bytes: the sender records an interprocess
-  CUDA event on its stream and sends an offer instead of the bytes (an eager message flagged
-  OFFER: its buffer's IPC handle, offset and size, the event's handle and a sequence number).
-  The receiver maps the buffer (once per allocation, gpucoll/gpu/ipc.py), makes its stream wait
-  for the sender's event, copies peer to local on that stream (copy engine over NVLink or PCIe),
-  records an interprocess event of its own (one per source, reused) and answers with its
-  handle; the sender's stream then waits for that event, so later work there may overwrite the
-  buffer. Send returns once the receiver has answered (a rendezvous, like MPI's large sends).
-  Whoever waits for an answer also serves the offers that reached its own pending GPU receives,
-  so two ranks that send to each other before receiving (Sendrecv, Isend/Irecv) do not deadlock.
-* To another process of this host, up to slots.SLOT_MAX bytes: through the sender's GPU outbox
-  (gpucoll/gpu/slots.py): one kernel on each side, flags on the device, an envelope through
-  the host engine for matching. Send returns once the copy is enqueued on its stream. Inside
-  comm.group() the small sends wait for the block's end, and then every small send and
-  receive of the block that shares a stream goes out in one kernel launch.
-* Otherwise (another host, GPUCOLL_P2P_DISABLE=1, memory that cannot be shared, a receiver
-  that cannot map it, a host receive buffer of an offer) the bytes travel through host memory:
-  the sender copies them down once its stream has reached the call, the receiver copies them
-  up on its stream.
+* To another process of this host: through the sender's outbox (gpucoll/gpu/slots.py), with
+  flags on the device and one envelope through the host engine, never an answer. Up to
+  slots.SLOT_MAX bytes the message is copied into a slot and out of it by one kernel on each
+  side. Above, the receiver copies straight from the sender's buffer on the copy engine, on a
+  stream of its own per source that first waits for the point its receive was posted at: a
+  rank whose stream already waits for its own send to be read (Isend ... Wait before the
+  matching Irecv's Wait) cannot hold back the copy its peer waits for. Send returns once its
+  work is enqueued, for a large message including the wait for the receiver's copy; an
+  Isend request enqueues that wait at Wait()/Test(). Inside comm.group() sends wait for the
+  block's end, and then every small send and receive of the block that shares a stream goes
+  out in one kernel launch.
+* Otherwise (another host, GPUCOLL_P2P_DISABLE=1, memory that cannot be shared) the bytes
+  travel through host memory: the sender copies them down once its stream has reached the
+  call, the receiver copies them up on its stream.
 
 A receive completes when its data is enqueued on the receiver's stream: Recv returns then;
-an Irecv request's Wait() blocks until the data has landed, Wait(stream=s) makes s wait.
+an Irecv request's Wait() blocks until the data has landed, Wait(stream=s) makes s wait. A
+host buffer that receives a GPU message from a process of its host reads it through CUDA.
 Point-to-point calls cannot be captured in a CUDA graph (they need the host to match them).
 """
-import itertools
-import pickle
 import threading
-import time
-import weakref
 
 import numpy as np
 
 from .. import config, log
 from ..errors import GpucollError, InvalidUsageError
-from ..errors import TimeoutError as GpucollTimeout
-from ..p2p import GPU_BYTES_TAG, OFFER, OFFER_FLAG, OFFER_KIND, P2PRequest, reply_tag
+from ..p2p import OFFER_FLAG, P2PRequest
 from ..request import Request
 from . import ipc, slots, streams
-
-EAGER_MAX = 64 << 10  # GPU messages up to this size go through host memory at once (no rendezvous)
-_SEQ_MOD = 1 << 20  # offers are numbered modulo this (the number picks the answer's tag)
 
 cuda = None  # gpucoll._native.cuda, imported on first use
 
@@ -65,7 +53,7 @@ class GpuRecvRequest(P2PRequest):
     __slots__ = ("target", "grouped", "__weakref__")
 
     def _settle(self):
-        """The host engine is done with this receive: bytes in the bounce buffer, or an offer."""
+        """The host engine is done with this receive: bytes in the bounce buffer, or an envelope."""
         if self._settled:
             return
         self._settled = True
@@ -74,18 +62,13 @@ class GpuRecvRequest(P2PRequest):
         p2p = self._p2p
         source = p2p.rank_of(src)
         err = self._native.err
-        self.status.source, self.status.nbytes = source, nbytes
-        self.status.tag = tag if self._report_tag is None else self._report_tag
+        self.status.source, self.status.tag, self.status.nbytes = source, tag, nbytes
         if err != 0:
             self._keep = None
             self._error = p2p.error(self, err)
             return
         if flags & OFFER_FLAG:
-            descriptor = self._native.data()
-            if descriptor[:1] == OFFER_KIND:
-                target.owner.pull(self, source, tag, descriptor)
-            else:
-                target.owner.slot_get(self, source, tag, descriptor)
+            target.owner.arrived(self, source, tag, self._native.data())
             return
         try:
             target.upload(nbytes)
@@ -98,7 +81,7 @@ class GpuRecvRequest(P2PRequest):
             cuda.stream_wait_event(streams.handle(stream), self.target.event)
         else:
             cuda.event_synchronize(self.target.event)
-            self.target.owner.check_slots(self.target.buf.device)  # the slot kernel may have given up
+            self.target.owner.check_slots(self.target.buf.device)  # a slot kernel may have given up
         return True
 
     def Test(self, status=None):
@@ -113,20 +96,24 @@ class GpuRecvRequest(P2PRequest):
     def __del__(self):
         try:
             cuda.event_destroy(self.target.event)
+            cuda.event_destroy(self.target.posted)
         except Exception:
             pass
 
 
 class _Target:
-    """Where a GPU receive puts its data: the buffer, the stream, and a host bounce buffer for
-    messages that arrive as bytes (np.empty: its pages are only touched if it is used)."""
+    """Where a GPU receive puts its data: the buffer, the stream, the receive's place in that
+    stream, and a host bounce buffer for messages that arrive as bytes (np.empty: its pages
+    are only touched if it is used)."""
 
-    __slots__ = ("owner", "buf", "stream", "ctx", "bounce", "event")
+    __slots__ = ("owner", "buf", "stream", "ctx", "bounce", "event", "posted")
 
     def __init__(self, owner, buf, stream, ctx):
         self.owner, self.buf, self.stream, self.ctx = owner, buf, stream, ctx
         self.bounce = np.empty(buf.nbytes, np.uint8)
-        self.event = cuda.event_create()  # recorded after the data's copy, for Wait()
+        self.event = cuda.event_create()   # recorded after the data's copy, for Wait()
+        self.posted = cuda.event_create()  # where the receive was posted: a large copy starts after it
+        cuda.event_record(self.posted, stream)
 
     def upload(self, nbytes):
         cuda.set_current(self.ctx)
@@ -135,48 +122,29 @@ class _Target:
         cuda.event_record(self.event, self.stream)
 
 
-class GpuSendRequest(P2PRequest):
-    """A large send from GPU memory: its offer went out; Wait() waits for the receiver's answer
-    (serving this process's own pending GPU receives meanwhile) and orders the stream after it."""
+class GpuSendRequest(Request):
+    """An Isend of GPU memory to a process of this host. Wait()/Test() complete it in stream
+    order: for a large message its stream then waits, on the device, until the receiver has
+    read the buffer. In a comm.group() block it starts when the block ends."""
 
-    __slots__ = ("gpu", "buf", "dest", "stream", "event", "offer_req")
-
-    def Wait(self, status=None, stream=None):
-        if not self._settled:
-            self._settled = True
-            try:
-                self.gpu.answered(self)
-            except BaseException as exc:
-                self._error = exc
-            finally:
-                self.gpu.spare(self.event)
-        return super().Wait(status)
-
-    def Test(self, status=None):
-        if not self._settled and not self._native.test():
-            self.gpu.progress()
-            return False
-        return self.Wait()
-
-    def wait(self, status=None, stream=None):
-        self.Wait(status, stream)
-
-
-class SlotSendRequest(Request):
-    """A small GPU send of a comm.group() block: it goes out when the block ends."""
-
-    def __init__(self, name):
+    def __init__(self, name, gpu, stream):
         super().__init__(name)
+        self.gpu, self.stream = gpu, stream
         self.envelope = None  # the envelope's host request, once sent
+        self.finish = None    # (outboxes, WAIT_FREE entry) of a large message
 
     def Wait(self, status=None, stream=None):
         if self.envelope is None:
             raise InvalidUsageError(f"{self.name} of a GPU buffer inside comm.group() starts when the block ends: "
                                     "wait for its request after the `with` block")
-        return self.envelope.Wait(status)
+        self.envelope.Wait(status)
+        if self.finish is not None:
+            (out, entry), self.finish = self.finish, None
+            self.gpu._launch(out, self.stream, [entry])
+        return True
 
     def Test(self, status=None):
-        return self.envelope is not None and self.envelope.Test(status)
+        return self.envelope is not None and self.envelope.Test(status) and self.Wait(status)
 
     def wait(self, status=None, stream=None):
         self.Wait(status, stream)
@@ -190,13 +158,10 @@ class GpuPointToPoint:
         self.p2p = p2p
         self._lock = threading.Lock()
         self._contexts = {}
-        self._spare_events = []  # interprocess events of offers, reused once their send is done
-        self._done_events = {}   # source rank -> (event, handle): recorded after each pull from it
-        self._pending = weakref.WeakSet()  # GPU receives not yet settled (offers served while waiting)
-        self._seq = itertools.count()
-        self._outboxes = {}    # device -> slots.Outboxes
-        self._deferred = []    # small sends of the open group: (outboxes, buf, stream, dest, tag, req)
-        self._grouped = []     # GPU receives posted in the open group
+        self._outboxes = {}      # device -> slots.Outboxes
+        self._side = {}          # (device, source) -> stream of the large copies from that source
+        self._deferred = []      # sends of the open group: (outboxes, buf, exported, stream, dest, tag, req)
+        self._grouped = []       # GPU receives posted in the open group
         self._collecting = None  # at a group's end: (outboxes, stream) -> slot entries of its receives
 
     # --- helpers ----------------------------------------------------------------------------
@@ -221,6 +186,12 @@ class GpuPointToPoint:
         out.check()
         return out
 
+    def _side_stream(self, device, source):
+        side = self._side.get((device, source))
+        if side is None:
+            side = self._side[(device, source)] = cuda.stream_create()
+        return side
+
     def check_slots(self, device):
         """Raise the timeout a slot kernel of this device recorded, if any."""
         out = self._outboxes.get(device)
@@ -233,29 +204,6 @@ class GpuPointToPoint:
         stats.p2p_slot_launches += -(-len(entries) // cuda.MAXMSGS)
         stats.p2p_slot_messages += len(entries)
 
-    def _ipc_event(self):
-        with self._lock:
-            if self._spare_events:
-                return self._spare_events.pop()
-        event = cuda.event_create(interprocess=True)
-        return event, cuda.ipc_get_event_handle(event)
-
-    def spare(self, event):
-        with self._lock:
-            self._spare_events.append(event)
-
-    def _answer(self, dest, seq, answer):
-        self.p2p.send_bytes(pickle.dumps(answer), dest, reply_tag(seq), "GPU answer").Wait()
-
-    def progress(self):
-        """Serve the offers that reached this communicator's pending GPU receives."""
-        for req in list(self._pending):
-            if req._settled:
-                self._pending.discard(req)
-            elif req._native.done:
-                self._pending.discard(req)
-                req._settle()
-
     # --- sending ------------------------------------------------------------------------------
     def send(self, buf, dest, tag, stream=None, nonblocking=False, in_group=False):
         """Send buf (a GpuBuffer) to rank dest: None, or a Request with nonblocking=True."""
@@ -264,36 +212,38 @@ class GpuPointToPoint:
         ctx = self._context(buf.device)
         what = "Isend" if nonblocking else "Send"
         stream = self._stream(stream, buf, what)
-        ipc_ok = p2p.same_host(dest) and not config.P2P_DISABLE.get()
-        if ipc_ok and buf.nbytes <= slots.SLOT_MAX:
-            if log.enabled("info", "P2P"):
-                log.info("P2P", "%s %d B to rank %d tag %d via its GPU outbox slot", what, buf.nbytes, dest, tag)
-            req = self._put(buf, dest, tag, stream, ctx, what, in_group)
+        exported = None
+        if p2p.same_host(dest) and not config.P2P_DISABLE.get():
+            exported = True if buf.nbytes <= slots.SLOT_MAX else ipc.export(buf.addr)
+        if log.enabled("info", "P2P"):
+            how = ("via host memory" if exported is None else
+                   "via its GPU outbox slot" if exported is True else "announced for a pull over P2P/IPC")
+            log.info("P2P", "%s %d B to rank %d tag %d %s", what, buf.nbytes, dest, tag, how)
+        if exported is None:
+            req = self._send_bytes(buf, dest, tag, stream, ctx, what)
         else:
-            exported = ipc.export(buf.addr) if ipc_ok else None
-            if log.enabled("info", "P2P"):
-                log.info("P2P", "%s %d B to rank %d tag %d %s", what, buf.nbytes, dest, tag,
-                         "offered via P2P/IPC" if exported else "via host memory")
-            if exported is None:
-                req = self._send_bytes(buf, dest, tag, stream, ctx, what)
-            else:
-                req = self._offer(buf, dest, tag, stream, exported, what)
+            req = GpuSendRequest(what, self, stream)
+            out = self._slots(buf.device, ctx)
+            if in_group:
+                self._deferred.append((out, buf, exported, stream, dest, tag, req))
+                return req
+            entry, envelope = self._number(out, buf, exported, dest, req)
+            self._launch(out, stream, [entry])
+            req.envelope = self.p2p.send_bytes(envelope, dest, tag, what, OFFER_FLAG)
         if nonblocking:
             return req
         req.Wait()
         return None
 
-    def _put(self, buf, dest, tag, stream, ctx, what, in_group):
-        """A small message through this rank's outbox for dest: copied in on the stream, then
-        announced (in a group: both when the block ends)."""
-        out = self._slots(buf.device, ctx)
-        if in_group:
-            req = SlotSendRequest(what)
-            self._deferred.append((out, buf, stream, dest, tag, req))
-            return req
-        entry, envelope = out.put(buf.addr, buf.nbytes, dest)
-        self._launch(out, stream, [entry])
-        return self.p2p.send_bytes(envelope, dest, tag, what, OFFER_FLAG)
+    @staticmethod
+    def _number(out, buf, exported, dest, req):
+        """Give a send its message number: (the entry that puts or announces it, its envelope,
+        to be sent once that entry is enqueued); a large one's req.finish waits for its reader."""
+        if exported is True:
+            return out.put(buf.addr, buf.nbytes, dest)
+        entry, wait, envelope = out.announce(exported, buf.nbytes, dest)
+        req.finish = (out, wait)
+        return entry, envelope
 
     def _send_bytes(self, buf, dest, tag, stream, ctx, what):
         """The bytes through host memory, once the stream has reached the call."""
@@ -303,41 +253,6 @@ class GpuPointToPoint:
         if buf.nbytes:
             cuda.memcpy_dtoh(host.__array_interface__["data"][0], buf.addr, buf.nbytes)
         return self.p2p.send_bytes(memoryview(host), dest, tag, what)
-
-    def _offer(self, buf, dest, tag, stream, exported, what):
-        p2p = self.p2p
-        handle, offset = exported
-        seq = next(self._seq) % _SEQ_MOD
-        event = self._ipc_event()
-        cuda.event_record(event[0], stream)  # the data is ready when the stream gets here
-        reply = p2p.irecv_bytes(dest, reply_tag(seq), name=f"{what} (the answer to its offer)")
-        offer = OFFER.pack(OFFER_KIND, handle, offset, buf.nbytes, event[1], seq)
-        sent = p2p.send_bytes(offer, dest, tag, what, OFFER_FLAG)
-        req = GpuSendRequest(what, p2p, reply._native, "recv", dest, tag, keep=offer, cap=buf.nbytes)
-        req.gpu, req.buf, req.dest, req.stream, req.event, req.offer_req = self, buf, dest, stream, event, sent
-        return req
-
-    def answered(self, req):
-        """Wait for the receiver's answer to req's offer and act on it."""
-        p2p = self.p2p
-        timeout = p2p._timeout
-        deadline = time.monotonic() + timeout
-        while not req._native.wait(0.0005):
-            self.progress()
-            if time.monotonic() > deadline:
-                raise GpucollTimeout(
-                    f"Send of {req.buf.nbytes} bytes from GPU memory to rank {req.dest} with tag {req.tag}: rank "
-                    f"{req.dest} posted no matching receive within {timeout:g} s (GPUCOLL_TIMEOUT)")
-        req.offer_req.Wait()
-        if req._native.err != 0:
-            raise p2p.error(req, req._native.err)
-        answer = pickle.loads(req._native.data())
-        if answer[0] == "done":
-            cuda.stream_wait_event(req.stream, ipc.open_event(answer[1]))
-        elif answer[0] == "bytes":
-            self._send_bytes(req.buf, req.dest, GPU_BYTES_TAG, req.stream, self._context(req.buf.device),
-                             "Send").Wait()
-        # "error": the receive failed (e.g. too small a buffer) and raises there; this send is done
 
     # --- receiving ----------------------------------------------------------------------------
     def recv(self, buf, source, tag, status=None, stream=None, nonblocking=False, in_group=False):
@@ -351,109 +266,94 @@ class GpuPointToPoint:
         req.target, req.grouped = target, in_group
         if in_group:
             self._grouped.append(req)
-        self._pending.add(req)
         if nonblocking:
             return req
         P2PRequest.Wait(req)
         return None
 
-    def pull(self, req, source, tag, offer):
-        """An offer matched a GPU receive: copy from the sender's memory on the receive's stream."""
+    def arrived(self, req, source, tag, descriptor):
+        """An envelope matched a GPU receive: read the message out of the sender's outbox (a
+        small one, at a group's end with the block's others) or its buffer (a large one)."""
         target = req.target
-        if len(offer) != OFFER.size:  # the engine bounds an offer's size; its layout is checked here
-            req._error = GpucollError(f"rank {source} sent a malformed GPU offer ({len(offer)} bytes instead of "
-                                      f"{OFFER.size})")
-            return
-        _, handle, offset, nbytes, event_handle, seq = OFFER.unpack(offer)
-        req.status.nbytes = nbytes
-        if nbytes > target.buf.nbytes:
-            self._answer(source, seq, ("error", "truncated"))
-            req._error = _truncated(source, tag, nbytes, target.buf.nbytes)
-            return
         cuda.set_current(target.ctx)
-        try:
-            base = ipc.open_memory(handle)
-            sender_event = ipc.open_event(event_handle)
-        except GpucollError as exc:  # e.g. no peer access between the two GPUs: take the bytes instead
-            log.info("P2P", "Recv %d B from rank %d tag %d via host memory: cannot map its GPU memory (%s)",
-                     nbytes, source, tag, exc)
-            self.ask_for_bytes(req, source, tag, offer)
-            return
-        cuda.stream_wait_event(target.stream, sender_event)
-        if nbytes:
-            cuda.memcpy_async(target.buf.addr, base + offset, nbytes, target.stream)
-        done = self._done_events.get(source)
-        if done is None:
-            event = cuda.event_create(interprocess=True)
-            done = self._done_events[source] = (event, cuda.ipc_get_event_handle(event))
-        cuda.event_record(done[0], target.stream)
-        cuda.event_record(target.event, target.stream)
-        self._answer(source, seq, ("done", done[1]))
-        if log.enabled("info", "P2P"):
-            log.info("P2P", "Recv %d B from rank %d tag %d pulled via P2P/IPC", nbytes, source, tag)
-
-    def slot_get(self, req, source, tag, descriptor):
-        """A small message in the sender's outbox matched a GPU receive: read it out on the
-        receive's stream (at a group's end: with the block's other slot messages)."""
-        target = req.target
         out = self._slots(target.buf.device, target.ctx)
         try:
-            entry, nbytes = out.get(descriptor, source, target.buf.addr, target.buf.nbytes)
+            kind, slot, data, nbytes, seq = out.envelope(descriptor, source)
         except GpucollError as exc:
             req._error = exc
             return
         req.status.nbytes = nbytes
-        if nbytes > target.buf.nbytes:
+        fits = nbytes <= target.buf.nbytes
+        if not fits:
             req._error = _truncated(source, tag, nbytes, target.buf.nbytes)
-        if self._collecting is not None and req.grouped:
-            self._collecting.setdefault((out, target.stream), []).append(entry)  # the event: end_group
+        if kind == slots.SMALL_KIND:
+            entry = out.get(slot, nbytes, seq, source, target.buf.addr, target.buf.nbytes)
+            if self._collecting is not None and req.grouped:
+                self._collecting.setdefault((out, target.stream), []).append(entry)  # the event: end_group
+            else:
+                self._launch(out, target.stream, [entry])
+                cuda.event_record(target.event, target.stream)
+            how = "out of its GPU outbox slot"
         else:
-            self._launch(out, target.stream, [entry])
-            cuda.event_record(target.event, target.stream)
+            side = self._side_stream(target.buf.device, source)
+            cuda.stream_wait_event(side, target.posted)
+            self._launch(out, side, [out.steps(slot, seq, source, slots.WAIT_READY)])
+            if fits and nbytes:
+                cuda.memcpy_async(target.buf.addr, data, nbytes, side)
+            self._launch(out, side, [out.steps(slot, seq, source, slots.SET_FREE)])
+            cuda.event_record(target.event, side)
+            cuda.stream_wait_event(target.stream, target.event)
+            how = "pulled via P2P/IPC"
         if log.enabled("info", "P2P"):
-            log.info("P2P", "Recv %d B from rank %d tag %d out of its GPU outbox slot", nbytes, source, tag)
+            log.info("P2P", "Recv %d B from rank %d tag %d %s", nbytes, source, tag, how)
 
-    def slot_to_host(self, req, source, tag, descriptor):
-        """A small message in the sender's outbox matched a host receive: read it out through
-        device memory of this process (the GPU of its first GPU buffer, else GPUCOLL_DEVICE or 0)."""
-        device = next(iter(self._contexts), None)
-        if device is None:
-            device = config.DEVICE.get() or 0
-        ctx = self._context(device)
-        out = self._slots(device, ctx)
+    def to_host(self, req, source, tag, descriptor):
+        """An envelope matched a host receive: read the message through CUDA on the GPU of this
+        process's first GPU buffer (else GPUCOLL_DEVICE, else 0), on the source's copy stream."""
         host = np.frombuffer(req._keep, np.uint8) if req._keep is not None else np.empty(0, np.uint8)
-        capacity = host.nbytes
         try:
-            entry, nbytes = out.get(descriptor, source, 0, capacity)
+            device = next(iter(self._contexts), None)
+            if device is None:
+                device = config.DEVICE.get() or 0
+            out = self._slots(device, self._context(device))
+        except GpucollError as exc:
+            req._error = GpucollError(
+                f"rank {source} sent this host buffer a message from GPU memory, which a process of its host reads "
+                f"through CUDA, but this process cannot use CUDA ({exc}); set GPUCOLL_P2P_DISABLE=1 on every rank "
+                "to send GPU messages as host bytes")
+            return
+        try:
+            kind, slot, data, nbytes, seq = out.envelope(descriptor, source)
         except GpucollError as exc:
             req._error = exc
             return
         req.status.nbytes = nbytes
-        scratch = cuda.mem_alloc(max(nbytes, 1))
-        try:
-            self._launch(out, 0, [(scratch,) + entry[1:]])
-            cuda.stream_synchronize(0)
-            out.check()
-            if nbytes > capacity:
-                req._error = _truncated(source, tag, nbytes, capacity)
-            elif nbytes:
-                cuda.memcpy_dtoh(host.__array_interface__["data"][0], scratch, nbytes)
-        finally:
-            cuda.mem_free(scratch)
+        side = self._side_stream(device, source)
+        self._launch(out, side, [out.steps(slot, seq, source, slots.WAIT_READY)])
+        cuda.stream_synchronize(side)
+        out.check()
+        if nbytes > host.nbytes:
+            req._error = _truncated(source, tag, nbytes, host.nbytes)
+        elif nbytes:
+            cuda.memcpy_dtoh(host.__array_interface__["data"][0], data, nbytes)
+        self._launch(out, side, [out.steps(slot, seq, source, slots.SET_FREE)])
 
+    # --- groups -------------------------------------------------------------------------------
     def end_group(self):
-        """A comm.group() block ends: announce its small sends, match its GPU receives, then one
-        slot launch per stream carries every small message of the block."""
+        """A comm.group() block ends: number its sends and announce them, match its GPU
+        receives, then one slot launch per stream carries every small message of the block
+        (and the announcements of its large ones)."""
         deferred, self._deferred = self._deferred, []
         received, self._grouped = self._grouped, []
         self._collecting = launches = {}
         try:
-            for out, buf, stream, dest, tag, req in deferred:
-                entry, envelope = out.put(buf.addr, buf.nbytes, dest)
+            for out, buf, exported, stream, dest, tag, req in deferred:
+                entry, envelope = self._number(out, buf, exported, dest, req)
                 launches.setdefault((out, stream), []).append(entry)
+                # sent before the launch: the receiver's kernel waits for the ready words
                 req.envelope = self.p2p.send_bytes(envelope, dest, tag, req.name, OFFER_FLAG)
             for req in received:
-                P2PRequest.Wait(req)  # matched: a slot message adds its entry to `launches`
+                P2PRequest.Wait(req)  # matched: a small message adds its entry to `launches`
         finally:
             self._collecting = None
             for req in received:
@@ -464,19 +364,13 @@ class GpuPointToPoint:
                 cuda.event_record(req.target.event, req.target.stream)
 
     def drop_group(self):
-        """A comm.group() block raised: its small sends are dropped with it (they were never
+        """A comm.group() block raised: its sends are dropped with it (they were never
         numbered), its receives stay posted and complete on their own."""
         for req in self._grouped:
             req.grouped = False
         self._deferred, self._grouped = [], []
 
-    def ask_for_bytes(self, req, source, tag, offer):
-        """An offer matched a GPU receive that cannot map the sender's memory: the bytes instead."""
-        self.p2p.ask_for_bytes(req, source, tag, offer)
-        self._pending.add(req)
-
     def close(self):
-        self._pending = weakref.WeakSet()
         for out in self._outboxes.values():
             out.close()
         self._outboxes = {}

@@ -1,23 +1,28 @@
-"""Small GPU messages between processes of one host: outboxes in GPU memory, flags on the device.
+"""GPU messages between processes of one host: outboxes in GPU memory, flags on the device.
 
-A message of up to SLOT_MAX bytes to another process of this host goes GPU to GPU with no host
-copy and no handshake. The sender owns one outbox per destination (a cuMemAlloc block, made on
-the first message to it): SLOTS slots of a header (ready and free words, one per kernel block)
-and SLOT_MAX bytes. Message n of the pair (numbered by the sender) uses slot n % SLOTS:
+The sender owns one outbox per destination (a cuMemAlloc block, made on the first message to
+it): SLOTS slots of a header (ready and free words, one per kernel block) and SLOT_MAX bytes.
+Message n of the pair (numbered by the sender) uses slot n % SLOTS, whatever its size; the host
+engine carries an envelope (an OFFER-flagged message: SMALL or LARGE below) and does the matching
+(source, tag, ANY_SOURCE, order between a pair). No host round trip, no answer:
 
-* put (the sender, in its stream's order): the p2p_slots kernel waits until the slot's previous
-  message was read out, copies the caller's bytes in and raises the slot's ready words to n + 1;
-  the host then sends the receiver an envelope (an OFFER-flagged message: DESCRIPTOR) through
-  the host engine, which does the matching (source, tag, ANY_SOURCE, order between a pair).
-* get (the receiver, once the envelope matched a receive): the kernel waits for the ready words,
-  copies the bytes out of the sender's outbox over P2P (the outbox is mapped once per sender,
-  gpucoll/gpu/ipc.py) and raises the slot's free words to n + 1, in the sender's memory.
+* small (up to SLOT_MAX bytes): the sender's p2p_slots kernel waits until the slot's previous
+  message was read out, copies the bytes in and raises the ready words to n + 1; the
+  receiver's, once the envelope matched, waits for them, copies the bytes out over P2P and
+  raises the slot's free words to n + 1, in the sender's memory.
+* large: the bytes stay in the sender's buffer. The sender's kernel only raises the ready
+  words when its stream reaches the send (after the slot's previous message was read), and
+  the envelope carries the buffer's IPC handle. The receiver, on a stream of its own that
+  first waits for the point its receive was posted at, waits for the ready words, copies
+  from the sender's buffer on the copy engine and raises the free words; its receive stream
+  then waits for that copy. The sender's stream waits for the free words where the send
+  completes (Send: at once; Isend: at Wait/Test), so later work there may overwrite the buffer.
 
-Both sides are one kernel launch on the caller's stream, and every message of a `comm.group()`
-block rides in one launch. A sender that runs SLOTS messages ahead of its receiver makes its
-stream wait on the device (as NCCL's sends do); a kernel that waits longer than GPUCOLL_TIMEOUT
-gives up and records the peer in a mapped host word, raised as gpucoll.TimeoutError by the next
-point-to-point call of the communicator or by a receive's Wait. Layout in gpucoll/kernels/coll.cu.
+Memory handles are mapped once per allocation (gpucoll/gpu/ipc.py). A sender SLOTS messages
+ahead of its receiver makes its stream wait on the device (as NCCL's sends do); a kernel that
+waits longer than GPUCOLL_TIMEOUT gives up and records the peer in a mapped host word, raised
+as gpucoll.TimeoutError by the next point-to-point call of the communicator or by a receive's
+Wait. Layout and steps in gpucoll/kernels/coll.cu (p2p_slots).
 """
 import collections
 import struct
@@ -35,9 +40,15 @@ SLOT_HEADER = 256      # ready words, free words (coll.cu: SLOT_HEADER)
 SLOT_MAX = 64 << 10    # the largest message that goes through a slot
 STRIDE = SLOT_HEADER + SLOT_MAX
 THREADS = 256
-KIND = b"S"            # first byte of a DESCRIPTOR (an offer's is gpucoll.p2p.OFFER_KIND)
-# kind, the outbox's IPC handle, the slot's offset in it, bytes, message number
-DESCRIPTOR = struct.Struct("!c64sQQQ")
+# The kernel's steps (coll.cu)
+WAIT_PREV, COPY_IN, SET_READY, WAIT_READY, COPY_OUT, SET_FREE, WAIT_FREE = 1, 2, 4, 8, 16, 32, 64
+PUT, GET = WAIT_PREV | COPY_IN | SET_READY, WAIT_READY | COPY_OUT | SET_FREE
+ANNOUNCE = WAIT_PREV | SET_READY
+# Envelopes: kind, the outbox's IPC handle, the slot's offset in it, bytes, message number; a
+# large one also the IPC handle of the sender's buffer and the offset in that allocation.
+SMALL = struct.Struct("!c64sQQQ")
+LARGE = struct.Struct("!c64sQQQ64sQ")
+SMALL_KIND, LARGE_KIND = b"S", b"L"
 
 _kernels = {}  # arch -> Kernels, shared by every communicator of the process
 _kernels_lock = threading.Lock()
@@ -89,34 +100,64 @@ class Outboxes:
             self._boxes[dest] = box
         return box
 
-    def put(self, addr, nbytes, dest):
-        """A message of nbytes at addr to rank dest: (launch entry, envelope bytes)."""
+    def _number(self, dest):
+        """(base, handle of the outbox for dest, the next message number, its slot's offset)."""
         with self._lock:
             base, handle = self._box(dest)
             seq = self._sent[dest]
             self._sent[dest] = seq + 1
-        offset = (seq % SLOTS) * STRIDE
-        entry = (addr, base + offset, nbytes, nbytes, seq, dest, 1)
-        return entry, DESCRIPTOR.pack(KIND, handle, offset, nbytes, seq)
+        return base, handle, seq, (seq % SLOTS) * STRIDE
 
-    def get(self, descriptor, source, addr, capacity):
-        """The launch entry that reads the message a DESCRIPTOR announced into capacity bytes at
-        addr (nothing copied when it does not fit: the slot is freed all the same), and its size."""
-        if len(descriptor) != DESCRIPTOR.size:
-            raise GpucollError(f"rank {source} sent a malformed GPU message envelope ({len(descriptor)} bytes "
-                               f"instead of {DESCRIPTOR.size})")
-        _, handle, offset, nbytes, seq = DESCRIPTOR.unpack(descriptor)
-        if nbytes > SLOT_MAX or offset % STRIDE or offset >= SLOTS * STRIDE:
-            raise GpucollError(f"rank {source} sent a GPU message envelope outside its outbox (offset {offset}, "
-                               f"{nbytes} bytes)")
+    def put(self, addr, nbytes, dest):
+        """A small message of nbytes at addr to rank dest: (launch entry, envelope)."""
+        base, handle, seq, offset = self._number(dest)
+        entry = (addr, base + offset, nbytes, nbytes, seq, dest, PUT)
+        return entry, SMALL.pack(SMALL_KIND, handle, offset, nbytes, seq)
+
+    def announce(self, exported, nbytes, dest):
+        """A large message in the caller's buffer (exported: its IPC handle and offset) to rank
+        dest: (launch entry that raises the ready words, the entry that later waits for the
+        free words, envelope)."""
+        base, handle, seq, offset = self._number(dest)
+        slot = base + offset
+        return ((0, slot, 0, 0, seq, dest, ANNOUNCE), (0, slot, 0, 0, seq, dest, WAIT_FREE),
+                LARGE.pack(LARGE_KIND, handle, offset, nbytes, seq, *exported))
+
+    def _map(self, handle, source):
         _cuda().set_current(self.ctx)
         try:
-            base = ipc.open_memory(handle)
+            return ipc.open_memory(handle)
         except GpucollError as exc:
             raise GpucollError(f"cannot map rank {source}'s GPU memory to receive its message ({exc}); set "
                                "GPUCOLL_P2P_DISABLE=1 on every rank to send GPU messages through host memory") from None
-        copy = nbytes if nbytes <= capacity else 0
-        return (addr, base + offset, nbytes, copy, seq, source, 0), nbytes
+
+    def envelope(self, descriptor, source):
+        """What an envelope says: (kind, slot address here, the message's bytes' address here
+        (in the slot, or the sender's buffer), bytes, message number)."""
+        kind = descriptor[:1]
+        layout = LARGE if kind == LARGE_KIND else SMALL
+        if kind not in (SMALL_KIND, LARGE_KIND) or len(descriptor) != layout.size:
+            raise GpucollError(f"rank {source} sent a malformed GPU message envelope ({len(descriptor)} bytes, "
+                               f"kind {kind!r})")
+        fields = layout.unpack(descriptor)
+        _, handle, offset, nbytes, seq = fields[:5]
+        if (kind == SMALL_KIND and nbytes > SLOT_MAX) or offset % STRIDE or offset >= SLOTS * STRIDE:
+            raise GpucollError(f"rank {source} sent a GPU message envelope outside its outbox (offset {offset}, "
+                               f"{nbytes} bytes)")
+        slot = self._map(handle, source) + offset
+        data = self._map(fields[5], source) + fields[6] if kind == LARGE_KIND else slot + SLOT_HEADER
+        return kind, slot, data, nbytes, seq
+
+    @staticmethod
+    def get(slot, nbytes, seq, source, addr, capacity):
+        """The entry that reads a small message into capacity bytes at addr (nothing copied when
+        it does not fit: the slot is freed all the same)."""
+        return (addr, slot, nbytes, nbytes if nbytes <= capacity else 0, seq, source, GET)
+
+    @staticmethod
+    def steps(slot, seq, source, mode):
+        """An entry of the words alone (a large message's WAIT_READY, SET_FREE)."""
+        return (0, slot, 0, 0, seq, source, mode)
 
     def launch(self, entries, stream):
         """Every entry in one launch (or a few: at most MAXMSGS messages each) on stream."""

@@ -737,17 +737,30 @@ KERNEL sc_staged(Team t, Args a)
 
 // ---- point to point through outboxes (gpucoll/gpu/slots.py) -------------------------------
 // A rank's outbox for one peer is `nslots` slots in the sender's own memory: a header of
-// SLOT_BLOCKS ready words and SLOT_BLOCKS free words, then the message's bytes. Message n
-// (numbered per pair) uses slot n % nslots. Sender block b waits until every block of the
-// slot's previous message was read out (the free words; the two messages may be cut into
-// different slices), copies its slice in and release-stores n + 1 in ready[b]. The receiver,
-// told n by the envelope that the host matched, has block b wait for ready[b], copy that same
-// slice out over P2P and release-store n + 1 in free[b] (in the sender's memory). One launch
-// carries every message of a group, SLOT_BLOCKS blocks each.
+// SLOT_BLOCKS ready words and SLOT_BLOCKS free words, then room for a small message's bytes.
+// Message n (numbered per pair) uses slot n % nslots, whatever its size. Each launch entry
+// runs some of these steps, in this order, SLOT_BLOCKS blocks per entry:
+//   WAIT_PREV  wait until every block of the slot's previous message was read out (the free
+//              words; the two messages may be cut into different slices)
+//   WAIT_FREE  wait until every block of this message was read out (a large send's end)
+//   WAIT_READY wait for this block's ready word (the sender reached the message)
+//   COPY_IN / COPY_OUT  this block's slice, into the slot / out of it over P2P
+//   SET_READY / SET_FREE  release-store n + 1 in this block's ready / free word
+// A small message is put (WAIT_PREV | COPY_IN | SET_READY) and got (WAIT_READY | COPY_OUT |
+// SET_FREE); a large one stays in the sender's buffer and only uses the words: the sender
+// announces it (WAIT_PREV | SET_READY) and later waits for WAIT_FREE; the receiver waits
+// (WAIT_READY), copies on the copy engine, then frees (SET_FREE).
 #define SLOT_BLOCKS 4
 #define SLOT_FREE_WORDS 16  // free[] starts 128 bytes after ready[]: another cache line
 #define SLOT_HEADER 256
 #define MAXMSGS 64
+#define WAIT_PREV 1
+#define COPY_IN 2
+#define SET_READY 4
+#define WAIT_READY 8
+#define COPY_OUT 16
+#define SET_FREE 32
+#define WAIT_FREE 64
 
 // Mirrors gc_msgs in cython_src/include/gc_cuda.h.
 struct Msgs {
@@ -757,14 +770,14 @@ struct Msgs {
     u64 copy[MAXMSGS];   // bytes a get copies out: count, or 0 when the receive refused it
     u64 seq[MAXMSGS];
     u64 peer[MAXMSGS];   // the other rank, named in a timeout
-    int put[MAXMSGS];
+    int mode[MAXMSGS];
     int n;
     int nslots;
 };
 
 KERNEL p2p_slots(Team t, Args a, Msgs m)
 {
-    const int e = blockIdx.x / SLOT_BLOCKS, b = blockIdx.x % SLOT_BLOCKS;
+    const int e = blockIdx.x / SLOT_BLOCKS, b = blockIdx.x % SLOT_BLOCKS, mode = m.mode[e];
     u64 *ready = (u64 *)m.slot[e], *freed = ready + SLOT_FREE_WORDS;
     char *bytes = (char *)m.slot[e] + SLOT_HEADER;
     const u64 seq = m.seq[e];
@@ -773,27 +786,26 @@ KERNEL p2p_slots(Team t, Args a, Msgs m)
     if (threadIdx.x == 0)
         ok = 1;
     __syncthreads();
-    if (m.put[e]) {
-        if (seq >= (u64)m.nslots && threadIdx.x < SLOT_BLOCKS &&
-            !wait_word(t, freed + threadIdx.x, seq - m.nslots + 1, m.peer[e]))
-            ok = 0;
-        __syncthreads();
-        if (!ok)
-            return;
+    u64 free_at = 0;
+    if ((mode & WAIT_PREV) && seq >= (u64)m.nslots)
+        free_at = seq - m.nslots + 1;
+    if (mode & WAIT_FREE)
+        free_at = seq + 1;
+    if (free_at && threadIdx.x < SLOT_BLOCKS && !wait_word(t, freed + threadIdx.x, free_at, m.peer[e]))
+        ok = 0;
+    if ((mode & WAIT_READY) && threadIdx.x == 0 && !wait_word(t, ready + b, seq + 1, m.peer[e]))
+        ok = 0;
+    __syncthreads();
+    if (!ok)
+        return;
+    if (mode & COPY_IN)
         copy_bytes(bytes, (const char *)m.data[e], s.lo, s.hi);
-        __syncthreads();
-        if (threadIdx.x == 0)
-            st_release_sys(ready + b, seq + 1);
-    } else {
-        if (threadIdx.x == 0 && !wait_word(t, ready + b, seq + 1, m.peer[e]))
-            ok = 0;
-        __syncthreads();
-        if (!ok)
-            return;
+    if (mode & COPY_OUT)
         copy_bytes((char *)m.data[e], bytes, s.lo, umin(s.hi, m.copy[e]));
-        __syncthreads();
-        if (threadIdx.x == 0)
-            st_release_sys(freed + b, seq + 1);
-    }
+    __syncthreads();
+    if ((mode & SET_READY) && threadIdx.x == 0)
+        st_release_sys(ready + b, seq + 1);
+    if ((mode & SET_FREE) && threadIdx.x == 0)
+        st_release_sys(freed + b, seq + 1);
 }
 #endif  // GC_COPY

@@ -3,7 +3,7 @@
     gpurun -np 2 python gpu_p2p.py
 
 Small messages (GPU to GPU through the sender's outbox slots, counted by comm.stats()) and
-large ones (offers pulled over CUDA IPC), CuPy and torch, more small messages in flight than a
+large ones (pulled from the sender's buffer over CUDA IPC), CuPy and torch, more small messages in flight than a
 pair has slots, tags received out of order, a group's pairwise exchange in one launch, blocking, nonblocking both ways at once, Sendrecv, ANY_SOURCE/ANY_TAG with statuses,
 GPU to host and host to GPU, a too-small receive buffer, stream order on both sides (the
 sender overwrites its buffer right after Send; the receiver computes right after Recv),
@@ -31,7 +31,7 @@ comm = gpucoll.COMM_WORLD
 RANK, PEER = comm.rank, 1 - comm.rank
 DEV = one_gpu_per_rank(comm)
 failures, checked = [], [0]
-SMALL, LARGE = 1000, 3_000_001  # float32 elements: 4 KB (eager) and 12 MB (offer)
+SMALL, LARGE = 1000, 3_000_001  # float32 elements: 4 KB (a slot) and 12 MB (pulled)
 
 
 def data(count, seed):
@@ -84,6 +84,19 @@ def both_ways_nonblocking():
     check("Isend/Irecv large", cp.asnumpy(doubled), data(LARGE, 10 + PEER) * 2)
     check("Isend/Irecv small", cp.asnumpy(small_in), data(SMALL, 20 + PEER))
     expect("Test after Wait", all(r.Test() for r in reqs), True)
+
+
+def send_waited_first():
+    # Each rank waits for its large Isend before its Irecv, on one stream: the peer's copy of our
+    # buffer must not queue behind our stream's wait for it (it runs on the receiver's own stream).
+    for rep in range(2):
+        mine = cp.asarray(data(LARGE, 80 + 2 * rep + RANK))
+        got = cp.zeros(LARGE, cp.float32)
+        sreq = comm.Isend(mine, PEER, 3)
+        rreq = comm.Irecv(got, PEER, 3)
+        sreq.Wait()
+        rreq.Wait()
+        check(f"Isend waited before Irecv {rep}", cp.asnumpy(got), data(LARGE, 80 + 2 * rep + PEER))
 
 
 def sendrecv_and_wildcards():
@@ -277,6 +290,7 @@ def capture_refused():
 for name, fn in (("blocking", blocking), ("small slots", small_slots), ("slots in flight", slots_in_flight),
                  ("slots out of order", slots_out_of_order), ("slot to host", slot_to_host_buffer),
                  ("group exchange", group_exchange), ("nonblocking", both_ways_nonblocking),
+                 ("send waited first", send_waited_first),
                  ("sendrecv", sendrecv_and_wildcards), ("mixed", host_and_gpu_mixed), ("too small", too_small),
                  ("stream order", stream_order), ("p2p disabled", p2p_disabled), ("torch", torch_tensors),
                  ("capture", capture_refused)):

@@ -26,7 +26,6 @@ Prints "RESULT {json}" on each rank that has something to say.
 """
 import json
 import os
-import pickle
 import sys
 import time
 
@@ -198,30 +197,35 @@ elif mode == "huge":
         comm.Recv(b, 0, tag=1, status=st)
         whole = all(np.array_equal(b[at:at + len(block)], block[:n - at]) for at in range(0, n, len(block)))
         out = {"whole": whole, "count": st.Get_count()}
-elif mode == "offer":
-    from gpucoll.p2p import GPU_BYTES_TAG, OFFER, OFFER_FLAG, OFFER_KIND, reply_tag
+elif mode == "envelope":
+    # Envelopes of GPU messages (data left in the sender's GPU memory) that no GPU process can
+    # map: every host receive path (the blocking short path included) must raise, never hand
+    # the envelope over as the message; a plain message behind them still arrives.
+    from gpucoll.gpu.slots import LARGE, LARGE_KIND
+    from gpucoll.p2p import OFFER_FLAG
 
-    sizes = {1: 3 << 20, 2: 100_000, 3: 5000}
     if rank == 0:
         p = comm._p2p
-        answers = []
-        for seq, (tag, n) in enumerate(sizes.items()):
-            reply = p.irecv_bytes(1, reply_tag(seq))
-            p.send_bytes(OFFER.pack(OFFER_KIND, b"h" * 64, 0, n, b"e" * 64, seq), 1, tag, "Send", OFFER_FLAG).Wait()
-            reply.Wait()
-            answers.append(pickle.loads(reply._native.data())[0])
-            p.send_bytes(pattern(n, tag), 1, GPU_BYTES_TAG, "Send").Wait()
-        out = {"answers": answers}
+        for tag in (1, 2, 3):
+            p.send_bytes(LARGE.pack(LARGE_KIND, b"h" * 64, 0, 5000, tag, b"b" * 64, 0), 1, tag, "Send",
+                         OFFER_FLAG).Wait()
+        comm.Send(pattern(5000, 4), 1, tag=4)
     else:
         got = {}
-        for tag, n in sizes.items():
-            b, st = np.zeros(n, np.uint8), Status()
-            if tag == 2:
-                comm.Irecv(b, 0, tag).Wait(st)
-            else:
-                comm.Recv(b, 0, tag, status=st)
-            got[tag] = [bool(np.array_equal(b, pattern(n, tag))), st.source, st.tag, st.Get_count()]
-        out = {"got": got}
+        for tag in (1, 2, 3):
+            b, st = np.zeros(5000, np.uint8), Status()
+            try:
+                if tag == 2:
+                    comm.Irecv(b, 0, tag).Wait(st)
+                else:
+                    comm.Recv(b, 0, tag, status=st)
+                got[tag] = f"no error, {st.Get_count()} bytes"
+            except gpucoll.GpucollError as exc:
+                got[tag] = str(exc)
+            got[f"{tag} untouched"] = not b.any()
+        b = np.zeros(5000, np.uint8)
+        comm.Recv(b, 0, tag=4)
+        out = {"got": got, "after": bool(np.array_equal(b, pattern(5000, 4)))}
 if out:
     print("RESULT " + json.dumps(out), flush=True)
 comm.Barrier() if mode not in ("receiver-dies", "sender-dies") else None
