@@ -721,7 +721,7 @@ def _direct_access(comm, memory, disp_unit, flavor):
         return None
     fd, path = winmemory.lock_file()
     fds = []
-    reach = all(winmemory.readable(p, at) for _, p, at, _, _, _ in table)
+    reach = path is not None and all(winmemory.readable(p, at) for _, p, at, _, _, _ in table)
     paths = comm.allgather((reach, path))
     if all(r for r, _ in paths):
         try:
@@ -730,9 +730,10 @@ def _direct_access(comm, memory, disp_unit, flavor):
         except OSError:  # not ours to open (another user's process): no direct access
             pass
     opened = comm.allgather(len(fds) == comm.size)  # and everyone has opened the files: they can go
-    os.unlink(path)
+    if path is not None:
+        os.unlink(path)
     if not all(opened):
-        for f in set(fds) | {fd}:
+        for f in (set(fds) | {fd}) - {-1}:
             os.close(f)
         return None
     return winmemory.DirectAccess([entry[1:2] + entry[3:] for entry in table], fds)

@@ -21,6 +21,7 @@ import errno
 import fcntl
 import os
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -112,9 +113,14 @@ def possible(ctx, world_ranks):
 
 
 def lock_file():
-    """(fd, path) of this process's new lock file (mode 0600), in memory where there is /dev/shm."""
-    where = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    return tempfile.mkstemp(prefix="gpucoll-win-", dir=where)
+    """(fd, path) of this process's new lock file (mode 0600), in memory where there is /dev/shm;
+    (-1, None) when none can be made."""
+    for where in ("/dev/shm", tempfile.gettempdir()):
+        try:
+            return tempfile.mkstemp(prefix="gpucoll-win-", dir=where)
+        except OSError:
+            continue
+    return -1, None
 
 
 class DirectAccess:
@@ -124,6 +130,7 @@ class DirectAccess:
     def __init__(self, table, fds):
         self.table, self.fds = table, fds
         self.timeout = config.TIMEOUT.get()
+        self.threads = threading.Lock()  # record locks are the process's: its threads take turns here
 
     def close(self):
         for fd in self.fds:
@@ -160,15 +167,16 @@ class DirectAccess:
 
     def update(self, rank, disp, layout, change, what):
         """Atomically: read the target's bytes, write back change(old) unless it is None; the old bytes."""
-        self._lock(rank, ATOMIC, fcntl.LOCK_EX, what)
-        try:
-            old = self.get(rank, disp, layout, np.empty(int(layout[1].sum()), np.uint8), what)
-            new = change(old)
-            if new is not None:
-                self.put(rank, disp, layout, new, what)
-            return old
-        finally:
-            fcntl.lockf(self.fds[rank], fcntl.LOCK_UN, 1, ATOMIC)
+        with self.threads:
+            self._lock(rank, ATOMIC, fcntl.LOCK_EX, what)
+            try:
+                old = self.get(rank, disp, layout, np.empty(int(layout[1].sum()), np.uint8), what)
+                new = change(old)
+                if new is not None:
+                    self.put(rank, disp, layout, new, what)
+                return old
+            finally:
+                fcntl.lockf(self.fds[rank], fcntl.LOCK_UN, 1, ATOMIC)
 
     def lock(self, rank, exclusive, what):
         self._lock(rank, EPOCH, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, what)
