@@ -1,10 +1,10 @@
 """One-sided communication: MPI.Win (RMA windows).
 
-When every process of a window is on this host (and GPUCOLL_RMA_DIRECT is on), an origin reads
-and writes the target's memory itself, under record locks for lock epochs and atomicity
-(winmemory.py): no round trip, no thread. Otherwise (a window spanning hosts, a dynamic window)
-each window has a private duplicate of its communicator and, in every process, a service
-thread that applies the operations other processes (and this one) target at its memory: an
+Each window has a private duplicate of its communicator. When every process of a window is on
+this host (and GPUCOLL_RMA_DIRECT is on), an origin reads and writes the target's memory itself,
+under record locks for lock epochs and atomicity (winmemory.py): no round trip, no thread.
+Otherwise (a window spanning hosts, a dynamic window) a service thread in every process applies
+the operations other processes (and this one) target at its memory: an
 origin sends a request (Put's bytes, Get's wanted bytes, an accumulate's data and op) and the
 target's thread applies it and answers (an acknowledgement, or the fetched bytes). Operations on
 one target are applied one at a time, in order, so each is atomic (accumulates, fetch-and-op,
