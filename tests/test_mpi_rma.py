@@ -83,3 +83,16 @@ def test_strided_layouts_and_bounds(results):
         assert fetched == [(left - 1) % N, (left - 1) % N + 10]
         assert accumulated == [left + 1, -1, left + 11]
         assert f"{N * 4} bytes" in beyond, beyond       # the error names the window's size
+
+
+def test_a_lock_never_released_times_out_with_a_reason():
+    """Direct access: a Lock that cannot be granted raises after GPUCOLL_TIMEOUT, naming the
+    window's rank and the setting, instead of hanging; once released, the lock is granted."""
+    from conftest import run_job
+
+    job = run_job(2, "mpi_rma_lock_timeout.py", env={"GPUCOLL_TIMEOUT": 2}, timeout=60).check()
+    res = job.json_lines()
+    assert all(got["direct"] for got in res.values()), job.describe()
+    error = res[1]["error"]
+    assert error is not None and "rank 0's window stayed locked" in error and "GPUCOLL_TIMEOUT" in error, error
+    assert 1.5 <= res[1]["waited"] < 20, res[1]
