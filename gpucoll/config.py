@@ -177,6 +177,10 @@ SHM_DISABLE = declare("GPUCOLL_SHM_DISABLE", "bool", False,
                       "Do not use shared memory between ranks of one host (use sockets).")
 P2P_DISABLE = declare("GPUCOLL_P2P_DISABLE", "bool", False,
                       "Do not use direct GPU peer access / CUDA IPC; stage through host memory.")
+RMA_DIRECT = declare("GPUCOLL_RMA_DIRECT", "bool", True,
+                     "One-sided operations (MPI.Win) between processes of one host read and write the target's "
+                     "memory directly (process_vm_readv/writev, record locks); 0: through the target's "
+                     "service thread, as between hosts.")
 IB_DISABLE = declare("GPUCOLL_IB_DISABLE", "bool", False, "Do not use RDMA verbs devices; use sockets.")
 SOCKET_IFNAME = declare("GPUCOLL_SOCKET_IFNAME", "str", None,
                         "Interfaces for sockets: prefixes separated by commas, ^ to exclude, = for an exact name. "

@@ -1,7 +1,10 @@
-"""One-sided communication: MPI.Win (RMA windows) over gpucoll's point to point.
+"""One-sided communication: MPI.Win (RMA windows).
 
-Each window has a private duplicate of its communicator and, in every process, a service
-thread that applies the operations other processes (and this one) target at its memory: an
+Each window has a private duplicate of its communicator. When every process of a window is on
+this host (and GPUCOLL_RMA_DIRECT is on), an origin reads and writes the target's memory itself,
+under record locks for lock epochs and atomicity (winmemory.py): no round trip, no thread.
+Otherwise (a window spanning hosts, a dynamic window) a service thread in every process applies
+the operations other processes (and this one) target at its memory: an
 origin sends a request (Put's bytes, Get's wanted bytes, an accumulate's data and op) and the
 target's thread applies it and answers (an acknowledgement, or the fetched bytes). Operations on
 one target are applied one at a time, in order, so each is atomic (accumulates, fetch-and-op,
@@ -12,6 +15,7 @@ grants them in request order. Post/Start/Complete/Wait are messages between the 
 threads. Memory is ordinary host memory (a shared-memory segment for Allocate_shared); the
 memory model is MPI's unified one. The target's layout (its datatype) travels as byte offsets.
 """
+import os
 import threading
 
 import numpy as np
@@ -22,6 +26,7 @@ from ..errors import TimeoutError as GpucollTimeout
 from . import attributes as _attrs
 from . import errhandler as _eh
 from . import message as _m
+from . import winmemory
 from .buffer import buffer
 from .composite import Composite
 from .constants import INTEGERS as _C
@@ -46,7 +51,7 @@ def win_error(message, error_class=ERR_WIN):
 class _Target:
     """A window's memory in this process and the thread that serves the other processes' operations."""
 
-    def __init__(self, comm, memory, disp_unit, flavor):
+    def __init__(self, comm, memory, disp_unit, flavor, serve):
         self.comm = comm              # the private duplicate (gpucoll Communicator)
         self.memory = memory          # 1-D uint8 array (the window's memory; empty when dynamic)
         self.disp_unit = disp_unit
@@ -55,8 +60,10 @@ class _Target:
         self.exclusive = None         # the origin holding an exclusive lock
         self.shared = {}              # origin -> shared locks held
         self.waiting = []             # [(origin, lock type)] not granted yet, in request order
-        self.thread = threading.Thread(target=self._serve, name=f"gpucoll-win-{comm._id}", daemon=True)
-        self.thread.start()
+        self.thread = None            # the service thread (none when origins access the memory directly)
+        if serve:
+            self.thread = threading.Thread(target=self._serve, name=f"gpucoll-win-{comm._id}", daemon=True)
+            self.thread.start()
 
     def _where(self, disp, index):
         """The uint8 array and the byte positions an operation at displacement disp touches."""
@@ -67,7 +74,7 @@ class _Target:
                 if address <= offset and end <= address + region.size:
                     return region, index + (offset - address)
             raise win_error(f"RMA: bytes [{offset}, {end}) are not in memory attached to the dynamic window")
-        if index.size and (offset < 0 or offset + int(index.max()) >= self.memory.size):
+        if index.size and (offset + int(index.min()) < 0 or offset + int(index.max()) >= self.memory.size):
             raise win_error(f"RMA: bytes from {offset} reach past the window's {self.memory.size} bytes",
                             ERR_ARG)
         return self.memory, index + offset
@@ -118,15 +125,13 @@ class _Target:
         if kind == "acc":  # accumulate, get-accumulate, fetch-and-op: (op, dtype, data, fetch)
             op, dtype, data, fetch = request[4:8]
             old = mem[where].copy()
-            current = old.view(dtype).copy()
-            _OPS[op]._r.array(np.frombuffer(data, dtype), current)
-            mem[where] = current.view(np.uint8)
+            mem[where] = winmemory.accumulated(old, op, dtype, data)
             return ("data", old) if fetch else ("ok",)
         if kind == "cas":
-            compare, data = request[4], request[5]
             old = mem[where].copy()
-            if old.tobytes() == compare:
-                mem[where] = np.frombuffer(data, np.uint8)
+            new = winmemory.swapped(old, request[4], request[5])
+            if new is not None:
+                mem[where] = new
             return ("data", old)
         raise win_error(f"RMA: unknown request {kind!r}")
 
@@ -144,6 +149,8 @@ class _Target:
             self.comm._p2p.send_object(("ok",), origin, ANSWER_TAG)
 
     def stop(self):
+        if self.thread is None:
+            return
         me = self.comm.rank
         self.comm._p2p.send_object(("stop", me), me, REQUEST_TAG)
         self.thread.join()
@@ -152,7 +159,7 @@ class _Target:
 # --- the window handle ---------------------------------------------------------------------------------
 class _WinState:
     __slots__ = ("target", "comm", "group", "base", "size", "name", "errhandler", "attrs", "info", "pending",
-                 "started", "posted", "shm", "shared", "__weakref__")
+                 "started", "posted", "shm", "shared", "direct", "__weakref__")
 
     def __init__(self, target, group, base, size):
         self.target, self.comm, self.group = target, target.comm, group
@@ -165,6 +172,7 @@ class _WinState:
         self.posted = []        # Post's awaited completions (requests)
         self.shm = None         # Allocate_shared: the segment
         self.shared = None      # Allocate_shared: [(offset, size, disp_unit)] per rank
+        self.direct = None      # winmemory.DirectAccess when origins reach the targets' memory themselves
 
 
 def _target_spec(target, origin, what):
@@ -210,8 +218,10 @@ class Win(Handle, BufferExporter):
         if disp_unit <= 0:
             raise win_error(f"Win: disp_unit must be positive, not {disp_unit}", ERR_ARG)
         private = core.Dup()
-        state = _WinState(_Target(private, memory, disp_unit, flavor), Group._from_ranks(core.world_ranks), base,
-                          memory.size)
+        direct = _direct_access(private, memory, disp_unit, flavor)
+        state = _WinState(_Target(private, memory, disp_unit, flavor, serve=direct is None),
+                          Group._from_ranks(core.world_ranks), base, memory.size)
+        state.direct = direct
         if info:
             state.info = dict(info.items())
         private.Barrier()  # every service thread runs before anyone targets it
@@ -286,6 +296,8 @@ class Win(Handle, BufferExporter):
         s.comm.Barrier()  # nobody targets this process any more
         _attrs.delete_all(self, s.attrs)
         s.target.stop()
+        if s.direct is not None:
+            s.direct.close()
         s.comm.Free()
         if s.shm is not None:
             s.shm.close()
@@ -387,13 +399,18 @@ class Win(Handle, BufferExporter):
         return buffer._make(raw, s.shm), unit
 
     # --- operations --------------------------------------------------------------------------------
-    def _send(self, target_rank, request, what, answer=None):
-        """Send a request to target_rank's service thread; the answer is awaited by flushes (answer:
-        what to do with it)."""
+    def _checked(self, target_rank, what):
+        """The window's state, once target_rank is known to be one of its ranks."""
         s = self._st(what)
         if not 0 <= target_rank < s.comm.size:
             raise win_error(f"{what}: target rank {target_rank} is out of range for a window of {s.comm.size}",
                             ERR_RANK)
+        return s
+
+    def _send(self, target_rank, request, what, answer=None):
+        """Send a request to target_rank's service thread; the answer is awaited by flushes (answer:
+        what to do with it)."""
+        s = self._checked(target_rank, what)
         p2p = s.comm._p2p
         reply = p2p.irecv_object(target_rank, ANSWER_TAG)
         p2p.send_object(request, target_rank, REQUEST_TAG)
@@ -424,13 +441,16 @@ class Win(Handle, BufferExporter):
         for rank in list(self._s.pending):
             self._flush(rank)
 
-    def _layout(self, origin, target, what):
-        """Return (target displacement, byte positions of the target datatype's elements, the datatype) for
-        an origin Msg; the target scales the displacement by its own displacement unit."""
+    def _layout(self, origin, target, what, direct):
+        """Return (target displacement, where the target datatype's bytes are, the datatype) for an origin
+        Msg: their runs (winmemory.runs) for direct access, else the byte positions that travel to the
+        target. The target's displacement unit scales the displacement."""
         disp, count, datatype = _target_spec(target, origin, what)
         t = datatype._t
         if t.size * count != origin.nbytes:
             raise ValueError(f"{what}: the origin has {origin.nbytes} bytes, the target {count} x {t.size}")
+        if direct is not None:
+            return disp, winmemory.runs(datatype, count), datatype
         return disp, t.byte_index(count) if count else np.zeros(0, np.intp), datatype
 
     def Put(self, origin, target_rank, target=None):
@@ -448,7 +468,14 @@ class Win(Handle, BufferExporter):
         if target_rank == PROC_NULL:
             return None
         msg = _m.simple(origin, put, what=f"{what} origin")
-        offset, index, _ = self._layout(msg, target, what)
+        direct = self._checked(target_rank, what).direct
+        offset, index, _ = self._layout(msg, target, what, direct)
+        if direct is not None:  # done when it returns
+            if put:
+                direct.put(target_rank, offset, index, msg.data(), what)
+            else:
+                _read_into(msg, lambda into: direct.get(target_rank, offset, index, into, what))
+            return None
         me = self._s.comm.rank
         if put:
             return self._send(target_rank, ("put", me, offset, index, msg.data().copy()), what)
@@ -469,11 +496,19 @@ class Win(Handle, BufferExporter):
         else:
             msg = _m.simple(origin, True, what=f"{what} origin")
             data = msg.data().copy()
-        offset, index, datatype = self._layout(msg, target, what)
+        direct = self._checked(target_rank, what).direct
+        offset, index, datatype = self._layout(msg, target, what, direct)
         element = datatype._t.element()
         if element is None or element.np is None:
             raise win_error(f"{what}: the target datatype must be made of one basic type", _C["ERR_TYPE"])
         check(rec, element.np, datatype)
+        if direct is not None:  # atomic under the target's lock; done when it returns
+            dtype, payload = element.np.str, data.tobytes()
+            change = None if rec.name == "NO_OP" else lambda old: winmemory.accumulated(old, rec.name, dtype, payload)
+            old = direct.update(target_rank, offset, index, change or (lambda old: None), what)
+            if fetch:
+                res.store(old)
+            return None
         answer = (lambda a: res.store(a[1])) if fetch else None
         return self._send(target_rank, ("acc", self._s.comm.rank, offset, index, rec.name, element.np.str,
                                         data.tobytes(), fetch), what, answer)
@@ -516,7 +551,13 @@ class Win(Handle, BufferExporter):
                 raise ValueError(f"{what}: the {name}'s datatype differs in size from the origin's")
         if target_rank == PROC_NULL:
             return
-        offset, index, _ = self._layout(o, (target_disp, 1, o.datatype), what)
+        direct = self._checked(target_rank, what).direct
+        offset, index, _ = self._layout(o, (target_disp, 1, o.datatype), what, direct)
+        if direct is not None:
+            compared, data = c.data().tobytes(), o.data().tobytes()
+            r.store(direct.update(target_rank, offset, index, lambda old: winmemory.swapped(old, compared, data),
+                                  what))
+            return
         self._send(target_rank, ("cas", self._s.comm.rank, offset, index, c.data().tobytes(),
                                  o.data().tobytes()), what, lambda a: r.store(a[1]))
 
@@ -582,6 +623,10 @@ class Win(Handle, BufferExporter):
         if rank == PROC_NULL:
             self._st("Lock")
             return
+        direct = self._checked(rank, "Lock").direct
+        if direct is not None:
+            direct.lock(rank, lock_type == LOCK_EXCLUSIVE, "Lock")
+            return
         self._finish(self._send(rank, ("lock", self._s.comm.rank, lock_type), "Lock"))
         self._s.pending[rank].pop()
 
@@ -589,6 +634,10 @@ class Win(Handle, BufferExporter):
         """Complete the operations on rank's window and release its lock."""
         self._st("Unlock")
         if rank == PROC_NULL:
+            return
+        direct = self._checked(rank, "Unlock").direct
+        if direct is not None:
+            direct.unlock(rank)
             return
         self._flush(rank)
         self._send(rank, ("unlock", self._s.comm.rank), "Unlock")
@@ -650,6 +699,44 @@ class Win(Handle, BufferExporter):
 def _bytes_of(memory, what):
     """A plain uint8 NumPy array over a buffer's memory (not a copy)."""
     return np.asarray(_m._raw(_m.as_array(memory, False, what))).view(np.uint8)
+
+
+def _read_into(msg, read):
+    """Have read(into) fill msg's packed bytes: in place when they are its memory."""
+    into = msg.data() if msg.dense() else None
+    if into is None or not into.flags.c_contiguous or not into.flags.writeable:
+        msg.store(read(np.empty(msg.nbytes, np.uint8)))
+    else:
+        read(into)
+
+
+def _direct_access(comm, memory, disp_unit, flavor):
+    """A winmemory.DirectAccess over every process's window when each can reach the others' memory
+    (one host, one pid namespace, cross-memory attach allowed); None otherwise (collective: every
+    process decides the same)."""
+    ok, (pid, probe) = winmemory.possible(comm._ctx, comm.world_ranks)
+    address = memory.__array_interface__["data"][0] if memory.size else 0
+    table = comm.allgather((ok and flavor != _C["WIN_FLAVOR_DYNAMIC"], pid, probe, address, memory.size, disp_unit))
+    if not all(entry[0] for entry in table):
+        return None
+    fd, path = winmemory.lock_file()
+    fds = []
+    reach = path is not None and all(winmemory.readable(p, at) for _, p, at, _, _, _ in table)
+    paths = comm.allgather((reach, path))
+    if all(r for r, _ in paths):
+        try:
+            for k, (_, other) in enumerate(paths):
+                fds.append(fd if k == comm.rank else os.open(other, os.O_RDWR))
+        except OSError:  # not ours to open (another user's process): no direct access
+            pass
+    opened = comm.allgather(len(fds) == comm.size)  # and everyone has opened the files: they can go
+    if path is not None:
+        os.unlink(path)
+    if not all(opened):
+        for f in (set(fds) | {fd}) - {-1}:
+            os.close(f)
+        return None
+    return winmemory.DirectAccess([entry[1:2] + entry[3:] for entry in table], fds)
 
 
 def _default_comm(comm):

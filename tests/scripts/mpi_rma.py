@@ -3,9 +3,12 @@
     gpurun -np 3 python mpi_rma.py      -> "RESULT {json}" per rank
 
 Fence epochs (Put, Get, Accumulate), a counter on rank 0 incremented under exclusive locks by
-every rank at once (Fetch_and_op: atomic), Compare_and_swap, Post/Start/Complete/Wait,
-request-based Rput/Rget, a dynamic window with attached memory, and a shared window read
-directly through Shared_query. tests/test_mpi_rma.py computes what each must be.
+every rank at once (Fetch_and_op: atomic), Compare_and_swap, contended counters (Fetch_and_op
+under shared locks; Get, add, Put under exclusive locks), a strided target layout and a target
+past the window's end, Post/Start/Complete/Wait, request-based Rput/Rget, a dynamic window with
+attached memory, and a shared window read directly through Shared_query. "direct" says whether
+the window reached its targets' memory directly (GPUCOLL_RMA_DIRECT). tests/test_mpi_rma.py
+computes what each must be.
 """
 import json
 
@@ -14,6 +17,7 @@ import numpy as np
 from gpucoll import MPI
 
 comm = MPI.COMM_WORLD
+ROUNDS = 100
 r, n = comm.Get_rank(), comm.Get_size()
 right, left = (r + 1) % n, (r - 1) % n
 out = {}
@@ -54,6 +58,54 @@ win.Unlock_all()
 win.Fence()
 out["atomic"] = [sorted(set(seen)) == sorted(seen), int(mem[0]) if r == 0 else None, int(old[0]),
                  int(mem[1]) if r == 0 else None]
+
+# --- atomicity without exclusive locks: every rank at once, under shared locks ------------------------------
+# Fetch_and_op is atomic by itself; a read, add and write back is safe only under an exclusive lock.
+mem[:] = 0
+win.Fence()
+fetched = []
+win.Lock_all()
+for _ in range(ROUNDS):
+    win.Fetch_and_op(one, before, 0, 1, op=MPI.SUM)
+    win.Flush(0)
+    fetched.append(int(before[0]))
+win.Unlock_all()
+value = np.zeros(1, "i")
+for _ in range(ROUNDS):
+    win.Lock(0, MPI.LOCK_EXCLUSIVE)
+    win.Get(value, 0, 2)
+    win.Flush(0)
+    win.Put(value + 1, 0, 2)
+    win.Unlock(0)
+win.Fence()
+out["contended"] = [sorted(set(fetched)) == sorted(fetched), mem[1:3].tolist() if r == 0 else None]
+
+# --- a strided target layout (a vector datatype) and a target past the window's end -------------------------
+mem[:] = -1
+win.Fence()
+every_other = MPI.INT.Create_vector(2, 1, 2).Commit()
+win.Put(np.array([r, r + 10], "i"), right, (0, 1, every_other))
+win.Fence()
+strided = mem.tolist()
+both = np.zeros(2, "i")
+win.Get(both, left, (0, 1, every_other))
+win.Fence()
+win.Accumulate(np.array([1, 1], "i"), right, (0, 1, every_other), op=MPI.SUM)
+win.Fence()
+every_other.Free()
+try:
+    win.Lock(right)
+    try:
+        win.Put(np.zeros(2, "i"), right, n - 1)   # one int too many
+        win.Flush(right)
+    finally:
+        win.Unlock(right)
+    beyond = "no error"
+except MPI.Exception as exc:
+    beyond = str(exc)
+win.Fence()
+out["layouts"] = [strided, both.tolist(), mem.tolist(), beyond]
+out["direct"] = win._s.direct is not None
 
 # --- Post/Start/Complete/Wait: ranks 1.. write into rank 0 ------------------------------------------------
 group = comm.Get_group()
