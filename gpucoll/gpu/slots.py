@@ -54,6 +54,15 @@ _kernels = {}  # arch -> Kernels, shared by every communicator of the process
 _kernels_lock = threading.Lock()
 
 
+def message_size(envelope):
+    """The size of the GPU message an envelope announces (probes report it), or None when the
+    bytes are not an envelope."""
+    layout = {SMALL_KIND: SMALL, LARGE_KIND: LARGE}.get(envelope[:1])
+    if layout is None or len(envelope) != layout.size:
+        return None
+    return layout.unpack(envelope)[3]
+
+
 def _cuda():
     from .._native import cuda
 
