@@ -159,7 +159,8 @@ class P2PRequest(Request):
                  "_report_tag")
 
     def __init__(self, name, p2p, native_req, op, peer, tag, status=None, obj=False, keep=None, cap=0):
-        # Request.__init__'s threading.Event is not needed (on every call's path: set fields directly);
+        # Request.__init__'s threading.Event is not needed (on every call's path: set fields directly;
+        # the short paths pass every argument by position, which costs less than keywords);
         # _report_tag: the tag the status reports when it is not the message's (GPU offers)
         (self.name, self._error, self._value, self._native, self._p2p, self._settled, self._op, self.peer, self.tag,
          self._status, self._object, self._keep, self._cap, self._report_tag) = (
@@ -167,9 +168,11 @@ class P2PRequest(Request):
 
     @property
     def status(self):
-        """What a receive got (made on first use)."""
+        """What a receive got: made on first use (most waits never ask), from the engine once settled."""
         if self._status is None:
             self._status = Status()
+            if self._settled and self._op == "recv":
+                self._fill_status(self._status)
         return self._status
 
     @status.setter
@@ -191,12 +194,11 @@ class P2PRequest(Request):
         p2p, native = self._p2p, _native()
         err = self._native.err
         if self._op == "recv":
-            src, tag, nbytes, flags = self._native.status
-            source = p2p.rank_of(src) if src >= 0 else ANY_SOURCE
-            reported = tag if self._report_tag is None else self._report_tag
-            self.status.source, self.status.tag, self.status.nbytes = source, reported, nbytes
-            if err == native.OK and flags & native.OFFER:  # GPU memory offered to a host buffer
-                p2p.ask_for_bytes(self, source, tag, self._native.data())
+            if self._status is not None:  # the caller's Status, or one asked for while pending
+                self._fill_status(self._status)
+            if err == native.OK and self._native.rflags & native.OFFER:  # GPU memory offered to a host buffer
+                src, tag, _, _ = self._native.status
+                p2p.ask_for_bytes(self, p2p.rank_of(src), tag, self._native.data())
                 return
         if err == native.OK:
             if self._object:
@@ -209,6 +211,13 @@ class P2PRequest(Request):
             return
         self._keep = None
         self._error = p2p.error(self, err)
+
+    def _fill_status(self, status):
+        """Source, tag and size of what the engine received, into status."""
+        src, tag, nbytes, _ = self._native.status
+        status.source = self._p2p.rank_of(src) if src >= 0 else ANY_SOURCE
+        status.tag = tag if self._report_tag is None else self._report_tag
+        status.nbytes = nbytes
 
     def _fill(self, status):
         if self._op != "recv":  # a send's status stays as it is (Request._fill)
@@ -390,7 +399,7 @@ class PointToPoint:
         """The P2PRequest of a nonblocking short path (start: the engine's start_send or
         start_recv), or None to take the general path."""
         req = None if world is None else start(self._key, world, tag, arr)
-        return None if req is None else P2PRequest("I" + op, self, req, op, peer, tag, keep=arr, cap=arr.nbytes)
+        return None if req is None else P2PRequest("I" + op, self, req, op, peer, tag, None, False, arr, arr.nbytes)
 
     def isend_array(self, arr, dest, tag):
         """Isend's short path: the request, or None to take the general path."""

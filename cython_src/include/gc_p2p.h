@@ -475,10 +475,13 @@ static gc_p2p_req *gc_p2p__match_posted(gc_p2p *e, uint64_t comm, int src, int32
     return NULL;
 }
 
-static gc_p2p_req *gc_p2p__find_id(gc_p2p_req *list, uint64_t id)
+/* The request of list (a peer's acks or datas) that a frame from peer names by id; NULL, the peer
+ * lost, when it names none. */
+static gc_p2p_req *gc_p2p__named(gc_p2p *e, int peer, gc_p2p_req *list, uint64_t id)
 {
     for (gc_p2p_req *r = list; r; r = r->next)
         if (r->id == id) return r;
+    gc_p2p__lose(e, peer, GC_P2P_BAD_ID, id);
     return NULL;
 }
 
@@ -547,11 +550,9 @@ static int gc_p2p__arrive(gc_p2p *e, int peer, const gc_p2p_hdr *h)
         return 0;
     }
     if (kind == GC_P2P_CTS) {
-        gc_p2p_req *s = gc_p2p__find_id(p->acks, h->id);
-        if (!s) {
-            gc_p2p__lose(e, peer, GC_P2P_BAD_ID, h->id);
+        gc_p2p_req *s = gc_p2p__named(e, peer, p->acks, h->id);
+        if (!s)
             return -1;
-        }
         gc_p2p__req_unlink(&p->acks, NULL, s);
         gc_p2p_hdr d;
         memset(&d, 0, sizeof d);
@@ -564,9 +565,11 @@ static int gc_p2p__arrive(gc_p2p *e, int peer, const gc_p2p_hdr *h)
         return 0;
     }
     if (kind == GC_P2P_DATA) {
-        gc_p2p_req *r = gc_p2p__find_id(p->datas, h->id);
-        if (!r || h->nbytes != r->len) {
-            gc_p2p__lose(e, peer, r ? GC_P2P_BAD_SIZE : GC_P2P_BAD_ID, r ? h->nbytes : h->id);
+        gc_p2p_req *r = gc_p2p__named(e, peer, p->datas, h->id);
+        if (!r)
+            return -1;
+        if (h->nbytes != r->len) {
+            gc_p2p__lose(e, peer, GC_P2P_BAD_SIZE, h->nbytes);
             return -1;
         }
         gc_p2p__req_unlink(&p->datas, NULL, r);
@@ -579,11 +582,9 @@ static int gc_p2p__arrive(gc_p2p *e, int peer, const gc_p2p_hdr *h)
         return 0;
     }
     if (kind == GC_P2P_ACK) {
-        gc_p2p_req *s = gc_p2p__find_id(p->acks, h->id);
-        if (!s) {
-            gc_p2p__lose(e, peer, GC_P2P_BAD_ID, h->id);
+        gc_p2p_req *s = gc_p2p__named(e, peer, p->acks, h->id);
+        if (!s)
             return -1;
-        }
         gc_p2p__req_unlink(&p->acks, NULL, s);
         gc_p2p__finish(s, GC_OK);  /* a truncated receive raises on its own side; the send is done */
         return 0;
