@@ -95,6 +95,16 @@ def test_a_sender_that_dies_mid_rendezvous_fails_the_receive_naming_it(gpurun_jo
     assert got["seconds"] < 10, got
 
 
+@pytest.mark.parametrize("answer", ["ack", "cts", "data"])
+def test_an_answer_to_a_send_never_made_drops_the_channel_and_says_so(gpurun_job, answer):
+    job = run(gpurun_job, f"stray-{answer}", "shm").check()
+    got = job.json_lines()[1]
+    assert got["error"]["type"] == "LostPeerError", job.describe()
+    assert "Recv from rank 0" in got["error"]["message"], got
+    assert "a message it was never sent (424242)" in got["error"]["message"], got
+    assert got["seconds"] < 10, got
+
+
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
 def test_a_gpu_offer_received_into_host_memory_brings_its_bytes(gpurun_job, transport):
     """Every host receive path (the blocking short path included) answers an offer by asking for
