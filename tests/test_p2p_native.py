@@ -7,14 +7,17 @@ import os
 import pytest
 
 TRANSPORTS = {"shm": {}, "tcp": {"GPUCOLL_SHM_DISABLE": "1"}}
+# TCP with 3 stripes and a receive ring smaller than a stripe: large payloads, read straight into
+# their place, start with bytes already in the ring and arrive on every socket out of order
+NARROW_TCP = {"GPUCOLL_SHM_DISABLE": "1", "GPUCOLL_NSOCKS": "3", "GPUCOLL_BUFFSIZE": str(96 << 10)}
 
 
 def run(gpurun_job, mode, transport, timeout="20", limit=90):
-    env = dict(TRANSPORTS[transport], GPUCOLL_TIMEOUT=timeout)
+    env = dict({**TRANSPORTS, "narrow-tcp": NARROW_TCP}[transport], GPUCOLL_TIMEOUT=timeout)
     return gpurun_job(2, "p2p_native.py", mode, env=env, timeout=limit)
 
 
-@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS) + ["narrow-tcp"])
 def test_messages_arrive_whole_and_in_order_whatever_their_protocol(gpurun_job, transport):
     job = run(gpurun_job, "order", transport).check()
     got = job.json_lines()[1]

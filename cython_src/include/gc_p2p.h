@@ -65,6 +65,8 @@
                                                 segment) or, for a Send, a request */
 #define GC_P2P_PUSH_CHUNK  (64u << 10)      /* payload pushed in pieces the receiver copies as they come */
 #define GC_P2P_CMA_CHUNK   (256u << 20)     /* one process_vm_readv moves at most this */
+#define GC_P2P_DIRECT_MIN  (64u << 10)      /* a payload from this size is read straight into its place
+                                                where the channel can (TCP: no copy out of its ring) */
 
 enum { GC_P2P_EAGER = 1, GC_P2P_RTS = 2, GC_P2P_CTS = 3, GC_P2P_DATA = 4, GC_P2P_ACK = 5 };
 #define GC_P2P_KIND_MASK 0xffu
@@ -631,6 +633,19 @@ static int gc_p2p__pull(gc_p2p *e, int peer)
     while (!p->lost) {
         if (p->filling && p->left == 0) {
             gc_p2p__filled(e, peer);
+            moved = 1;
+            continue;
+        }
+        if (span == 0 && p->filling && p->dst && p->total >= GC_P2P_DIRECT_MIN && c->recv_direct) {
+            ssize_t k = c->recv_direct(c, p->dst + (p->total - p->left), (size_t)p->left);
+            if (k < 0) {
+                gc_p2p__lose(e, peer, k == GC_ERR_PEER ? GC_P2P_GONE : GC_P2P_CHAN_ERR, (uint64_t)(-k));
+                return 1;
+            }
+            if (k == 0)
+                return moved;
+            if (p->fill_msg) p->fill_msg->got += (uint64_t)k;
+            p->left -= (uint64_t)k;
             moved = 1;
             continue;
         }
