@@ -13,6 +13,9 @@
  *    as the ring window [head, head + cap) allows; peek() shows the contiguous run that
  *    every socket has filled. The socket carrying the first missing byte always has room in
  *    the window, so no ordering of arrivals can wedge the ring.
+ *  - recv_direct() (point to point's large payloads) instead recv()s each socket's chunks of
+ *    the next len bytes straight into the caller's buffer, after copying out what the ring
+ *    already holds of them; until that run is complete the ring takes nothing.
  *
  * Polling. `fd` is an epoll descriptor over the sockets. It turns readable exactly when a
  * send() or peek() call can make progress: data waits on a socket whose window has room,
