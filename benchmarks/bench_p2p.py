@@ -13,9 +13,10 @@ Each run starts the same rank program under `gpurun -np 2` with gpucoll, then un
            Irecvs; Waitall; rank 1 answers with a 4-byte message; bandwidth = window bytes / time
   bibw     both ranks do both at once (Irecvs, Isends, Waitall): bytes both ways / time
 
-gpucoll's two ranks are bound to a core each by gpurun, as mpiexec binds Open MPI's (unbound, a
-busy machine may put both ranks on one core, and then every message waits for a context switch);
---no-bind starts them with `gpurun --bind-to none`.
+Both libraries' ranks are bound to a core each: gpucoll's by gpurun, Open MPI's by `mpiexec
+--bind-to core` (which --oversubscribe alone would turn off). Unbound, a busy machine may put both
+ranks on one core, and then every message waits for a context switch; --no-bind starts both
+unbound (`--bind-to none`).
 
 --hosts puts one rank on each of two hosts made of network namespaces joined by a veth pair
 (tests/netns.py, as benchmarks/bench_multihost.py): gpurun starts its agents with `--launcher
@@ -244,7 +245,8 @@ def _launchers(hosts, mpiexec, bind=True):
     gpurun = [gpurun] if os.access(gpurun, os.X_OK) else [sys.executable, "-m", "gpucoll.launcher"]
     if hosts is None:
         return ([*gpurun, "-np", "2", "--no-tag-output", *([] if bind else ["--bind-to", "none"])],
-                [mpiexec, "--allow-run-as-root", "--oversubscribe", "-n", "2"], None)
+                [mpiexec, "--allow-run-as-root", "--oversubscribe", "--bind-to", "core" if bind else "none", "-n", "2"],
+                None)
     from netns import NSEXEC
 
     a, b = hosts.names
@@ -267,7 +269,7 @@ def main():
     ap.add_argument("--tests", default="latency,bw,bibw", help="which of latency,bw,bibw (all)")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each library, alternating (3)")
     ap.add_argument("--gpu", action="store_true", help="also GPU rows (latency; CuPy and 2 GPUs), NCCL beside")
-    ap.add_argument("--no-bind", action="store_true", help="leave gpucoll's ranks unbound (gpurun --bind-to none)")
+    ap.add_argument("--no-bind", action="store_true", help="leave both libraries' ranks unbound (--bind-to none)")
     ap.add_argument("--hosts", action="store_true", help="one rank on each of two network-namespace hosts (root): "
                     "gpucoll's TCP channel beside Open MPI's TCP")
     ap.add_argument("--json", help="write the settings, every run and the rows here")

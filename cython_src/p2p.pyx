@@ -133,6 +133,11 @@ cdef class Req:
         """(source world rank, tag, bytes of the message, flags) of a receive."""
         return self.r.src, self.r.rtag, self.r.nbytes, self.r.rflags
 
+    @property
+    def rflags(self):
+        """The flags of the message a receive got (OFFER: a GPU offer)."""
+        return self.r.rflags
+
     def test(self):
         cdef int d
         with nogil:
@@ -187,6 +192,17 @@ cdef int _plain(object buf, Py_buffer *view, int flags):
         PyBuffer_Release(view)
         return 0
     return 1
+
+
+cdef Req _start(Engine eng, bint send, uint64_t comm, int peer, int32_t tag, Py_buffer *view):
+    """Start a send of, or a receive into, the buffer of view (its Req takes the view)."""
+    cdef gc_p2p_req *r
+    with nogil:
+        if send:
+            r = gc_p2p_isend(eng.e, comm, peer, tag, <const char *>view.buf, <uint64_t>view.len, 0)
+        else:
+            r = gc_p2p_irecv(eng.e, comm, peer, tag, <char *>view.buf, <uint64_t>view.len, 0)
+    return _req(eng, r, view)
 
 
 cdef Req _req(Engine eng, gc_p2p_req *r, Py_buffer *view):
@@ -269,7 +285,6 @@ cdef class Engine:
         """Start a send: True when it is done already without error (small messages), else its Req."""
         cdef Py_buffer view
         cdef int sent
-        cdef gc_p2p_req *r
         if not _plain(buf, &view, PyBUF_SIMPLE):
             return None
         with nogil:
@@ -277,30 +292,22 @@ cdef class Engine:
         if sent:
             PyBuffer_Release(&view)
             return True
-        with nogil:
-            r = gc_p2p_isend(self.e, comm, dest, tag, <const char *>view.buf, <uint64_t>view.len, 0)
-        cdef Req q = _req(self, r, &view)
-        if r.done and r.err == GC_OK:
+        cdef Req q = _start(self, True, comm, dest, tag, &view)
+        if q.r.done and q.r.err == GC_OK:
             return True
         return q
 
     def start_send(self, uint64_t comm, int dest, int32_t tag, buf):
         cdef Py_buffer view
-        cdef gc_p2p_req *r
         if not _plain(buf, &view, PyBUF_SIMPLE):
             return None
-        with nogil:
-            r = gc_p2p_isend(self.e, comm, dest, tag, <const char *>view.buf, <uint64_t>view.len, 0)
-        return _req(self, r, &view)
+        return _start(self, True, comm, dest, tag, &view)
 
     def start_recv(self, uint64_t comm, int source, int32_t tag, buf):
         cdef Py_buffer view
-        cdef gc_p2p_req *r
         if not _plain(buf, &view, PyBUF_WRITABLE):
             return None
-        with nogil:
-            r = gc_p2p_irecv(self.e, comm, source, tag, <char *>view.buf, <uint64_t>view.len, 0)
-        return _req(self, r, &view)
+        return _start(self, False, comm, source, tag, &view)
 
     def recv(self, uint64_t comm, int source, int32_t tag, buf, double timeout):
         """Receive into buf, waiting up to timeout seconds: (source, tag, bytes) when its bytes are

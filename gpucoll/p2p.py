@@ -148,16 +148,19 @@ class P2PRequest(Request):
     __slots__ = ("_native", "_p2p", "_settled", "_op", "peer", "tag", "_status", "_object", "_keep", "_cap")
 
     def __init__(self, name, p2p, native_req, op, peer, tag, status=None, obj=False, keep=None, cap=0):
-        # Request.__init__'s threading.Event is not needed (on every call's path: set fields directly)
+        # Request.__init__'s threading.Event is not needed (on every call's path: set fields directly;
+        # the short paths pass every argument by position, which costs less than keywords)
         (self.name, self._error, self._value, self._native, self._p2p, self._settled, self._op, self.peer, self.tag,
          self._status, self._object, self._keep, self._cap) = (
             name, None, None, native_req, p2p, False, op, peer, tag, status, obj, keep, cap)
 
     @property
     def status(self):
-        """What a receive got (made on first use)."""
+        """What a receive got: made on first use (most waits never ask), from the engine once settled."""
         if self._status is None:
             self._status = Status()
+            if self._settled and self._op == "recv":
+                self._fill_status(self._status)
         return self._status
 
     @status.setter
@@ -179,11 +182,11 @@ class P2PRequest(Request):
         p2p, native = self._p2p, _native()
         err = self._native.err
         if self._op == "recv":
-            src, tag, nbytes, flags = self._native.status
-            source = p2p.rank_of(src) if src >= 0 else ANY_SOURCE
-            self.status.source, self.status.tag, self.status.nbytes = source, tag, nbytes
-            if err == native.OK and flags & native.OFFER:  # a GPU message for a host buffer
-                p2p.gpu_message_to_host(self, source, tag, self._native.data())
+            if self._status is not None:  # the caller's Status, or one asked for while pending
+                self._fill_status(self._status)
+            if err == native.OK and self._native.rflags & native.OFFER:  # a GPU message for a host buffer
+                src, tag, _, _ = self._native.status
+                p2p.gpu_message_to_host(self, p2p.rank_of(src), tag, self._native.data())
                 return
         if err == native.OK:
             if self._object:
@@ -196,6 +199,13 @@ class P2PRequest(Request):
             return
         self._keep = None
         self._error = p2p.error(self, err)
+
+    def _fill_status(self, status):
+        """Source, tag and size of what the engine received, into status."""
+        src, tag, nbytes, _ = self._native.status
+        status.source = self._p2p.rank_of(src) if src >= 0 else ANY_SOURCE
+        status.tag = tag
+        status.nbytes = nbytes
 
     def _fill(self, status):
         if self._op != "recv":  # a send's status stays as it is (Request._fill)
@@ -377,7 +387,7 @@ class PointToPoint:
         """The P2PRequest of a nonblocking short path (start: the engine's start_send or
         start_recv), or None to take the general path."""
         req = None if world is None else start(self._key, world, tag, arr)
-        return None if req is None else P2PRequest("I" + op, self, req, op, peer, tag, keep=arr, cap=arr.nbytes)
+        return None if req is None else P2PRequest("I" + op, self, req, op, peer, tag, None, False, arr, arr.nbytes)
 
     def isend_array(self, arr, dest, tag):
         """Isend's short path: the request, or None to take the general path."""

@@ -7,14 +7,17 @@ import os
 import pytest
 
 TRANSPORTS = {"shm": {}, "tcp": {"GPUCOLL_SHM_DISABLE": "1"}}
+# TCP with 3 stripes and a receive ring smaller than a stripe: large payloads, read straight into
+# their place, start with bytes already in the ring and arrive on every socket out of order
+NARROW_TCP = {"GPUCOLL_SHM_DISABLE": "1", "GPUCOLL_NSOCKS": "3", "GPUCOLL_BUFFSIZE": str(96 << 10)}
 
 
 def run(gpurun_job, mode, transport, timeout="20", limit=90):
-    env = dict(TRANSPORTS[transport], GPUCOLL_TIMEOUT=timeout)
+    env = dict({**TRANSPORTS, "narrow-tcp": NARROW_TCP}[transport], GPUCOLL_TIMEOUT=timeout)
     return gpurun_job(2, "p2p_native.py", mode, env=env, timeout=limit)
 
 
-@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS) + ["narrow-tcp"])
 def test_messages_arrive_whole_and_in_order_whatever_their_protocol(gpurun_job, transport):
     job = run(gpurun_job, "order", transport).check()
     got = job.json_lines()[1]
@@ -92,6 +95,16 @@ def test_a_sender_that_dies_mid_rendezvous_fails_the_receive_naming_it(gpurun_jo
     got = job.json_lines()[1]
     assert got["error"]["type"] == "LostPeerError", job.describe()
     assert "Recv from rank 0" in got["error"]["message"], got
+    assert got["seconds"] < 10, got
+
+
+@pytest.mark.parametrize("answer", ["ack", "cts", "data"])
+def test_an_answer_to_a_send_never_made_drops_the_channel_and_says_so(gpurun_job, answer):
+    job = run(gpurun_job, f"stray-{answer}", "shm").check()
+    got = job.json_lines()[1]
+    assert got["error"]["type"] == "LostPeerError", job.describe()
+    assert "Recv from rank 0" in got["error"]["message"], got
+    assert "a message it was never sent (424242)" in got["error"]["message"], got
     assert got["seconds"] < 10, got
 
 

@@ -28,6 +28,13 @@ struct gc_chan {
     int fd;
     int peer;           /* the peer's rank in the communicator, for error messages */
     void *impl;         /* the transport's own state */
+    /* Optional (NULL where the transport has none): take the next len bytes of the stream
+     * straight into dst instead of through peek/consume (a large payload whose place is
+     * known). Returns how many bytes at the front of dst are complete (consumed), 0 when
+     * none yet, or a GC_ERR_* code. Once called, the caller keeps calling it with the rest
+     * of the same len bytes (dst and len advanced by what it returned) until they are all
+     * in, and calls nothing else that reads meanwhile. */
+    ssize_t (*recv_direct)(gc_chan *c, void *dst, size_t len);
 };
 
 /* Every message a step sends is padded to a multiple of GC_CHAN_ALIGN bytes, and every

@@ -65,6 +65,8 @@
                                                 segment) or, for a Send, a request */
 #define GC_P2P_PUSH_CHUNK  (64u << 10)      /* payload pushed in pieces the receiver copies as they come */
 #define GC_P2P_CMA_CHUNK   (256u << 20)     /* one process_vm_readv moves at most this */
+#define GC_P2P_DIRECT_MIN  (64u << 10)      /* a payload from this size is read straight into its place
+                                                where the channel can (TCP: no copy out of its ring) */
 
 enum { GC_P2P_EAGER = 1, GC_P2P_RTS = 2, GC_P2P_CTS = 3, GC_P2P_DATA = 4, GC_P2P_ACK = 5 };
 #define GC_P2P_KIND_MASK 0xffu
@@ -475,10 +477,13 @@ static gc_p2p_req *gc_p2p__match_posted(gc_p2p *e, uint64_t comm, int src, int32
     return NULL;
 }
 
-static gc_p2p_req *gc_p2p__find_id(gc_p2p_req *list, uint64_t id)
+/* The request of list (a peer's acks or datas) that a frame from peer names by id; NULL, the peer
+ * lost, when it names none. */
+static gc_p2p_req *gc_p2p__named(gc_p2p *e, int peer, gc_p2p_req *list, uint64_t id)
 {
     for (gc_p2p_req *r = list; r; r = r->next)
         if (r->id == id) return r;
+    gc_p2p__lose(e, peer, GC_P2P_BAD_ID, id);
     return NULL;
 }
 
@@ -547,11 +552,9 @@ static int gc_p2p__arrive(gc_p2p *e, int peer, const gc_p2p_hdr *h)
         return 0;
     }
     if (kind == GC_P2P_CTS) {
-        gc_p2p_req *s = gc_p2p__find_id(p->acks, h->id);
-        if (!s) {
-            gc_p2p__lose(e, peer, GC_P2P_BAD_ID, h->id);
+        gc_p2p_req *s = gc_p2p__named(e, peer, p->acks, h->id);
+        if (!s)
             return -1;
-        }
         gc_p2p__req_unlink(&p->acks, NULL, s);
         gc_p2p_hdr d;
         memset(&d, 0, sizeof d);
@@ -564,9 +567,11 @@ static int gc_p2p__arrive(gc_p2p *e, int peer, const gc_p2p_hdr *h)
         return 0;
     }
     if (kind == GC_P2P_DATA) {
-        gc_p2p_req *r = gc_p2p__find_id(p->datas, h->id);
-        if (!r || h->nbytes != r->len) {
-            gc_p2p__lose(e, peer, r ? GC_P2P_BAD_SIZE : GC_P2P_BAD_ID, r ? h->nbytes : h->id);
+        gc_p2p_req *r = gc_p2p__named(e, peer, p->datas, h->id);
+        if (!r)
+            return -1;
+        if (h->nbytes != r->len) {
+            gc_p2p__lose(e, peer, GC_P2P_BAD_SIZE, h->nbytes);
             return -1;
         }
         gc_p2p__req_unlink(&p->datas, NULL, r);
@@ -579,11 +584,9 @@ static int gc_p2p__arrive(gc_p2p *e, int peer, const gc_p2p_hdr *h)
         return 0;
     }
     if (kind == GC_P2P_ACK) {
-        gc_p2p_req *s = gc_p2p__find_id(p->acks, h->id);
-        if (!s) {
-            gc_p2p__lose(e, peer, GC_P2P_BAD_ID, h->id);
+        gc_p2p_req *s = gc_p2p__named(e, peer, p->acks, h->id);
+        if (!s)
             return -1;
-        }
         gc_p2p__req_unlink(&p->acks, NULL, s);
         gc_p2p__finish(s, GC_OK);  /* a truncated receive raises on its own side; the send is done */
         return 0;
@@ -630,6 +633,19 @@ static int gc_p2p__pull(gc_p2p *e, int peer)
     while (!p->lost) {
         if (p->filling && p->left == 0) {
             gc_p2p__filled(e, peer);
+            moved = 1;
+            continue;
+        }
+        if (span == 0 && p->filling && p->dst && p->total >= GC_P2P_DIRECT_MIN && c->recv_direct) {
+            ssize_t k = c->recv_direct(c, p->dst + (p->total - p->left), (size_t)p->left);
+            if (k < 0) {
+                gc_p2p__lose(e, peer, k == GC_ERR_PEER ? GC_P2P_GONE : GC_P2P_CHAN_ERR, (uint64_t)(-k));
+                return 1;
+            }
+            if (k == 0)
+                return moved;
+            if (p->fill_msg) p->fill_msg->got += (uint64_t)k;
+            p->left -= (uint64_t)k;
             moved = 1;
             continue;
         }

@@ -13,6 +13,9 @@
  *    as the ring window [head, head + cap) allows; peek() shows the contiguous run that
  *    every socket has filled. The socket carrying the first missing byte always has room in
  *    the window, so no ordering of arrivals can wedge the ring.
+ *  - recv_direct() (point to point's large payloads) instead recv()s each socket's chunks of
+ *    the next len bytes straight into the caller's buffer, after copying out what the ring
+ *    already holds of them; until that run is complete the ring takes nothing.
  *
  * Polling. `fd` is an epoll descriptor over the sockets. It turns readable exactly when a
  * send() or peek() call can make progress: data waits on a socket whose window has room,
@@ -64,6 +67,8 @@ typedef struct {
     uint64_t tail;                      /* every byte before this arrived */
     uint64_t roff[GC_TCP_MAX_SOCKS];    /* next byte socket j receives */
     uint64_t eofmask;                   /* sockets that reached end of file */
+    uint64_t direct_end;                /* while head < this, a recv_direct run: bytes before it go
+                                           to the caller's buffer, none to the ring */
     int gone;                           /* 0, or the status every later call returns */
     int err;                            /* errno behind a GC_ERR_IO */
 } gc_tcpchan;
@@ -121,6 +126,7 @@ static inline int gc_tcp_fail(gc_tcpchan *t, int err) {
 /* Move whatever the kernel holds into the ring window; failures land in t->gone and
  * t->eofmask, which peek and send report. */
 static void gc_tcp_pull(gc_tcpchan *t) {
+    if (t->head < t->direct_end) return;   /* a direct run owns the sockets */
     const int n = t->nsocks;
     const int first = (int)((t->tail / t->chunk) % (uint64_t)n);
     for (int i = 0; i < n; i++) {
@@ -220,6 +226,78 @@ static ssize_t gc_tcp_peek(gc_chan *c, const void **ptr) {
     return (ssize_t)(avail < t->cap - pos ? avail : t->cap - pos);
 }
 
+/* Copy ring bytes of stream offsets [head, end) to dst (offset head at dst[0]): what each socket
+ * received of them before a direct run began (socket j holds its chunks' bytes below roff[j]). */
+static void gc_tcp_ring_to(const gc_tcpchan *t, char *dst, uint64_t end) {
+    const int n = t->nsocks;
+    for (uint64_t o = t->head; o < end;) {
+        const uint64_t stop = (o / t->chunk + 1) * t->chunk < end ? (o / t->chunk + 1) * t->chunk : end;
+        const uint64_t have = t->roff[(o / t->chunk) % (uint64_t)n];
+        for (uint64_t at = o; at < (have < stop ? have : stop);) {
+            const uint64_t pos = at % t->cap, upto = have < stop ? have : stop;
+            const uint64_t run = upto - at < t->cap - pos ? upto - at : t->cap - pos;
+            memcpy(dst + (at - t->head), t->ring + pos, (size_t)run);
+            at += run;
+        }
+        o = stop;
+    }
+}
+
+/* gc_chan.recv_direct: each socket recv()s its chunks of [head, head + len) straight into dst. */
+static ssize_t gc_tcp_recv_direct(gc_chan *c, void *dst, size_t len) {
+    gc_tcpchan *t = (gc_tcpchan *)c;
+    const uint64_t head = t->head, end = head + len;
+    const int n = t->nsocks;
+    if (len == 0) return 0;
+    if (t->direct_end <= head) {        /* a new run: the bytes of it the ring holds go first */
+        gc_tcp_ring_to(t, (char *)dst, end);
+        t->direct_end = end;
+    } else if (t->direct_end != end) {
+        return GC_ERR_USAGE;            /* not the rest of the run in progress */
+    }
+    for (int j = 0; j < n && !t->gone; j++) {
+        while (!(t->eofmask & (1ull << j))) {
+            const uint64_t o = t->roff[j];
+            if (o >= end) break;
+            uint64_t stop = (o / t->chunk + 1) * t->chunk;
+            if (stop > end) stop = end;
+            ssize_t r = recv(t->fds[j], (char *)dst + (o - head), (size_t)(stop - o), MSG_DONTWAIT);
+            if (r > 0) {
+                t->roff[j] = gc_tcp_advance(t, o, (uint64_t)r);
+                continue;
+            }
+            if (r == 0) {
+                t->eofmask |= 1ull << j;
+                break;
+            }
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+            gc_tcp_fail(t, errno);
+            t->eofmask |= 1ull << j;
+            break;
+        }
+    }
+    uint64_t done = UINT64_MAX;
+    for (int j = 0; j < n; j++)
+        if (t->roff[j] < done) done = t->roff[j];
+    if (done > end) done = end;
+    if (done == head) {
+        if (t->gone) return t->gone;
+        if (t->eofmask & (1ull << ((head / t->chunk) % (uint64_t)n))) return GC_ERR_PEER;
+        return 0;
+    }
+    t->head = t->tail = done;
+    if (done == end) {                  /* the run is over: the ring's read-ahead shows again */
+        uint64_t tail = UINT64_MAX;
+        for (int j = 0; j < n; j++)
+            if (t->roff[j] < tail) tail = t->roff[j];
+        t->tail = tail > t->head + t->cap ? t->head + t->cap : tail;
+        for (int j = 0; j < n; j++)
+            gc_tcp_want(t, j, gc_tcp_in_wanted(t, j) | (t->ev[j] & EPOLLOUT));
+    }
+    return (ssize_t)(done - head);
+}
+
 static void gc_tcp_consume(gc_chan *c, size_t nbytes) {
     gc_tcpchan *t = (gc_tcpchan *)c;
     t->head += nbytes;
@@ -286,6 +364,7 @@ static int gc_tcpchan_create(const int *fds, int nsocks, size_t ring_bytes, size
     t->base.send = gc_tcp_send;
     t->base.peek = gc_tcp_peek;
     t->base.consume = gc_tcp_consume;
+    t->base.recv_direct = gc_tcp_recv_direct;
     t->base.alive = gc_tcp_alive;
     t->base.peer = peer;
     t->base.impl = t;

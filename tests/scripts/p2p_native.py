@@ -18,10 +18,12 @@
   receiver-dies  rank 1 ends without receiving: rank 0's large Send raises LostPeerError naming it
   sender-dies    rank 0 ends right after an Isend of a large message: rank 1's Recv raises
                  LostPeerError naming rank 0
+  stray-ack, stray-cts, stray-data  rank 0 writes an answer (ACK, CTS or DATA frame) naming a send
+             rank 1 never made: rank 1's pending receive from rank 0 raises LostPeerError saying so
   huge       (opt-in) a message of 2^31 + 4099 bytes arrives intact
-  offer      rank 0 speaks the GPU sender's side of the protocol (gpucoll/gpu/p2p.py: an offer,
-             then the bytes when asked); rank 1 receives into host buffers with Recv, Irecv and
-             Recv with a status: each asks for the bytes and gets them whole, never the offer
+  envelope   rank 0 sends envelopes of GPU messages (gpucoll/gpu/slots.py) that nothing can map;
+             rank 1 receives into host buffers with Recv, Irecv and Recv with a status: each raises
+             saying why, never hands the envelope over as the message
 Prints "RESULT {json}" on each rank that has something to say.
 """
 import json
@@ -173,7 +175,7 @@ elif mode == "receiver-dies":
     out = {"error": error_of(lambda: comm.Send(pattern(8 << 20, 0), 1, tag=4)), "seconds": time.monotonic() - t0}
 elif mode == "sender-dies":
     if rank == 0:
-        req = comm.Isend(pattern(32 << 20, 0), 1, tag=4)  # the offer is out; its bytes are in this process
+        req = comm.Isend(pattern(32 << 20, 0), 1, tag=4)  # announced; its bytes are in this process
         comm.Barrier()
         os._exit(0)
     comm.Barrier()
@@ -181,6 +183,21 @@ elif mode == "sender-dies":
     t0 = time.monotonic()
     out = {"error": error_of(lambda: comm.Recv(np.zeros(32 << 20, np.uint8), 0, tag=4)),
            "seconds": time.monotonic() - t0}
+elif mode.startswith("stray-"):
+    kind = {"cts": 3, "data": 4, "ack": 5}[mode[6:]]  # the answers' kinds (gc_p2p.h)
+    comm.send("warm-up", peer, tag=9)  # the channel exists
+    comm.recv(source=peer, tag=9)
+    if rank == 1:
+        req = comm.Irecv(np.zeros(8, np.uint8), 0, tag=4)
+        comm.Barrier()
+        t0 = time.monotonic()
+        out = {"error": error_of(req.Wait), "seconds": time.monotonic() - t0}
+    else:
+        comm.Barrier()
+        from gpucoll import p2p
+
+        comm._ctx.p2p.native.raw(1, p2p.FRAME.pack(0, 0, kind, 8, 424242, 0, 0) + bytes(8 if kind == 4 else 0))
+    comm.Barrier()
 elif mode == "huge":
     n = (1 << 31) + 4099
     block = pattern(251 * (1 << 20), 0)  # the pattern repeats every 251 bytes
