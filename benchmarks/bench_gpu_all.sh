@@ -55,6 +55,9 @@ run host_whole 240 GPUCOLL_P2P_DISABLE=1 GPUCOLL_GPU_HOST_CHUNK=0 -o allreduce -
 run hosts_pipelined 240 GPUCOLL_TEST_HOST=pretend%r NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 -o allreduce -b 64K -e 256M -f 4 -n 20 -w 3 --vs nccl
 run hosts_whole 240 GPUCOLL_TEST_HOST=pretend%r GPUCOLL_GPU_HOST_CHUNK=0 -o allreduce -b 64K -e 256M -f 4 -n 20 -w 3
 [ "${TORCH:-0}" = 1 ] && run torch 120 -o allreduce -b 8 -e 1M -f 32 -n 300 -w 20 --vs torch
+# Point to point on GPUs beside NCCL send/recv (with the host rows beside Open MPI).
+timeout 600 $PY benchmarks/bench_p2p.py --gpu --repeats 3 --json "$OUT/p2p.json" > "$OUT/p2p.log" 2>&1 || failed=1
+echo "== p2p (benchmarks/bench_p2p.py --gpu --repeats 3) at ${SECONDS}s"; grep -A14 "GPU point to point" "$OUT/p2p.log" | cut -c1-200
 echo "== host time per eager call (benchmarks/bench_gpu_host.py)"
 timeout 30 $PY -m gpucoll.launcher -np 2 $PY benchmarks/bench_gpu_host.py > "$OUT/host.log" 2>&1
 grep -v "^\[1\]" "$OUT/host.log" | head -22 | cut -c1-150
