@@ -135,7 +135,7 @@ cdef class Req:
 
     @property
     def rflags(self):
-        """The flags of the message a receive got (OFFER: a GPU offer)."""
+        """The flags of the message a receive got (OFFER: a GPU message's envelope)."""
         return self.r.rflags
 
     def test(self):
@@ -162,7 +162,7 @@ cdef class Req:
         return was != 0
 
     def data(self):
-        """The bytes of a receive made into a buffer of its own (objects, matched probes, offers)."""
+        """The bytes of a receive made into a buffer of its own (objects, matched probes, GPU envelopes)."""
         if self.r.owned == NULL:
             return b""
         return PyBytes_FromStringAndSize(self.r.owned, <Py_ssize_t>self.r.nbytes)

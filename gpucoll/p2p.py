@@ -246,7 +246,7 @@ class P2PRequest(Request):
         """Wait in the engine until every one of reqs (P2PRequests) is done: one native wait, so
         the rendezvous copies of a window run back to back (the caller's Wait then settles each).
         After timeout s, the first one not done raises as its own Wait would. GPU requests
-        (subclasses) are left to their own Wait: theirs serves this process's offers meanwhile."""
+        (subclasses) are left to their own Wait: a GPU receive enqueues its copy there."""
         if type(reqs[0]) is not P2PRequest:
             return
         if reqs[0]._p2p._native.wait([r._native for r in reqs], True, timeout) < 0:
