@@ -123,6 +123,28 @@ static inline int gc_tcp_fail(gc_tcpchan *t, int err) {
     return t->gone;
 }
 
+/* One recv() on socket j of its stream bytes [o, stop) into `to`: 1 when it may be called again
+ * (bytes came, or EINTR), 0 when the socket has nothing now, closed or failed. */
+static int gc_tcp_recv_run(gc_tcpchan *t, int j, char *to, uint64_t o, uint64_t stop) {
+    ssize_t r = recv(t->fds[j], to, (size_t)(stop - o), MSG_DONTWAIT);
+    if (r > 0) {
+        t->roff[j] = gc_tcp_advance(t, o, (uint64_t)r);
+        return 1;
+    }
+    if (r == 0) {
+        /* The peer closed (or died: the kernel closes for it). Bytes still in
+         * flight on the other sockets may yet arrive (each FIN follows its own
+         * socket's data), so only a missing byte owned by this socket is lost. */
+        t->eofmask |= 1ull << j;
+        return 0;
+    }
+    if (errno == EINTR) return 1;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    gc_tcp_fail(t, errno);
+    t->eofmask |= 1ull << j;
+    return 0;
+}
+
 /* Move whatever the kernel holds into the ring window; failures land in t->gone and
  * t->eofmask, which peek and send report. */
 static void gc_tcp_pull(gc_tcpchan *t) {
@@ -139,23 +161,7 @@ static void gc_tcp_pull(gc_tcpchan *t) {
             if (stop > lim) stop = lim;
             const uint64_t pos = o % t->cap;
             if (stop - o > t->cap - pos) stop = o + (t->cap - pos);   /* never cross the wrap */
-            ssize_t r = recv(t->fds[j], t->ring + pos, (size_t)(stop - o), MSG_DONTWAIT);
-            if (r > 0) {
-                t->roff[j] = gc_tcp_advance(t, o, (uint64_t)r);
-                continue;
-            }
-            if (r == 0) {
-                /* The peer closed (or died: the kernel closes for it). Bytes still in
-                 * flight on the other sockets may yet arrive (each FIN follows its own
-                 * socket's data), so only a missing byte owned by this socket is lost. */
-                t->eofmask |= 1ull << j;
-                break;
-            }
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-            gc_tcp_fail(t, errno);
-            t->eofmask |= 1ull << j;
-            break;
+            if (!gc_tcp_recv_run(t, j, t->ring + pos, o, stop)) break;
         }
         gc_tcp_want(t, j, gc_tcp_in_wanted(t, j) | (t->ev[j] & EPOLLOUT));
     }
@@ -261,20 +267,7 @@ static ssize_t gc_tcp_recv_direct(gc_chan *c, void *dst, size_t len) {
             if (o >= end) break;
             uint64_t stop = (o / t->chunk + 1) * t->chunk;
             if (stop > end) stop = end;
-            ssize_t r = recv(t->fds[j], (char *)dst + (o - head), (size_t)(stop - o), MSG_DONTWAIT);
-            if (r > 0) {
-                t->roff[j] = gc_tcp_advance(t, o, (uint64_t)r);
-                continue;
-            }
-            if (r == 0) {
-                t->eofmask |= 1ull << j;
-                break;
-            }
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-            gc_tcp_fail(t, errno);
-            t->eofmask |= 1ull << j;
-            break;
+            if (!gc_tcp_recv_run(t, j, (char *)dst + (o - head), o, stop)) break;
         }
     }
     uint64_t done = UINT64_MAX;
