@@ -34,6 +34,12 @@ TAG_UB = 2**31 - 1  # the largest user tag
 RESERVED_TAG_MAX = -1000  # tags at or below this are gpucoll's own (objects, MPI's composite calls)
 OBJECT_GATHER_TAG = -1001
 OBJECT_SCATTER_TAG = -1002
+def truncated(source, tag, nbytes, capacity):
+    """MPI's truncation error: the message is larger than the receive buffer."""
+    return GpucollError(f"message truncated: rank {source} sent {nbytes} bytes with tag {tag}, the receive buffer "
+                        f"holds {capacity}; pass a larger buffer")
+
+
 def _memory_bytes():
     """This host's physical memory: no object message larger than that can be received here."""
     try:
@@ -326,8 +332,7 @@ class PointToPoint:
         comm_rank = self._comm.rank
         if err == native.TRUNCATED:
             st = req.status
-            return GpucollError(f"message truncated: rank {st.source} sent {st.nbytes} bytes with tag {st.tag}, "
-                                f"the receive buffer holds {req._cap}; pass a larger buffer")
+            return truncated(st.source, st.tag, st.nbytes, req._cap)
         if err == native.CANCELLED:
             return InvalidUsageError(f"communicator {self._comm.name} was freed while this receive was pending")
         if err == native.TOOBIG:

@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import config, log
 from ..errors import GpucollError, InvalidUsageError
-from ..p2p import OFFER_FLAG, P2PRequest
+from ..p2p import OFFER_FLAG, P2PRequest, truncated
 from ..request import Request
 from . import ipc, slots, streams
 
@@ -285,7 +285,7 @@ class GpuPointToPoint:
         req.status.nbytes = nbytes
         fits = nbytes <= target.buf.nbytes
         if not fits:
-            req._error = _truncated(source, tag, nbytes, target.buf.nbytes)
+            req._error = truncated(source, tag, nbytes, target.buf.nbytes)
         if kind == slots.SMALL_KIND:
             entry = out.get(slot, nbytes, seq, source, target.buf.addr, target.buf.nbytes)
             if self._collecting is not None and req.grouped:
@@ -333,7 +333,7 @@ class GpuPointToPoint:
         cuda.stream_synchronize(side)
         out.check()
         if nbytes > host.nbytes:
-            req._error = _truncated(source, tag, nbytes, host.nbytes)
+            req._error = truncated(source, tag, nbytes, host.nbytes)
         elif nbytes:
             cuda.memcpy_dtoh(host.__array_interface__["data"][0], data, nbytes)
         self._launch(out, side, [out.steps(slot, seq, source, slots.SET_FREE)])
@@ -374,8 +374,3 @@ class GpuPointToPoint:
         for out in self._outboxes.values():
             out.close()
         self._outboxes = {}
-
-
-def _truncated(source, tag, nbytes, capacity):
-    return GpucollError(f"message truncated: rank {source} sent {nbytes} bytes with tag {tag}, the receive buffer "
-                        f"holds {capacity}; pass a larger buffer")
