@@ -24,8 +24,6 @@ an Irecv request's Wait() blocks until the data has landed, Wait(stream=s) makes
 host buffer that receives a GPU message from a process of its host reads it through CUDA.
 Point-to-point calls cannot be captured in a CUDA graph (they need the host to match them).
 """
-import threading
-
 import numpy as np
 
 from .. import config, log
@@ -50,7 +48,7 @@ class GpuRecvRequest(P2PRequest):
     """A receive into GPU memory. Done (Test) once the data has landed; Wait() blocks until then,
     Wait(stream=s) only makes stream s wait for it."""
 
-    __slots__ = ("target", "grouped", "__weakref__")
+    __slots__ = ("target", "grouped")
 
     def _settle(self):
         """The host engine is done with this receive: bytes in the bounce buffer, or an envelope."""
@@ -156,7 +154,6 @@ class GpuPointToPoint:
     def __init__(self, p2p):
         _cuda()
         self.p2p = p2p
-        self._lock = threading.Lock()
         self._contexts = {}
         self._outboxes = {}      # device -> slots.Outboxes
         self._side = {}          # (device, source) -> stream of the large copies from that source
