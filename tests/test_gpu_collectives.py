@@ -149,7 +149,7 @@ def test_gpu_point_to_point(gpurun_job):
 @needs_gpu
 @pytest.mark.parametrize("nranks", [1, 2])
 def test_gpu_group_fuses_small_allreduces(gpurun_job, nranks):
-    env = job_env(nranks, GPUCOLL_DEBUG="INFO", GPUCOLL_DEBUG_SUBSYS="COLL")
+    env = job_env(nranks, GPUCOLL_DEBUG="INFO", GPUCOLL_DEBUG_SUBSYS="COLL", GPUCOLL_TIMEOUT="60")
     job = gpurun_job(nranks, "gpu_group.py", env=env, timeout=600).check()
     results = job.json_lines()
     assert sorted(results) == list(range(nranks)), job.describe()

@@ -299,7 +299,10 @@ class GpuPointToPoint:
                 cuda.memcpy_async(target.buf.addr, data, nbytes, side)
             self._launch(out, side, [out.steps(slot, seq, source, slots.SET_FREE)])
             cuda.event_record(target.event, side)
-            cuda.stream_wait_event(target.stream, target.event)
+            if self._collecting is None or not req.grouped:
+                cuda.stream_wait_event(target.stream, target.event)
+            # else end_group joins the streams after its launches: the receive's stream must
+            # announce this block's own large sends before it waits for the peer's
             how = "pulled via P2P/IPC"
         if log.enabled("info", "P2P"):
             log.info("P2P", "Recv %d B from rank %d tag %d %s", nbytes, source, tag, how)
@@ -358,7 +361,9 @@ class GpuPointToPoint:
             for (out, stream), entries in launches.items():
                 self._launch(out, stream, entries)
             for req in received:
-                cuda.event_record(req.target.event, req.target.stream)
+                target = req.target
+                cuda.stream_wait_event(target.stream, target.event)  # a large copy's side stream, if any
+                cuda.event_record(target.event, target.stream)
 
     def drop_group(self):
         """A comm.group() block raised: its sends are dropped with it (they were never

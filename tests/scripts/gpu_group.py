@@ -107,6 +107,7 @@ def mixed_group():
     check("group: request", cp.asnumpy(other), reference(902, 100, np.float32, gpucoll.SUM))
     if N == 2:
         check("group: send/recv", cp.asnumpy(peer_in), inputs(1 - RANK, 903, 200_000, np.float32))
+        comm.Sendrecv(small, 1 - RANK, 5, other, 1 - RANK, 5)  # raises a slot timeout recorded above, if any
 
 
 def two_streams():

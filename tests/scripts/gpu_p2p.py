@@ -212,6 +212,23 @@ def group_exchange():
         rreq.Wait()
         check(f"group exchange {rep}", cp.asnumpy(got), bytes_of(2048, 500 + 10 * rep + PEER))
         expect(f"group exchange {rep}: one launch for both", tuple(a - b for a, b in zip(slot_stats(), before)), (1, 2))
+    # large messages both ways in a block, blocking and not: each stream announces its own send
+    # before it waits for the peer's (else both wait for each other until GPUCOLL_TIMEOUT)
+    for rep in range(2):
+        with s:
+            mine = [cp.asarray(bytes_of(n, 600 + 10 * rep + RANK + n)) for n in (300_000, 2048, 1 << 20)]
+            got = [cp.zeros(m.size, cp.uint8) for m in mine]
+        with comm.group():
+            comm.Send(mine[0], PEER, 9, stream=s)
+            comm.Recv(got[0], PEER, 9, stream=s)
+            sreqs = [comm.Isend(m, PEER, 10 + k, stream=s) for k, m in enumerate(mine[1:])]
+            rreqs = [comm.Irecv(g, PEER, 10 + k, stream=s) for k, g in enumerate(got[1:])]
+        for req in sreqs + rreqs:
+            req.Wait()
+        s.synchronize()
+        for m, g in zip(mine, got):
+            check(f"group large exchange {rep} {m.size} B", cp.asnumpy(g), bytes_of(m.size, 600 + 10 * rep + PEER + m.size))
+    comm.Sendrecv(mine[1], PEER, 12, got[1], PEER, 12)  # raises a slot timeout recorded above, if any
 
 
 def too_small():
