@@ -6,7 +6,8 @@
 
 Each launcher runs N ranks of the same tiny program in its own library (import, join the
 job, print the rank, barrier, exit): gpucoll under `gpurun -np N`, torch.distributed (gloo)
-under `torchrun --standalone --nproc-per-node N`, mpi4py under `mpiexec -n N` (Open MPI).
+under `torchrun --standalone --nproc-per-node N`, mpi4py under `mpiexec -n N` (Open MPI), and
+the same mpi4py program importing NumPy first ("mpiexec+numpy": gpucoll imports NumPy, mpi4py does not).
 The table gives the median of the timed runs (after one untimed warm-up) with their range
 (min-max), and how many times longer than gpurun each peer took (median / gpurun's
 median). Each run must print every rank. A launcher that is not installed, or whose run
@@ -38,6 +39,9 @@ PROGRAMS = {
     "mpiexec": ("import sys\nfrom mpi4py import MPI\nc = MPI.COMM_WORLD\n"
                 "sys.stdout.write(f'{c.Get_rank()}\\n')\nc.Barrier()\n"),
 }
+# gpucoll imports NumPy (its buffers), mpi4py does not: the same mpi4py job with NumPy loaded
+# first, as any mpi4py program with arrays has it, separates that import from the launchers.
+PROGRAMS["mpiexec+numpy"] = "import numpy\n" + PROGRAMS["mpiexec"]
 BARE = ("import os, sys\n"
         "sys.stdout.write((os.environ.get('RANK') or os.environ['OMPI_COMM_WORLD_RANK']) + '\\n')\n")
 
@@ -77,8 +81,11 @@ def launchers(script_dir, bare=False):
         env = {}
         if os.geteuid() == 0:
             env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-        out["mpiexec"] = (lambda n: [mpiexec, "-n", str(n), "--oversubscribe", sys.executable,
-                                     script["mpiexec"]], env)
+        for name in ("mpiexec", "mpiexec+numpy"):
+            out[name] = (lambda n, name=name: [mpiexec, "-n", str(n), "--oversubscribe", sys.executable,
+                                               script[name]], env)
+    if "mpiexec" not in out or isinstance(out["mpiexec"], str):
+        out["mpiexec+numpy"] = out["mpiexec"]
     return out
 
 
@@ -115,7 +122,8 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_launch_") as tmp:
         table = launchers(tmp, args.bare)
-        names = [n for n in PROGRAMS if not args.only or n in args.only]
+        # --bare: every program is the same, mpiexec+numpy would be mpiexec again
+        names = [n for n in PROGRAMS if (not args.only or n in args.only) and not (args.bare and n == "mpiexec+numpy")]
         missing = []
         for name in names:
             if isinstance(table[name], str):
@@ -138,10 +146,10 @@ def main():
                                  vs_gpurun=median / base if base else None))
                 print(f"  {name} -np {nprocs}: median {median:.3f} s", file=sys.stderr)
 
-    print(f"\n{'launcher':<10} {'ranks':>5} {'seconds: median [min-max]':>27} {'x gpurun':>9}")
+    print(f"\n{'launcher':<14} {'ranks':>5} {'seconds: median [min-max]':>27} {'x gpurun':>9}")
     for r in rows:
         ratio_text = f"{r['vs_gpurun']:.2f}" if r["vs_gpurun"] is not None else "-"
-        print(f"{r['launcher']:<10} {r['ranks']:>5} {summary.spread_text(r['runs'], '{:.3f}'):>27} {ratio_text:>9}")
+        print(f"{r['launcher']:<14} {r['ranks']:>5} {summary.spread_text(r['runs'], '{:.3f}'):>27} {ratio_text:>9}")
     print(f"\n{'bare programs (launcher cost only)' if args.bare else 'hello + barrier'}: "
           f"{args.reps} timed runs each after one warm-up; 'x gpurun' = median / gpurun's median "
           f"(above 1: gpurun is faster). {os.cpu_count()} CPUs.")
