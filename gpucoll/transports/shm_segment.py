@@ -29,7 +29,7 @@ import stat
 
 from .. import log
 from ..errors import SharedMemoryError
-from .._native import core, direct
+from .._native import core
 
 SHM_DIR = "/dev/shm"
 PREFIX = "gpucoll-"
@@ -163,6 +163,7 @@ def squatted(path, problem):
 
 def examine(header, token=0):
     """core.SEG_* of a segment file's first bytes, whichever format it has (token 0: any)."""
+    from .._native import direct  # here: gpurun cleans up through this module and need not load NumPy
     verdict = direct.examine_segment(header, token)
     if verdict == core.SEG_UNKNOWN:
         verdict = core.examine_channel(header, token, PIDNS)
