@@ -52,6 +52,7 @@ cdef extern from "gc_p2p.h" nogil:
                              uint64_t cap, int alloc)
     int gc_p2p_iprobe(gc_p2p *e, uint64_t comm, int source, int32_t tag, int *src, int32_t *rtag,
                       uint64_t *nbytes, uint32_t *flags, int take, gc_p2p_req **out)
+    int64_t gc_p2p_peek(gc_p2p *e, uint64_t comm, int source, int32_t tag, char *out, uint64_t cap)
     int gc_p2p_withdraw(gc_p2p *e, gc_p2p_req *r, int err)
     int gc_p2p_send_now(gc_p2p *e, uint64_t comm, int dest, int32_t tag, const char *buf, uint64_t len)
     void gc_p2p_forget(gc_p2p *e, uint64_t comm)
@@ -278,6 +279,16 @@ cdef class Engine:
         if found < 0:
             raise MemoryError("point to point: no memory for a matched probe")
         return src, rtag, nbytes, flags, (_req(self, out, NULL) if take else None)
+
+    def peek(self, uint64_t comm, int source, int32_t tag):
+        """The bytes of the first arrived message matching (source, tag), left in the queue: a GPU
+        message's envelope (at most GC_P2P_OFFER_MAX bytes); None when there is none, or not yet whole."""
+        cdef bytearray out = bytearray(GC_P2P_OFFER_MAX)
+        cdef char *at = out
+        cdef int64_t n
+        with nogil:
+            n = gc_p2p_peek(self.e, comm, source, tag, at, GC_P2P_OFFER_MAX)
+        return None if n < 0 else bytes(out[:n])
 
     # The short paths of blocking and nonblocking calls on plain buffers: None when buf does not
     # take them (the caller's general path then checks it and says what is wrong).

@@ -483,6 +483,11 @@ class PointToPoint:
             req = P2PRequest("Mrecv", self, native, "recv", rank, tg)
         return rank, tg, nbytes, flags, req
 
+    def peek(self, source, tag):
+        """The bytes of the first arrived message from rank `source` with `tag`, left where they
+        are (a GPU message's envelope: probes report the size it announces); None if not whole."""
+        return self._native.peek(self._key, self._world[self._check_peer(source, "source")], tag)
+
     def gpu_message_to_host(self, req, source, tag, envelope):
         """A GPU message matched a host receive: read it out of the sender's GPU memory."""
         self._comm._gpu_p2p().to_host(req, source, tag, envelope)

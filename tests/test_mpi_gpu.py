@@ -15,3 +15,5 @@ def test_mpi_module_with_gpu_arrays(gpurun_job):
         assert "on GPU buffers" in got["refused"]["allgatherv"]
         assert got["host_interface"] == [3.0] * 3  # host memory behind __cuda_array_interface__
     assert res[1]["recv"] == [[0.0, 1.0, 2.0], 0, 3]
+    for count, tag in ((5, 6), (70_000, 7)):  # Probe/Iprobe read the GPU message's envelope
+        assert res[1][f"probe {count}"] == [0, tag, count, tag, count, True, True], res[1]

@@ -119,6 +119,8 @@ def test_a_gpu_envelope_never_reaches_a_host_buffer_as_data(gpurun_job, transpor
         assert "rank 0" in got[tag] and "GPU" in got[tag] and "GPUCOLL_P2P_DISABLE=1" in got[tag], got
         assert got[f"{tag} untouched"], got
     assert res[1]["after"], res
+    probed = res[1]["probed"]  # MPI probes read the envelope: the GPU message's size, not the envelope's
+    assert probed[:3] == [0, 5, 3000] and "envelope is not one" in probed[3], probed
 
 
 def _available_memory():

@@ -1042,6 +1042,32 @@ static int gc_p2p_iprobe(gc_p2p *e, uint64_t comm, int source, int32_t tag, int 
     return found;
 }
 
+/* The bytes of the first arrived message matching (comm, source, tag), copied into out (at most
+ * cap) and left in the queue: their count, or -1 when there is none, it is a rendezvous, or its
+ * bytes are still arriving. A probe reads a GPU message's envelope (OFFER) this way to report the
+ * size of the message it announces. */
+static int64_t gc_p2p_peek(gc_p2p *e, uint64_t comm, int source, int32_t tag, char *out, uint64_t cap)
+{
+    gc_p2p_req probe;
+    memset(&probe, 0, sizeof probe);
+    probe.comm = comm;
+    probe.peer = source;
+    probe.tag = tag;
+    int64_t n = -1;
+    pthread_mutex_lock(&e->mu);
+    gc_p2p_msg *m = e->ux_head;
+    for (; m; m = m->next)
+        if (gc_p2p__matches(&probe, m->h.comm, m->src, m->h.tag))
+            break;
+    if (m && m->complete && (m->h.kind & GC_P2P_KIND_MASK) == GC_P2P_EAGER && m->h.nbytes <= cap) {
+        if (m->h.nbytes)
+            memcpy(out, m->data, m->h.nbytes);
+        n = (int64_t)m->h.nbytes;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
 /* Withdraw a receive that nothing has matched yet: 1 (it is finished with err), or 0. */
 static int gc_p2p_withdraw(gc_p2p *e, gc_p2p_req *r, int err)
 {

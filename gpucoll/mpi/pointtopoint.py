@@ -6,7 +6,8 @@ for their receive, as MPI allows; buffered (Bsend) and ready (Rsend) sends are s
 synchronous send (Ssend) completes only when the receiver has matched the message: it travels
 marked, and the receiver's engine answers the match (gpucoll/p2p.py, SYNC). Probe, Iprobe,
 Mprobe and Improbe look at the messages that arrived; a matched probe takes the message (and
-answers a synchronous one).
+answers a synchronous one). A message from GPU memory arrives as an envelope: Probe and Iprobe
+report the size it announces; a matched probe of one is not supported.
 """
 import time
 
@@ -14,7 +15,7 @@ import numpy as np
 
 from .. import config
 from .. import p2p as _p2p
-from ..errors import InvalidUsageError
+from ..errors import GpucollError, InvalidUsageError
 from ..errors import TimeoutError as GpucollTimeout
 from . import message as _m
 from .composite import Composite
@@ -233,8 +234,19 @@ class PointToPoint:
         found = core._p2p.probe(source, tag, False)
         if found is None:
             return None
-        if found[3] & _p2p.OFFER_FLAG:
-            raise NotImplementedError(f"{what}: probing a message sent from GPU memory")
+        if found[3] & _p2p.OFFER_FLAG:  # a GPU message: its envelope says how large it is
+            if take:
+                raise NotImplementedError(f"{what}: a matched probe of a message sent from GPU memory (use "
+                                          "Probe or Iprobe, then Recv)")
+            from ..gpu.slots import message_size
+            envelope = core._p2p.peek(found[0], found[1])
+            if envelope is None:
+                return None  # still arriving
+            nbytes = message_size(envelope)
+            if nbytes is None:
+                raise GpucollError(f"{what}: rank {found[0]} sent a GPU message whose envelope is not one "
+                                   f"({len(envelope)} bytes); are both ranks running the same gpucoll?")
+            return found[0], found[1], None, nbytes
         if not take:
             return found[0], found[1], None, found[2]
         src, tg, nbytes, _, req = core._p2p.probe(found[0], found[1], True)

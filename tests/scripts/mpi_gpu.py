@@ -31,6 +31,25 @@ elif r == 1:
     comm.Recv(got, 0, 4, st)
     cp.cuda.get_current_stream().synchronize()
     out["recv"] = [got.get().tolist(), st.Get_source(), st.Get_count(MPI.DOUBLE)]
+# probes of GPU messages (small: through an outbox slot; large: pulled) report the announced size
+for count, tag in ((5, 6), (70_000, 7)):
+    if r == 0:
+        comm.Send(cp.arange(count, dtype=cp.float32), 1, tag=tag)
+    elif r == 1:
+        pst, ist = MPI.Status(), MPI.Status()
+        comm.Probe(0, tag, pst)
+        while not comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, ist):
+            pass
+        try:
+            comm.Mprobe(0, tag)
+            mprobe = "no error"
+        except NotImplementedError as exc:
+            mprobe = str(exc)
+        got = cp.zeros(count, cp.float32)
+        comm.Recv(got, 0, tag)
+        out[f"probe {count}"] = [pst.Get_source(), pst.Get_tag(), pst.Get_count(MPI.FLOAT), ist.Get_tag(),
+                                 ist.Get_count(MPI.FLOAT), "matched probe" in mprobe,
+                                 bool((got == cp.arange(count, dtype=cp.float32)).all())]
 refused = {}
 for name, call in (("land", lambda: comm.Allreduce(a, b, op=MPI.LAND)),
                    ("allgatherv", lambda: comm.Allgatherv(a, [cp.zeros(5 * n, cp.float32), [5] * n, None,

@@ -23,7 +23,8 @@
   huge       (opt-in) a message of 2^31 + 4099 bytes arrives intact
   envelope   rank 0 sends envelopes of GPU messages (gpucoll/gpu/slots.py) that nothing can map;
              rank 1 receives into host buffers with Recv, Irecv and Recv with a status: each raises
-             saying why, never hands the envelope over as the message
+             saying why, never hands the envelope over as the message; MPI Probe reports the size
+             an envelope announces, Iprobe of an OFFER message that is no envelope raises
 Prints "RESULT {json}" on each rank that has something to say.
 """
 import json
@@ -218,7 +219,8 @@ elif mode == "envelope":
     # Envelopes of GPU messages (data left in the sender's GPU memory) that no GPU process can
     # map: every host receive path (the blocking short path included) must raise, never hand
     # the envelope over as the message; a plain message behind them still arrives.
-    from gpucoll.gpu.slots import LARGE, LARGE_KIND
+    from gpucoll import MPI
+    from gpucoll.gpu.slots import LARGE, LARGE_KIND, SMALL, SMALL_KIND
     from gpucoll.p2p import OFFER_FLAG
 
     if rank == 0:
@@ -227,6 +229,9 @@ elif mode == "envelope":
             p.send_bytes(LARGE.pack(LARGE_KIND, b"h" * 64, 0, 5000, tag, b"b" * 64, 0), 1, tag, "Send",
                          OFFER_FLAG).Wait()
         comm.Send(pattern(5000, 4), 1, tag=4)
+        core = MPI.COMM_WORLD._c()  # MPI probes: one envelope, one OFFER message that is none
+        core._p2p.send_bytes(SMALL.pack(SMALL_KIND, b"h" * 64, 0, 3000, 1), 1, 5, "Send", OFFER_FLAG).Wait()
+        core._p2p.send_bytes(b"junk", 1, 6, "Send", OFFER_FLAG).Wait()
     else:
         got = {}
         for tag in (1, 2, 3):
@@ -242,7 +247,16 @@ elif mode == "envelope":
             got[f"{tag} untouched"] = not b.any()
         b = np.zeros(5000, np.uint8)
         comm.Recv(b, 0, tag=4)
-        out = {"got": got, "after": bool(np.array_equal(b, pattern(5000, 4)))}
+        st = MPI.Status()
+        MPI.COMM_WORLD.Probe(0, 5, st)
+        probed = [st.Get_source(), st.Get_tag(), st.Get_count()]
+        try:
+            while not MPI.COMM_WORLD.Iprobe(0, 6):
+                pass
+            probed.append("no error")
+        except gpucoll.GpucollError as exc:
+            probed.append(str(exc))
+        out = {"got": got, "after": bool(np.array_equal(b, pattern(5000, 4))), "probed": probed}
 if out:
     print("RESULT " + json.dumps(out), flush=True)
 comm.Barrier() if mode not in ("receiver-dies", "sender-dies") else None
