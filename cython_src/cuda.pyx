@@ -127,6 +127,7 @@ cdef extern from "gc_cuda.h" nogil:
         CUresult (*StreamSynchronize)(CUstream) noexcept nogil
         CUresult (*StreamIsCapturing)(CUstream, int *) noexcept nogil
         CUresult (*StreamCreate)(CUstream *, unsigned int) noexcept nogil
+        CUresult (*StreamDestroy)(CUstream) noexcept nogil
 
     gc_cuda_api gc_cu
     int gc_cuda_load()
@@ -467,6 +468,11 @@ def stream_create():
     cdef CUstream s = NULL
     _check(gc_cu.StreamCreate(&s, 1), "cuStreamCreate")
     return <uintptr_t>s
+
+
+def stream_destroy(uintptr_t stream):
+    """Destroy a stream of stream_create (work already enqueued on it still completes)."""
+    _check(gc_cu.StreamDestroy(<CUstream>stream), "cuStreamDestroy")
 
 
 def stream_is_capturing(uintptr_t stream):

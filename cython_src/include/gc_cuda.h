@@ -140,6 +140,7 @@ typedef struct {
     CUresult (*StreamSynchronize)(CUstream);
     CUresult (*StreamIsCapturing)(CUstream, int *);
     CUresult (*StreamCreate)(CUstream *, unsigned int);
+    CUresult (*StreamDestroy)(CUstream);
     CUresult (*GetErrorString)(CUresult, const char **);
     CUresult (*GetErrorName)(CUresult, const char **);
 } gc_cuda_api;
@@ -217,6 +218,7 @@ static int gc_cuda_load(void)
     GC_SYM(StreamSynchronize, "cuStreamSynchronize", NULL);
     GC_SYM(StreamIsCapturing, "cuStreamIsCapturing", NULL);
     GC_SYM(StreamCreate, "cuStreamCreate", NULL);
+    GC_SYM(StreamDestroy, "cuStreamDestroy_v2", "cuStreamDestroy");
     GC_SYM(GetErrorString, "cuGetErrorString", NULL);
     GC_SYM(GetErrorName, "cuGetErrorName", NULL);
 #undef GC_SYM

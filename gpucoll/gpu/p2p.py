@@ -374,5 +374,9 @@ class GpuPointToPoint:
 
     def close(self):
         for out in self._outboxes.values():
-            out.close()
+            out.close()  # waits for the device: nothing of ours still runs on the copy streams
         self._outboxes = {}
+        for (device, _), side in self._side.items():
+            self._context(device)
+            cuda.stream_destroy(side)
+        self._side = {}

@@ -291,6 +291,18 @@ def torch_tensors():
         expect("torch bfloat16", bool((t == torch.arange(n, dtype=torch.bfloat16, device="cuda")).all()), True)
 
 
+def freed_communicator():
+    """A communicator whose GPU messages used an outbox and a copy stream frees them with it."""
+    for rep in range(2):
+        dup = comm.Dup()
+        x = cp.asarray(data(LARGE, 120 + rep + RANK))
+        y = cp.zeros(LARGE, cp.float32)
+        dup.Sendrecv(x, PEER, 0, y, PEER, 0)
+        cp.cuda.Device().synchronize()
+        check(f"freed communicator {rep}", cp.asnumpy(y), data(LARGE, 120 + rep + PEER))
+        dup.Free()
+
+
 def capture_refused():
     s = cp.cuda.Stream(non_blocking=True)
     x = cp.ones(SMALL, cp.float32)
@@ -310,6 +322,7 @@ for name, fn in (("blocking", blocking), ("small slots", small_slots), ("slots i
                  ("send waited first", send_waited_first),
                  ("sendrecv", sendrecv_and_wildcards), ("mixed", host_and_gpu_mixed), ("too small", too_small),
                  ("stream order", stream_order), ("p2p disabled", p2p_disabled), ("torch", torch_tensors),
+                 ("freed communicator", freed_communicator),
                  ("capture", capture_refused)):
     case(name, fn)
 print("RESULT " + json.dumps({"checked": checked[0], "failures": failures[:20], "nfail": len(failures)}), flush=True)
