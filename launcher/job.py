@@ -124,7 +124,7 @@ def _open_store():
 def open_store(host, secret):
     """A StoreServer listening on a free port of `host` (start() serves it). No port to be
     had is a LaunchError (exit 125) that says so, not a traceback."""
-    from gpucoll.bootstrap.store import StoreServer  # lazily: keep `gpurun --help` quick
+    from gpucoll.bootstrap.store_server import StoreServer  # lazily: keep `gpurun --help` quick
     from gpucoll.errors import StoreError
 
     try:

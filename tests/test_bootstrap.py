@@ -171,7 +171,7 @@ def test_unreachable_store_names_the_address():
 
 
 def test_wrong_secret_is_refused():
-    from gpucoll.bootstrap.store import StoreServer
+    from gpucoll.bootstrap.store_server import StoreServer
 
     with StoreServer("127.0.0.1", 0, b"right-secret-000").start() as server:
         out = subprocess.run([sys.executable, "-c", HELLO], capture_output=True, text=True, timeout=60,

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from gpucoll import errors
 from gpucoll.bootstrap import store_protocol as wire
-from gpucoll.bootstrap.store import PrefixStore, StoreClient, StoreServer, StoreUnreachableError
+from gpucoll.bootstrap.store import PrefixStore, StoreClient, StoreUnreachableError
+from gpucoll.bootstrap.store_server import StoreServer
 
 HOST = "127.0.0.1"
 SECRET = secrets.token_bytes(16)
@@ -521,7 +522,7 @@ def test_thousand_concurrent_clients(server):
 CRAMPED_SERVER = r"""
 import resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-from gpucoll.bootstrap.store import StoreServer
+from gpucoll.bootstrap.store_server import StoreServer
 with StoreServer("127.0.0.1", 0, bytes.fromhex(sys.argv[2]), max_pending=1 << 20) as srv:
     srv.start()
     print(srv.port, flush=True)

@@ -149,9 +149,11 @@ class StoreBootstrap(Bootstrap):
         self._timeout = config.INIT_TIMEOUT.get()
         self._seq = 0
         self._server = None
-        from .store import StoreClient, StoreServer
+        from .store import StoreClient
 
-        if info.host_store and info.rank == 0:
+        if info.host_store and info.rank == 0:  # rank 0 serves (torchrun-style): only it loads the server
+            from .store_server import StoreServer
+
             self._server = self._serve(StoreServer, info)
         self.address = f"{info.store_host}:{info.store_port}"
         try:
