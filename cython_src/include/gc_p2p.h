@@ -919,12 +919,14 @@ static int gc_p2p__progress(gc_p2p *e)
     return moved;
 }
 
-/* A progress pass, then the next piece of a matched rendezvous (waits, tests and probes: the
- * calls that post only make the progress pass). 1 when something moved. */
+/* A progress pass, then the next piece of a matched rendezvous, or, with none to read, help
+ * with a send (waits, tests and probes: the calls that post only make the progress pass). A
+ * rank's own receives come first: when both ranks have theirs to read (both directions at
+ * once), both cores are busy already and helping would only add frames. 1 when something moved. */
 static int gc_p2p__advance(gc_p2p *e)
 {
     int moved = gc_p2p__progress(e);
-    if (gc_p2p__copy(e) | gc_p2p__help(e)) {
+    if (gc_p2p__copy(e) || gc_p2p__help(e)) {
         moved = 1;
         e->progress_count++;
     }
