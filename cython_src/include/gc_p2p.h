@@ -10,6 +10,9 @@
  *   CTS    id                  receiver -> sender: "send the bytes of send id now"
  *   DATA   id, nbytes + the bytes of the rendezvous send id
  *   ACK    id, status          receiver -> sender: send id is matched and its bytes are taken
+ *   DEST   id, addr            receiver -> sender: the bytes of send id go to addr (a shared copy)
+ *   DONE   id, status, addr    sender -> receiver: it wrote status chunks of send id; addr: 0, or
+ *                              1 + a chunk it claimed but could not write
  *
  * Matching (MPI's rules). A receive names (communicator key, source or ANY, tag or ANY; ANY_TAG
  * matches tags >= 0 only: negative tags are gpucoll's own). An arriving EAGER or RTS header is
@@ -21,10 +24,25 @@
  * Protocols. EAGER sends complete once their bytes are in the channel (a synchronous send, flag
  * SYNC, once the receiver's ACK says it matched). A large send goes as RTS with the address of its
  * bytes; the receiver, once matched, copies them straight from the sender's memory with
- * process_vm_readv (cross-memory attach: one copy, no help from the sender; in its next waits,
- * tests or probes, oldest match first) and answers ACK; where
- * that is not possible (another host, no permission) it answers CTS and the sender streams DATA,
- * pipelined through the channel. Messages to oneself are matched at once (a copy).
+ * process_vm_readv (cross-memory attach: one copy; in its next waits, tests or probes, oldest
+ * match first) and answers ACK once every byte is in; where that is not possible (another host,
+ * no permission) it answers CTS and the sender streams DATA, pipelined through the channel.
+ * Messages to oneself are matched at once (a copy).
+ *
+ * Shared copy (within a host, a message of two chunks or more, GPUCOLL_P2P_SHARED_COPY). The two
+ * cores copy one message together. The sender takes a free claims word of the pair's shared
+ * memory (gc_chan.pair_words: the shm segment's first page), zeroes it and names it in the RTS
+ * (flag SHARE, status = the word). The matched receiver answers DEST with its destination and
+ * reads chunks (GC_P2P_SHARE_CHUNK and up, at most about GC_P2P_SHARE_CHUNKS of them) one per
+ * pass, each claimed by an atomic increment of the word; the sender, in its waits, tests and
+ * probes and only when it has no rendezvous of its own to read, claims chunks from the same
+ * word and writes them with process_vm_writev until none is left, then sends DONE with how many
+ * it wrote. A side that is busy elsewhere claims nothing, so the other copies alone (a sender
+ * that never waits costs the receiver nothing). The receive completes once its own chunks and
+ * the sender's are in, and only then answers ACK: the sender's buffer and its claims word stay
+ * until the ACK (or a CTS, after which the receiver claims nothing). A sender that cannot write
+ * there (EPERM) says which chunk it claimed in DONE and helps that peer no more: the receiver
+ * reads that chunk itself. A receive that falls back to CTS marks every chunk claimed first.
  *
  * Progress. Nothing runs behind the caller's back: every call and every wait pushes the queued
  * frames of every peer and reads whatever arrived, under one mutex, without the GIL. Only waits,
