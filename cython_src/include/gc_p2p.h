@@ -206,6 +206,7 @@ typedef struct {
     gc_p2p_req *copy_head, *copy_tail;   /* matched rendezvous receives whose bytes are still to be read */
     gc_p2p_req *help_head, *help_tail;   /* sends whose receiver told where their bytes go */
     int share;                 /* 1: senders within a host copy chunks too (a shared copy) */
+    int free_to_help;          /* as last published in each pair's helping word */
     uint64_t bytes_read, bytes_written;  /* rendezvous bytes this process copied (tests, stats) */
     uint64_t next_id;
     uint64_t max_message;      /* an object message above this cannot be received here */
@@ -396,6 +397,13 @@ static int gc_p2p__target(gc_p2p *e, gc_p2p_req *r, const gc_p2p_hdr *h, char **
 
 static void gc_p2p__ask_data(gc_p2p *e, gc_p2p_req *r, int peer);
 
+/* The last of a side's pair words says whether that side is free to help with its sends now
+ * (1: it waits with no receive of its own to read or to match); the others are claims words. */
+static inline uint64_t *gc_p2p__helping(gc_chan *c, int side)
+{
+    return &c->pair_words[side][c->pair_nwords - 1];
+}
+
 /* The chunks a shared copy of nbytes goes in (both sides compute the same). */
 static void gc_p2p__chunking(gc_p2p_req *r, uint64_t nbytes)
 {
@@ -408,17 +416,39 @@ static void gc_p2p__chunking(gc_p2p_req *r, uint64_t nbytes)
     r->redo = 0;
 }
 
-/* Claim the next chunk of a shared copy (>= nchunks: every chunk is taken). */
-static inline uint64_t gc_p2p__claim(gc_p2p_req *r)
+/* A claims word: the low 32 bits count the chunks handed out (the next one's index), the high
+ * 32 bits the sender's claims among them. */
+#define GC_P2P_CLAIM_LOW 0xffffffffull
+#define GC_P2P_SENDER_CLAIM ((1ull << 32) + 1)
+
+/* The receiver claims the next chunks of a shared copy: one while the sender is free to help
+ * (its word *helping, kept by gc_p2p__advance) or helps already, else as many as one read takes
+ * (a sender busy with its own receives claims nothing, and then a message costs one read as when
+ * the receiver copies alone). Sets *end past the last claimed; returns the first (>= nchunks:
+ * every chunk is taken). */
+static uint64_t gc_p2p__claim_read(gc_p2p_req *r, const uint64_t *helping, uint64_t *end)
 {
-    return __atomic_fetch_add(r->claims, 1, __ATOMIC_ACQ_REL);
+    uint64_t seen = __atomic_load_n(r->claims, __ATOMIC_ACQUIRE), m = 1;
+    if ((seen >> 32) == 0 && !__atomic_load_n(helping, __ATOMIC_RELAXED)) {
+        m = GC_P2P_CMA_CHUNK / r->chunk;
+        if (m == 0) m = 1;
+    }
+    uint64_t k = __atomic_fetch_add(r->claims, m, __ATOMIC_ACQ_REL) & GC_P2P_CLAIM_LOW;
+    *end = k + m < r->nchunks ? k + m : r->nchunks;
+    return k;
+}
+
+/* The sender claims the next chunk of a shared copy (>= nchunks: every chunk is taken). */
+static inline uint64_t gc_p2p__claim_write(gc_p2p_req *r)
+{
+    return __atomic_fetch_add(r->claims, GC_P2P_SENDER_CLAIM, __ATOMIC_ACQ_REL) & GC_P2P_CLAIM_LOW;
 }
 
 /* No chunk of this shared copy is handed out any more (the bytes come another way). */
 static inline void gc_p2p__claim_all(gc_p2p_req *r)
 {
     if (r->claims)
-        __atomic_store_n(r->claims, UINT64_MAX >> 1, __ATOMIC_RELEASE);
+        __atomic_store_n(r->claims, GC_P2P_CLAIM_LOW >> 1, __ATOMIC_RELEASE);
     r->claims = NULL;
 }
 
@@ -468,7 +498,7 @@ static void gc_p2p__rendezvous(gc_p2p *e, gc_p2p_req *r, int peer, const gc_p2p_
         r->copied = 0;
         r->where = GC_W_COPY;
         gc_chan *c = p->chan;
-        if ((h->kind & GC_P2P_SHARE) && c && c->pair_words[1] && (uint64_t)h->status < c->pair_nwords) {
+        if ((h->kind & GC_P2P_SHARE) && c && c->pair_words[1] && (uint64_t)h->status + 1 < c->pair_nwords) {
             /* a shared copy: tell the sender where the bytes go; both claim chunks from now on */
             r->claims = &c->pair_words[1][h->status];
             gc_p2p__chunking(r, h->nbytes);
@@ -506,9 +536,15 @@ static int gc_p2p__copy(gc_p2p *e)
     if (!r) return 0;
     int peer = r->src;
     gc_p2p_peer *p = &e->peers[peer];
-    uint64_t at = r->copied, n = r->len - r->copied;
+    uint64_t at = r->copied, n = r->len - r->copied, got = 0;   /* got: chunks read */
     if (r->claims) {
-        uint64_t k = r->redo ? r->redo - 1 : gc_p2p__claim(r);
+        uint64_t k, last = 0;
+        if (r->redo) {
+            k = r->redo - 1;
+            last = k + 1;
+        } else {
+            k = gc_p2p__claim_read(r, gc_p2p__helping(p->chan, 1), &last);
+        }
         r->redo = 0;
         if (k >= r->nchunks) {
             gc_p2p__req_unlink(&e->copy_head, &e->copy_tail, r);
@@ -517,7 +553,8 @@ static int gc_p2p__copy(gc_p2p *e)
             return 1;
         }
         at = k * r->chunk;
-        n = r->len - at < r->chunk ? r->len - at : r->chunk;
+        n = (last * r->chunk < r->len ? last * r->chunk : r->len) - at;
+        got = last - k;
     } else if (n > GC_P2P_CMA_CHUNK) {
         n = GC_P2P_CMA_CHUNK;  /* the next piece at the next pass: frames keep moving meanwhile */
     }
@@ -535,7 +572,7 @@ static int gc_p2p__copy(gc_p2p *e)
         return 1;
     }
     e->bytes_read += n;
-    if (r->claims ? ++r->chunks_in < r->nchunks : (r->copied += n) < r->len)
+    if (r->claims ? (r->chunks_in += got) < r->nchunks : (r->copied += n) < r->len)
         return 1;
     gc_p2p__req_unlink(&e->copy_head, &e->copy_tail, r);
     gc_p2p__copied(e, r);
@@ -561,7 +598,7 @@ static int gc_p2p__help(gc_p2p *e)
     gc_p2p_peer *p = &e->peers[peer];
     uint64_t wrote = 0, failed = 0;
     while (!p->help_off) {
-        uint64_t k = gc_p2p__claim(r);
+        uint64_t k = gc_p2p__claim_write(r);
         if (k >= r->nchunks)
             break;
         uint64_t at = k * r->chunk, n = r->len - at < r->chunk ? r->len - at : r->chunk;
@@ -600,10 +637,10 @@ static void gc_p2p__slot_free(gc_p2p_peer *p, gc_p2p_req *s)
 static int gc_p2p__offer_share(gc_p2p *e, gc_p2p_peer *p, gc_p2p_req *s)
 {
     gc_chan *c = p->chan;
-    if (!e->share || !p->cma || p->pid <= 0 || p->help_off || !c || !c->pair_words[0]
+    if (!e->share || !p->cma || p->pid <= 0 || p->help_off || !c || !c->pair_words[0] || c->pair_nwords < 2
         || s->len < 2 * (uint64_t)GC_P2P_SHARE_CHUNK)
         return 0;
-    unsigned nwords = c->pair_nwords < 128 ? c->pair_nwords : 128;
+    unsigned nwords = c->pair_nwords - 1 < 128 ? c->pair_nwords - 1 : 128;   /* the last: helping */
     for (unsigned i = 0; i < nwords; i++) {
         if (p->slots_used[i / 64] & (1ull << (i % 64)))
             continue;
@@ -944,7 +981,16 @@ static int gc_p2p__progress(gc_p2p *e)
 static int gc_p2p__advance(gc_p2p *e)
 {
     int moved = gc_p2p__progress(e);
-    if (gc_p2p__copy(e) || gc_p2p__help(e)) {
+    int free_to_help = e->share && !e->copy_head && !e->posted_head;
+    if (free_to_help != e->free_to_help) {   /* tell the peers whose receivers read: stride or chunk */
+        e->free_to_help = free_to_help;
+        for (int i = 0; i < e->n; i++) {
+            gc_chan *c = e->peers[i].chan;
+            if (c && c->pair_words[0] && c->pair_nwords >= 2 && !e->peers[i].lost)
+                __atomic_store_n(gc_p2p__helping(c, 0), (uint64_t)free_to_help, __ATOMIC_RELAXED);
+        }
+    }
+    if (gc_p2p__copy(e) || (free_to_help && gc_p2p__help(e))) {
         moved = 1;
         e->progress_count++;
     }
