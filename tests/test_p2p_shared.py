@@ -58,7 +58,10 @@ def test_a_peer_that_dies_mid_copy_fails_the_survivor_naming_it(gpurun_job, mode
     peer, promptly."""
     survivor = 1 if mode == "sender-dies" else 0
     job = run(gpurun_job, mode, timeout="30")
-    got = job.json_lines()[survivor]
+    res = job.json_lines()
+    if mode == "sender-dies":
+        assert res[1]["partly"] is True, res  # the copy was under way, not finished
+    got = res[survivor]
     assert got["error"] is not None and got["error"]["type"] == "LostPeerError", job.describe()
     assert f"rank {1 - survivor}" in got["error"]["message"], got
     assert got["seconds"] < 10, got

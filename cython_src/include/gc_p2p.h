@@ -33,11 +33,13 @@
  * cores copy one message together. The sender takes a free claims word of the pair's shared
  * memory (gc_chan.pair_words: the shm segment's first page), zeroes it and names it in the RTS
  * (flag SHARE, status = the word). The matched receiver answers DEST with its destination and
- * reads chunks (GC_P2P_SHARE_CHUNK and up, at most about GC_P2P_SHARE_CHUNKS of them) one per
- * pass, each claimed by an atomic increment of the word; the sender, in its waits, tests and
- * probes and only when it has no rendezvous of its own to read, claims chunks from the same
- * word and writes them with process_vm_writev until none is left, then sends DONE with how many
- * it wrote. A side that is busy elsewhere claims nothing, so the other copies alone (a sender
+ * reads chunks (GC_P2P_SHARE_CHUNK and up, at most about GC_P2P_SHARE_CHUNKS of them), one read
+ * per pass, claimed by an atomic add to the word; the sender, in its waits, tests and probes and
+ * only when it has no receive of its own to read or to match, claims chunks from the same word
+ * and writes them with process_vm_writev until none is left, then sends DONE with how many it
+ * wrote. Each side publishes in the last word of its half whether it is free to help so: while
+ * the sender is, or has claimed a chunk, the receiver claims one chunk at a time; while it is
+ * not (both directions at once), as many as one read takes (the cost of a copy alone). A side that is busy elsewhere claims nothing, so the other copies alone (a sender
  * that never waits costs the receiver nothing). The receive completes once its own chunks and
  * the sender's are in, and only then answers ACK: the sender's buffer and its claims word stay
  * until the ACK (or a CTS, after which the receiver claims nothing). A sender that cannot write
@@ -974,10 +976,11 @@ static int gc_p2p__progress(gc_p2p *e)
     return moved;
 }
 
-/* A progress pass, then the next piece of a matched rendezvous, or, with none to read, help
- * with a send (waits, tests and probes: the calls that post only make the progress pass). A
- * rank's own receives come first: when both ranks have theirs to read (both directions at
- * once), both cores are busy already and helping would only add frames. 1 when something moved. */
+/* A progress pass, then the next piece of a matched rendezvous, or, with no receive to read or
+ * to match, help with a send (waits, tests and probes: the calls that post only make the
+ * progress pass). A rank's own receives come first: when both ranks have theirs (both
+ * directions at once), both cores are busy already and helping would only add reads. The
+ * pairs' helping words follow this rank's state. 1 when something moved. */
 static int gc_p2p__advance(gc_p2p *e)
 {
     int moved = gc_p2p__progress(e);
