@@ -35,7 +35,7 @@
  * (flag SHARE, status = the word). The matched receiver answers DEST with its destination and
  * reads chunks (GC_P2P_SHARE_CHUNK and up, at most about GC_P2P_SHARE_CHUNKS of them), one read
  * per pass, claimed by an atomic add to the word; the sender, in its waits, tests and probes and
- * only when it has no receive of its own to read or to match, claims chunks from the same word
+ * only when it has no matched receive of its own to read, claims chunks from the same word
  * and writes them with process_vm_writev until none is left, then sends DONE with how many it
  * wrote. Each side publishes in the last word of its half whether it is free to help so: while
  * the sender is, or has claimed a chunk, the receiver claims one chunk at a time; while it is
@@ -400,7 +400,7 @@ static int gc_p2p__target(gc_p2p *e, gc_p2p_req *r, const gc_p2p_hdr *h, char **
 static void gc_p2p__ask_data(gc_p2p *e, gc_p2p_req *r, int peer);
 
 /* The last of a side's pair words says whether that side is free to help with its sends now
- * (1: it waits with no receive of its own to read or to match); the others are claims words. */
+ * (1: it waits with no matched receive of its own to read); the others are claims words. */
 static inline uint64_t *gc_p2p__helping(gc_chan *c, int side)
 {
     return &c->pair_words[side][c->pair_nwords - 1];
@@ -976,15 +976,15 @@ static int gc_p2p__progress(gc_p2p *e)
     return moved;
 }
 
-/* A progress pass, then the next piece of a matched rendezvous, or, with no receive to read or
- * to match, help with a send (waits, tests and probes: the calls that post only make the
- * progress pass). A rank's own receives come first: when both ranks have theirs (both
+/* A progress pass, then the next piece of a matched rendezvous, or, with none to read (a posted
+ * receive whose message has not come is no work yet), help with a send (waits, tests and
+ * probes: the calls that post only make the progress pass). A rank's own receives come first: when both ranks have theirs (both
  * directions at once), both cores are busy already and helping would only add reads. The
  * pairs' helping words follow this rank's state. 1 when something moved. */
 static int gc_p2p__advance(gc_p2p *e)
 {
     int moved = gc_p2p__progress(e);
-    int free_to_help = e->share && !e->copy_head && !e->posted_head;
+    int free_to_help = e->share && !e->copy_head;
     if (free_to_help != e->free_to_help) {   /* tell the peers whose receivers read: stride or chunk */
         e->free_to_help = free_to_help;
         for (int i = 0; i < e->n; i++) {
