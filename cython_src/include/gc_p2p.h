@@ -39,8 +39,9 @@
  * and writes them with process_vm_writev until none is left, then sends DONE with how many it
  * wrote. Each side publishes in the last word of its half whether it is free to help so: while
  * the sender is, or has claimed a chunk, the receiver claims one chunk at a time; while it is
- * not (both directions at once), as many as one read takes (the cost of a copy alone). A side that is busy elsewhere claims nothing, so the other copies alone (a sender
- * that never waits costs the receiver nothing). The receive completes once its own chunks and
+ * not (both directions at once), as many as one read takes (the cost of a copy alone). A side
+ * that is busy elsewhere claims nothing, so the other copies alone (a sender that never waits
+ * costs the receiver nothing). The receive completes once its own chunks and
  * the sender's are in, and only then answers ACK: the sender's buffer and its claims word stay
  * until the ACK (or a CTS, after which the receiver claims nothing). A sender that cannot write
  * there (EPERM) says which chunk it claimed in DONE and helps that peer no more: the receiver
