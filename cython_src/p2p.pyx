@@ -45,6 +45,8 @@ cdef extern from "gc_p2p.h" nogil:
     gc_p2p *gc_p2p_create(int me, int n, uint64_t max_message)
     void gc_p2p_set_peer(gc_p2p *e, int peer, int pid, int cma, int eager_max)
     void gc_p2p_set_channel(gc_p2p *e, int peer, gc_chan *chan)
+    void gc_p2p_set_share(gc_p2p *e, int on)
+    void gc_p2p_copied(gc_p2p *e, uint64_t *read, uint64_t *written)
     int gc_p2p_has_channel(gc_p2p *e, int peer)
     gc_p2p_req *gc_p2p_isend(gc_p2p *e, uint64_t comm, int dest, int32_t tag, const char *buf,
                              uint64_t len, uint32_t flags)
@@ -240,6 +242,18 @@ cdef class Engine:
 
     def has_channel(self, int peer):
         return gc_p2p_has_channel(self.e, peer) != 0
+
+    def set_share(self, bint on):
+        """on: the sender of a large message within a host copies chunks of it too."""
+        with nogil:
+            gc_p2p_set_share(self.e, on)
+
+    def copied(self):
+        """(bytes read from senders' memory, bytes written into receivers'), rendezvous only."""
+        cdef uint64_t read = 0, written = 0
+        with nogil:
+            gc_p2p_copied(self.e, &read, &written)
+        return read, written
 
     def isend(self, uint64_t comm, int dest, int32_t tag, buf, uint32_t flags=0):
         cdef Py_buffer view

@@ -181,6 +181,10 @@ RMA_DIRECT = declare("GPUCOLL_RMA_DIRECT", "bool", True,
                      "One-sided operations (MPI.Win) between processes of one host read and write the target's "
                      "memory directly (process_vm_readv/writev, record locks); 0: through the target's "
                      "service thread, as between hosts.")
+P2P_SHARED_COPY = declare("GPUCOLL_P2P_SHARED_COPY", "bool", True,
+                          "Within a host, the sender of a large point-to-point message writes chunks of it "
+                          "into the receiver's memory (process_vm_writev) while the receiver reads the others; "
+                          "0: the receiver copies alone.")
 IB_DISABLE = declare("GPUCOLL_IB_DISABLE", "bool", False, "Do not use RDMA verbs devices; use sockets.")
 SOCKET_IFNAME = declare("GPUCOLL_SOCKET_IFNAME", "str", None,
                         "Interfaces for sockets: prefixes separated by commas, ^ to exclude, = for an exact name. "

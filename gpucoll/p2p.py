@@ -99,6 +99,7 @@ class Engine:
 
         self.ctx = ctx
         self.native = _native().Engine(ctx.rank, ctx.size, MAX_MESSAGE)
+        self.native.set_share(config.P2P_SHARED_COPY.get())
         self.links = Links(ctx, self.native)
         self._told = set()  # lost peers whose reason was logged
 

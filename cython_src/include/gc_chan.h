@@ -35,6 +35,12 @@ struct gc_chan {
      * of the same len bytes (dst and len advanced by what it returned) until they are all
      * in, and calls nothing else that reads meanwhile. */
     ssize_t (*recv_direct)(gc_chan *c, void *dst, size_t len);
+    /* Optional (NULL where the transport has none): words both processes of the pair map
+     * (shared memory), pair_nwords of them on each side: pair_words[0] belongs to the messages
+     * this side sends, pair_words[1] to the peer's. Point to point keeps the chunk claims of
+     * its rendezvous copies there (gc_p2p.h). */
+    uint64_t *pair_words[2];
+    unsigned pair_nwords;
 };
 
 /* Every message a step sends is padded to a multiple of GC_CHAN_ALIGN bytes, and every

@@ -10,6 +10,9 @@
  *   CTS    id                  receiver -> sender: "send the bytes of send id now"
  *   DATA   id, nbytes + the bytes of the rendezvous send id
  *   ACK    id, status          receiver -> sender: send id is matched and its bytes are taken
+ *   DEST   id, addr            receiver -> sender: the bytes of send id go to addr (a shared copy)
+ *   DONE   id, status, addr    sender -> receiver: it wrote status chunks of send id; addr: 0, or
+ *                              1 + a chunk it claimed but could not write
  *
  * Matching (MPI's rules). A receive names (communicator key, source or ANY, tag or ANY; ANY_TAG
  * matches tags >= 0 only: negative tags are gpucoll's own). An arriving EAGER or RTS header is
@@ -21,10 +24,28 @@
  * Protocols. EAGER sends complete once their bytes are in the channel (a synchronous send, flag
  * SYNC, once the receiver's ACK says it matched). A large send goes as RTS with the address of its
  * bytes; the receiver, once matched, copies them straight from the sender's memory with
- * process_vm_readv (cross-memory attach: one copy, no help from the sender; in its next waits,
- * tests or probes, oldest match first) and answers ACK; where
- * that is not possible (another host, no permission) it answers CTS and the sender streams DATA,
- * pipelined through the channel. Messages to oneself are matched at once (a copy).
+ * process_vm_readv (cross-memory attach: one copy; in its next waits, tests or probes, oldest
+ * match first) and answers ACK once every byte is in; where that is not possible (another host,
+ * no permission) it answers CTS and the sender streams DATA, pipelined through the channel.
+ * Messages to oneself are matched at once (a copy).
+ *
+ * Shared copy (within a host, a message of two chunks or more, GPUCOLL_P2P_SHARED_COPY). The two
+ * cores copy one message together. The sender takes a free claims word of the pair's shared
+ * memory (gc_chan.pair_words: the shm segment's first page), zeroes it and names it in the RTS
+ * (flag SHARE, status = the word). The matched receiver answers DEST with its destination and
+ * reads chunks (GC_P2P_SHARE_CHUNK and up, at most about GC_P2P_SHARE_CHUNKS of them), one read
+ * per pass, claimed by an atomic add to the word; the sender, in its waits, tests and probes and
+ * only when it has no matched receive of its own to read, claims chunks from the same word
+ * and writes them with process_vm_writev until none is left, then sends DONE with how many it
+ * wrote. Each side publishes in the last word of its half whether it is free to help so: while
+ * the sender is, or has claimed a chunk, the receiver claims one chunk at a time; while it is
+ * not (both directions at once), as many as one read takes (the cost of a copy alone). A side
+ * that is busy elsewhere claims nothing, so the other copies alone (a sender that never waits
+ * costs the receiver nothing). The receive completes once its own chunks and
+ * the sender's are in, and only then answers ACK: the sender's buffer and its claims word stay
+ * until the ACK (or a CTS, after which the receiver claims nothing). A sender that cannot write
+ * there (EPERM) says which chunk it claimed in DONE and helps that peer no more: the receiver
+ * reads that chunk itself. A receive that falls back to CTS marks every chunk claimed first.
  *
  * Progress. Nothing runs behind the caller's back: every call and every wait pushes the queued
  * frames of every peer and reads whatever arrived, under one mutex, without the GIL. Only waits,
@@ -65,13 +86,17 @@
                                                 segment) or, for a Send, a request */
 #define GC_P2P_PUSH_CHUNK  (64u << 10)      /* payload pushed in pieces the receiver copies as they come */
 #define GC_P2P_CMA_CHUNK   (256u << 20)     /* one process_vm_readv moves at most this */
+#define GC_P2P_SHARE_CHUNK (128u << 10)     /* a shared rendezvous copy goes in chunks of at least this, */
+#define GC_P2P_SHARE_CHUNKS 64u             /* doubled until a message has at most this many */
 #define GC_P2P_DIRECT_MIN  (64u << 10)      /* a payload from this size is read straight into its place
                                                 where the channel can (TCP: no copy out of its ring) */
 
-enum { GC_P2P_EAGER = 1, GC_P2P_RTS = 2, GC_P2P_CTS = 3, GC_P2P_DATA = 4, GC_P2P_ACK = 5 };
+enum { GC_P2P_EAGER = 1, GC_P2P_RTS = 2, GC_P2P_CTS = 3, GC_P2P_DATA = 4, GC_P2P_ACK = 5, GC_P2P_DEST = 6,
+       GC_P2P_DONE = 7 };
 #define GC_P2P_KIND_MASK 0xffu
 #define GC_P2P_SYNC  0x100u   /* answer the match with ACK (synchronous send) */
 #define GC_P2P_OFFER 0x200u   /* a GPU offer: delivered into its own buffer whatever the receive holds */
+#define GC_P2P_SHARE 0x400u   /* RTS: the sender copies chunks too; status: its claims word of the pair */
 
 /* Request errors beyond gc_types.h's */
 #define GC_P2P_TRUNCATED  (-20)   /* the message is larger than the receive buffer */
@@ -83,7 +108,7 @@ enum { GC_P2P_LIVE = 0, GC_P2P_GONE = 1, GC_P2P_BAD_KIND = 2, GC_P2P_BAD_SIZE = 
        GC_P2P_CHAN_ERR = 5 };
 
 enum { GC_P2P_SEND = 1, GC_P2P_RECV = 2 };
-enum { GC_W_NONE = 0, GC_W_POSTED, GC_W_OUT, GC_W_ACK, GC_W_DATA, GC_W_CLAIM, GC_W_FILL, GC_W_COPY };
+enum { GC_W_NONE = 0, GC_W_POSTED, GC_W_OUT, GC_W_ACK, GC_W_DATA, GC_W_CLAIM, GC_W_FILL, GC_W_COPY, GC_W_DONE };
 
 typedef struct {
     uint64_t comm;
@@ -116,8 +141,15 @@ struct gc_p2p_req {
     uint64_t nbytes;
     uint32_t rflags;
     void *self_msg;            /* a synchronous send to oneself: the message that waits for its match */
-    /* a matched rendezvous read from the sender's memory (GC_W_COPY) */
+    /* a matched rendezvous read from the sender's memory (GC_W_COPY); raddr: the other side's
+     * address (a send that helps: the receiver's destination) */
     uint64_t raddr, copied;
+    /* a shared copy: chunks claimed from the pair's word *claims; chunks_in: chunks known to be
+     * in (receive); redo: 1 + a chunk the sender claimed but could not write (receive) */
+    uint64_t *claims;
+    uint64_t chunk, nchunks, chunks_in, redo;
+    int slot;                  /* send: 1 + its claims word (freed at the answer), or 0 */
+    gc_p2p_req *hnext;         /* in the engine's help queue (which holds a reference) */
 };
 
 typedef struct gc_p2p_msg gc_p2p_msg;
@@ -151,7 +183,9 @@ typedef struct {
     uint64_t lost_value;       /* the announced size of a GC_P2P_BAD_SIZE frame, ... */
     gc_p2p_out *out_head, *out_tail;
     gc_p2p_req *acks;          /* sends waiting for ACK or CTS */
-    gc_p2p_req *datas;         /* receives waiting for DATA */
+    gc_p2p_req *datas;         /* receives waiting for DATA, or for the sender's DONE (GC_W_DONE) */
+    uint64_t slots_used[2];    /* claims words of pair_words[0] that sends to this peer hold */
+    int help_off;              /* 1 once writing into its memory failed: it copies alone */
     /* reading */
     unsigned char hbuf[GC_P2P_HDR_BYTES];
     size_t hgot;
@@ -173,6 +207,10 @@ typedef struct {
     gc_p2p_req *posted_head, *posted_tail;
     gc_p2p_msg *ux_head, *ux_tail;
     gc_p2p_req *copy_head, *copy_tail;   /* matched rendezvous receives whose bytes are still to be read */
+    gc_p2p_req *help_head, *help_tail;   /* sends whose receiver told where their bytes go */
+    int share;                 /* 1: senders within a host copy chunks too (a shared copy) */
+    int free_to_help;          /* as last published in each pair's helping word */
+    uint64_t bytes_read, bytes_written;  /* rendezvous bytes this process copied (tests, stats) */
     uint64_t next_id;
     uint64_t max_message;      /* an object message above this cannot be received here */
     char *frame;               /* GC_P2P_COALESCE bytes: a header and its payload pushed together */
@@ -265,18 +303,24 @@ static gc_p2p_out *gc_p2p__queue(gc_p2p *e, int peer, const gc_p2p_hdr *h, const
 static void gc_p2p__lose(gc_p2p *e, int peer, int why, uint64_t value);
 static int gc_p2p__push(gc_p2p *e, int peer);
 
-static void gc_p2p__control(gc_p2p *e, int peer, int kind, uint64_t id, int64_t status)
+static void gc_p2p__control_at(gc_p2p *e, int peer, int kind, uint64_t id, int64_t status, uint64_t addr)
 {
     gc_p2p_hdr h;
     memset(&h, 0, sizeof h);
     h.kind = (uint32_t)kind;
     h.id = id;
     h.status = status;
+    h.addr = addr;
     /* The peer may wait for this answer while this process leaves point to point (for a
      * collective, say): it goes out now, not at the next progress pass. Nowhere to say it
      * (the peer is gone) or no memory: the peer's wait fails on its own. */
     if (!e->peers[peer].lost && gc_p2p__queue(e, peer, &h, NULL, 0, NULL) && e->peers[peer].chan)
         gc_p2p__push(e, peer);
+}
+
+static void gc_p2p__control(gc_p2p *e, int peer, int kind, uint64_t id, int64_t status)
+{
+    gc_p2p__control_at(e, peer, kind, id, status, 0);
 }
 
 /* Push what the channel takes of peer's queued frames; 1 when something moved. */
@@ -356,6 +400,80 @@ static int gc_p2p__target(gc_p2p *e, gc_p2p_req *r, const gc_p2p_hdr *h, char **
 
 static void gc_p2p__ask_data(gc_p2p *e, gc_p2p_req *r, int peer);
 
+/* The last of a side's pair words says whether that side is free to help with its sends now
+ * (1: it waits with no matched receive of its own to read); the others are claims words. */
+static inline uint64_t *gc_p2p__helping(gc_chan *c, int side)
+{
+    return &c->pair_words[side][c->pair_nwords - 1];
+}
+
+/* The chunks a shared copy of nbytes goes in (both sides compute the same). */
+static void gc_p2p__chunking(gc_p2p_req *r, uint64_t nbytes)
+{
+    uint64_t c = GC_P2P_SHARE_CHUNK;
+    while (nbytes / c > GC_P2P_SHARE_CHUNKS)
+        c <<= 1;
+    r->chunk = c;
+    r->nchunks = (nbytes + c - 1) / c;
+    r->chunks_in = 0;
+    r->redo = 0;
+}
+
+/* A claims word: the low 32 bits count the chunks handed out (the next one's index), the high
+ * 32 bits the sender's claims among them. */
+#define GC_P2P_CLAIM_LOW 0xffffffffull
+#define GC_P2P_SENDER_CLAIM ((1ull << 32) + 1)
+
+/* The receiver claims the next chunks of a shared copy: one while the sender is free to help
+ * (its word *helping, kept by gc_p2p__advance) or helps already, else as many as one read takes
+ * (a sender busy with its own receives claims nothing, and then a message costs one read as when
+ * the receiver copies alone). Sets *end past the last claimed; returns the first (>= nchunks:
+ * every chunk is taken). */
+static uint64_t gc_p2p__claim_read(gc_p2p_req *r, const uint64_t *helping, uint64_t *end)
+{
+    uint64_t seen = __atomic_load_n(r->claims, __ATOMIC_ACQUIRE), m = 1;
+    if ((seen >> 32) == 0 && !__atomic_load_n(helping, __ATOMIC_RELAXED)) {
+        m = GC_P2P_CMA_CHUNK / r->chunk;
+        if (m == 0) m = 1;
+    }
+    uint64_t k = __atomic_fetch_add(r->claims, m, __ATOMIC_ACQ_REL) & GC_P2P_CLAIM_LOW;
+    *end = k + m < r->nchunks ? k + m : r->nchunks;
+    return k;
+}
+
+/* The sender claims the next chunk of a shared copy (>= nchunks: every chunk is taken). */
+static inline uint64_t gc_p2p__claim_write(gc_p2p_req *r)
+{
+    return __atomic_fetch_add(r->claims, GC_P2P_SENDER_CLAIM, __ATOMIC_ACQ_REL) & GC_P2P_CLAIM_LOW;
+}
+
+/* No chunk of this shared copy is handed out any more (the bytes come another way). */
+static inline void gc_p2p__claim_all(gc_p2p_req *r)
+{
+    if (r->claims)
+        __atomic_store_n(r->claims, GC_P2P_CLAIM_LOW >> 1, __ATOMIC_RELEASE);
+    r->claims = NULL;
+}
+
+/* Move n bytes between local memory and address remote of process pid (write: into pid's),
+ * every one of them: 0, or the errno that stopped it. */
+static int gc_p2p__cma(pid_t pid, char *local, uint64_t remote, uint64_t n, int write)
+{
+    while (n) {
+        struct iovec l = {local, (size_t)n};
+        struct iovec r = {(void *)(uintptr_t)remote, (size_t)n};
+        ssize_t k = write ? process_vm_writev(pid, &l, 1, &r, 1, 0) : process_vm_readv(pid, &l, 1, &r, 1, 0);
+        if (k > 0) {
+            local += k;
+            remote += (uint64_t)k;
+            n -= (uint64_t)k;
+        } else if (k == 0 || errno != EINTR) {
+            return k == 0 ? EFAULT : errno;
+        }
+    }
+    return 0;
+}
+
 /* A receive matched an RTS of peer: take the bytes (cross-memory attach, else ask for DATA). */
 static void gc_p2p__rendezvous(gc_p2p *e, gc_p2p_req *r, int peer, const gc_p2p_hdr *h)
 {
@@ -382,6 +500,13 @@ static void gc_p2p__rendezvous(gc_p2p *e, gc_p2p_req *r, int peer, const gc_p2p_
         r->raddr = h->addr;
         r->copied = 0;
         r->where = GC_W_COPY;
+        gc_chan *c = p->chan;
+        if ((h->kind & GC_P2P_SHARE) && c && c->pair_words[1] && (uint64_t)h->status + 1 < c->pair_nwords) {
+            /* a shared copy: tell the sender where the bytes go; both claim chunks from now on */
+            r->claims = &c->pair_words[1][h->status];
+            gc_p2p__chunking(r, h->nbytes);
+            gc_p2p__control_at(e, peer, GC_P2P_DEST, h->id, 0, (uint64_t)(uintptr_t)dst);
+        }
         gc_p2p__req_push(&e->copy_head, &e->copy_tail, r);
         return;
     }
@@ -396,43 +521,142 @@ static void gc_p2p__ask_data(gc_p2p *e, gc_p2p_req *r, int peer)
     gc_p2p__control(e, peer, GC_P2P_CTS, r->id, 0);
 }
 
+/* A rendezvous receive has every byte: the sender may let go of its buffer. */
+static void gc_p2p__copied(gc_p2p *e, gc_p2p_req *r)
+{
+    gc_p2p__control(e, r->src, GC_P2P_ACK, r->id, GC_OK);
+    gc_p2p__finish(r, GC_OK);
+}
+
 /* Read the next piece of the oldest matched rendezvous straight from its sender's memory
- * (process_vm_readv: one copy); finished, it is acknowledged. 1 when there was one. */
+ * (process_vm_readv: one copy): alone, the next GC_P2P_CMA_CHUNK bytes; in a shared copy, the
+ * next chunk nobody claimed (the sender writes the chunks it claims). Every byte in, it is
+ * acknowledged; every chunk claimed but some of the sender's not yet said to be in, it waits
+ * for the sender's DONE. 1 when there was one. */
 static int gc_p2p__copy(gc_p2p *e)
 {
     gc_p2p_req *r = e->copy_head;
     if (!r) return 0;
     int peer = r->src;
     gc_p2p_peer *p = &e->peers[peer];
-    while (r->copied < r->len) {
-        uint64_t n = r->len - r->copied;
-        if (n > GC_P2P_CMA_CHUNK) n = GC_P2P_CMA_CHUNK;
-        struct iovec local = {r->buf + r->copied, (size_t)n};
-        struct iovec remote = {(void *)(uintptr_t)(r->raddr + r->copied), (size_t)n};
-        ssize_t got = process_vm_readv(p->pid, &local, 1, &remote, 1, 0);
-        if (got > 0) {
-            r->copied += (uint64_t)got;
-            if (r->copied < r->len)
-                return 1;      /* the next piece at the next pass: frames keep moving meanwhile */
-            break;
+    uint64_t at = r->copied, n = r->len - r->copied, got = 0;   /* got: chunks read */
+    if (r->claims) {
+        uint64_t k, last = 0;
+        if (r->redo) {
+            k = r->redo - 1;
+            last = k + 1;
+        } else {
+            k = gc_p2p__claim_read(r, gc_p2p__helping(p->chan, 1), &last);
         }
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got < 0 && errno == ESRCH) {
-            gc_p2p__lose(e, peer, GC_P2P_GONE, 0);   /* fails r with the peer's other requests */
+        r->redo = 0;
+        if (k >= r->nchunks) {
+            gc_p2p__req_unlink(&e->copy_head, &e->copy_tail, r);
+            r->where = GC_W_DONE;
+            gc_p2p__req_push(&p->datas, NULL, r);
             return 1;
         }
+        at = k * r->chunk;
+        n = (last * r->chunk < r->len ? last * r->chunk : r->len) - at;
+        got = last - k;
+    } else if (n > GC_P2P_CMA_CHUNK) {
+        n = GC_P2P_CMA_CHUNK;  /* the next piece at the next pass: frames keep moving meanwhile */
+    }
+    int err = gc_p2p__cma(p->pid, r->buf + at, r->raddr + at, n, 0);
+    if (err == ESRCH) {
+        gc_p2p__lose(e, peer, GC_P2P_GONE, 0);   /* fails r with the peer's other requests */
+        return 1;
+    }
+    if (err) {
         /* EPERM (no ptrace right here), ENOSYS, EFAULT...: the bytes come through the channel */
         gc_p2p__req_unlink(&e->copy_head, &e->copy_tail, r);
         p->cma = 0;
+        gc_p2p__claim_all(r);
         gc_p2p__ask_data(e, r, peer);
         return 1;
     }
+    e->bytes_read += n;
+    if (r->claims ? (r->chunks_in += got) < r->nchunks : (r->copied += n) < r->len)
+        return 1;
     gc_p2p__req_unlink(&e->copy_head, &e->copy_tail, r);
-    gc_p2p__control(e, peer, GC_P2P_ACK, r->id, GC_OK);
-    gc_p2p__finish(r, GC_OK);
+    gc_p2p__copied(e, r);
     return 1;
 }
+
+/* Help the oldest send whose receiver said where its bytes go: claim its chunks and write them
+ * into the receiver's memory (process_vm_writev) until none is left, then say how many (DONE).
+ * The receiver claims from the same word meanwhile; a sender that is busy elsewhere claims
+ * nothing and the receiver copies alone. 1 when there was one. */
+static int gc_p2p__help(gc_p2p *e)
+{
+    gc_p2p_req *r;
+    while ((r = e->help_head) != NULL) {
+        e->help_head = r->hnext;
+        if (!e->help_head) e->help_tail = NULL;
+        if (!r->done && r->where == GC_W_ACK && r->claims)
+            break;
+        gc_p2p__unref(r);      /* answered or streamed meanwhile */
+    }
+    if (!r) return 0;
+    int peer = r->peer;
+    gc_p2p_peer *p = &e->peers[peer];
+    uint64_t wrote = 0, failed = 0;
+    while (!p->help_off) {
+        uint64_t k = gc_p2p__claim_write(r);
+        if (k >= r->nchunks)
+            break;
+        uint64_t at = k * r->chunk, n = r->len - at < r->chunk ? r->len - at : r->chunk;
+        int err = gc_p2p__cma(p->pid, r->buf + at, r->raddr + at, n, 1);
+        if (err == ESRCH) {
+            gc_p2p__lose(e, peer, GC_P2P_GONE, 0);
+            gc_p2p__unref(r);
+            return 1;
+        }
+        if (err) {             /* no right to write there: the receiver reads this chunk too */
+            p->help_off = 1;
+            failed = k + 1;
+            break;
+        }
+        wrote++;
+        e->bytes_written += n;
+    }
+    if (wrote || failed)
+        gc_p2p__control_at(e, peer, GC_P2P_DONE, r->id, (int64_t)wrote, failed);
+    gc_p2p__unref(r);
+    return 1;
+}
+
+/* A send no longer needs its claims word. */
+static void gc_p2p__slot_free(gc_p2p_peer *p, gc_p2p_req *s)
+{
+    if (s->slot) {
+        p->slots_used[(s->slot - 1) / 64] &= ~(1ull << ((s->slot - 1) % 64));
+        s->slot = 0;
+        s->claims = NULL;
+    }
+}
+
+/* A large send to peer offers a shared copy where the pair shares memory and a claims word is
+ * free: takes the word (zeroed) and sets the send's chunking. 1 when it does. */
+static int gc_p2p__offer_share(gc_p2p *e, gc_p2p_peer *p, gc_p2p_req *s)
+{
+    gc_chan *c = p->chan;
+    if (!e->share || !p->cma || p->pid <= 0 || p->help_off || !c || !c->pair_words[0] || c->pair_nwords < 2
+        || s->len < 2 * (uint64_t)GC_P2P_SHARE_CHUNK)
+        return 0;
+    unsigned nwords = c->pair_nwords - 1 < 128 ? c->pair_nwords - 1 : 128;   /* the last: helping */
+    for (unsigned i = 0; i < nwords; i++) {
+        if (p->slots_used[i / 64] & (1ull << (i % 64)))
+            continue;
+        p->slots_used[i / 64] |= 1ull << (i % 64);
+        s->slot = (int)i + 1;
+        s->claims = &c->pair_words[0][i];
+        __atomic_store_n(s->claims, 0, __ATOMIC_RELEASE);   /* before the RTS that names it */
+        gc_p2p__chunking(s, s->len);
+        return 1;
+    }
+    return 0;                  /* every word in use: the receiver copies this one alone */
+}
+
 /* Deliver an unexpected message to the receive that matched it (the message is unlinked). */
 static void gc_p2p__take(gc_p2p *e, gc_p2p_req *r, gc_p2p_msg *m)
 {
@@ -556,6 +780,7 @@ static int gc_p2p__arrive(gc_p2p *e, int peer, const gc_p2p_hdr *h)
         if (!s)
             return -1;
         gc_p2p__req_unlink(&p->acks, NULL, s);
+        gc_p2p__slot_free(p, s);  /* the receiver claims no more chunks: DATA brings them all */
         gc_p2p_hdr d;
         memset(&d, 0, sizeof d);
         d.kind = GC_P2P_DATA;
@@ -570,6 +795,10 @@ static int gc_p2p__arrive(gc_p2p *e, int peer, const gc_p2p_hdr *h)
         gc_p2p_req *r = gc_p2p__named(e, peer, p->datas, h->id);
         if (!r)
             return -1;
+        if (r->where != GC_W_DATA) {
+            gc_p2p__lose(e, peer, GC_P2P_BAD_ID, h->id);
+            return -1;
+        }
         if (h->nbytes != r->len) {
             gc_p2p__lose(e, peer, GC_P2P_BAD_SIZE, h->nbytes);
             return -1;
@@ -588,7 +817,48 @@ static int gc_p2p__arrive(gc_p2p *e, int peer, const gc_p2p_hdr *h)
         if (!s)
             return -1;
         gc_p2p__req_unlink(&p->acks, NULL, s);
+        gc_p2p__slot_free(p, s);
         gc_p2p__finish(s, GC_OK);  /* a truncated receive raises on its own side; the send is done */
+        return 0;
+    }
+    if (kind == GC_P2P_DEST) {     /* a shared copy: the receiver's bytes go to h->addr */
+        gc_p2p_req *s = gc_p2p__named(e, peer, p->acks, h->id);
+        if (!s)
+            return -1;
+        if (!s->slot) {
+            gc_p2p__lose(e, peer, GC_P2P_BAD_ID, h->id);
+            return -1;
+        }
+        s->raddr = h->addr;
+        s->refs++;             /* the help queue's */
+        s->hnext = NULL;
+        if (e->help_tail) e->help_tail->hnext = s; else e->help_head = s;
+        e->help_tail = s;
+        return 0;
+    }
+    if (kind == GC_P2P_DONE) {     /* the sender wrote h->status chunks; h->addr: 1 + one it could not */
+        gc_p2p_req *r = p->datas;
+        while (r && r->id != h->id) r = r->next;
+        if (!r)
+            for (r = e->copy_head; r && !(r->src == peer && r->id == h->id); r = r->next) {}
+        if (r && r->where == GC_W_DATA)
+            return 0;          /* it fell back to DATA, which brings every byte */
+        if (!r || !r->claims || (uint64_t)h->status > r->nchunks - r->chunks_in || h->addr > r->nchunks) {
+            gc_p2p__lose(e, peer, r ? GC_P2P_BAD_SIZE : GC_P2P_BAD_ID, r ? (uint64_t)h->status : h->id);
+            return -1;
+        }
+        r->chunks_in += (uint64_t)h->status;
+        if (h->addr) r->redo = h->addr;
+        int waiting = r->where == GC_W_DONE;
+        if (r->chunks_in == r->nchunks) {
+            if (waiting) gc_p2p__req_unlink(&p->datas, NULL, r);
+            else gc_p2p__req_unlink(&e->copy_head, &e->copy_tail, r);
+            gc_p2p__copied(e, r);
+        } else if (waiting && r->redo) {   /* a chunk left to this side after all */
+            gc_p2p__req_unlink(&p->datas, NULL, r);
+            r->where = GC_W_COPY;
+            gc_p2p__req_push(&e->copy_head, &e->copy_tail, r);
+        }
         return 0;
     }
     gc_p2p__lose(e, peer, GC_P2P_BAD_KIND, h->kind);
@@ -707,12 +977,24 @@ static int gc_p2p__progress(gc_p2p *e)
     return moved;
 }
 
-/* A progress pass, then the next piece of a matched rendezvous (waits, tests and probes: the
- * calls that post only make the progress pass). 1 when something moved. */
+/* A progress pass, then the next piece of a matched rendezvous, or, with none to read (a posted
+ * receive whose message has not come is no work yet), help with a send (waits, tests and
+ * probes: the calls that post only make the progress pass). A rank's own receives come first: when both ranks have theirs (both
+ * directions at once), both cores are busy already and helping would only add reads. The
+ * pairs' helping words follow this rank's state. 1 when something moved. */
 static int gc_p2p__advance(gc_p2p *e)
 {
     int moved = gc_p2p__progress(e);
-    if (gc_p2p__copy(e)) {
+    int free_to_help = e->share && !e->copy_head;
+    if (free_to_help != e->free_to_help) {   /* tell the peers whose receivers read: stride or chunk */
+        e->free_to_help = free_to_help;
+        for (int i = 0; i < e->n; i++) {
+            gc_chan *c = e->peers[i].chan;
+            if (c && c->pair_words[0] && c->pair_nwords >= 2 && !e->peers[i].lost)
+                __atomic_store_n(gc_p2p__helping(c, 0), (uint64_t)free_to_help, __ATOMIC_RELAXED);
+        }
+    }
+    if (gc_p2p__copy(e) || (free_to_help && gc_p2p__help(e))) {
         moved = 1;
         e->progress_count++;
     }
@@ -744,12 +1026,14 @@ static void gc_p2p__lose(gc_p2p *e, int peer, int why, uint64_t value)
     while (p->datas) {
         gc_p2p_req *r = p->datas;
         gc_p2p__req_unlink(&p->datas, NULL, r);
+        gc_p2p__claim_all(r);  /* a peer that broke the format but lives writes no more chunks */
         gc_p2p__finish(r, GC_ERR_PEER);
     }
     for (gc_p2p_req *r = e->copy_head, *next; r; r = next) {
         next = r->next;
         if (r->src == peer) {
             gc_p2p__req_unlink(&e->copy_head, &e->copy_tail, r);
+            gc_p2p__claim_all(r);
             gc_p2p__finish(r, GC_ERR_PEER);
         }
     }
@@ -809,6 +1093,7 @@ static gc_p2p *gc_p2p_create(int me, int n, uint64_t max_message)
     e->n = n;
     e->next_id = 1;
     e->max_message = max_message;
+    e->share = 1;
     return e;
 }
 
@@ -819,6 +1104,23 @@ static void gc_p2p_set_peer(gc_p2p *e, int peer, pid_t pid, int cma, int eager_m
     e->peers[peer].pid = pid;
     e->peers[peer].cma = cma;
     e->peers[peer].eager_max = eager_max;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* on: large messages within a host are copied by both sides (a shared copy); off: by the receiver. */
+static void gc_p2p_set_share(gc_p2p *e, int on)
+{
+    pthread_mutex_lock(&e->mu);
+    e->share = on;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Rendezvous bytes this process read from its senders' memory and wrote into its receivers'. */
+static void gc_p2p_copied(gc_p2p *e, uint64_t *read, uint64_t *written)
+{
+    pthread_mutex_lock(&e->mu);
+    *read = e->bytes_read;
+    *written = e->bytes_written;
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -919,10 +1221,15 @@ static gc_p2p_req *gc_p2p_isend(gc_p2p *e, uint64_t comm, int dest, int32_t tag,
     } else {
         h.kind = GC_P2P_RTS | (flags & GC_P2P_SYNC);
         h.addr = (uint64_t)(uintptr_t)buf;
+        if (gc_p2p__offer_share(e, p, r)) {
+            h.kind |= GC_P2P_SHARE;
+            h.status = r->slot - 1;
+        }
         r->where = GC_W_ACK;
         gc_p2p__req_push(&p->acks, NULL, r);
         if (!gc_p2p__queue(e, dest, &h, NULL, 0, NULL)) {
             gc_p2p__req_unlink(&p->acks, NULL, r);
+            gc_p2p__slot_free(p, r);
             gc_p2p__finish(r, GC_ERR_NOMEM);
         }
     }

@@ -9,6 +9,8 @@
  *   ring r control   head (written by the producer) and tail (written by the consumer), each a
  *                    free-running 64-bit byte counter on its own 128-byte block (two lines:
  *                    the adjacent-line prefetcher would otherwise make them share)
+ *   [2048, 4096)      the pair's shared words (gc_chan.pair_words): GC_SHM_PAIR_WORDS 64-bit
+ *                    words per side, side 0's first (zero when fresh)
  *   [4096, +cap)     ring 0 data, then ring 1 data (cap is a multiple of 4096, so of GC_CHAN_ALIGN)
  *
  * Ordering: the producer copies bytes in, then publishes head with a release store; the
@@ -85,6 +87,12 @@ typedef struct {
 
 /* control blocks live right after the header fields, inside the first page */
 #define GC_SHM_CTL_OFFSET 256u
+/* the pair's shared words (gc_chan.pair_words) fill the rest of the first page */
+#define GC_SHM_PAIR_OFFSET 2048u
+#define GC_SHM_PAIR_WORDS  128u
+_Static_assert(GC_SHM_CTL_OFFSET + 2 * sizeof(gc_shm_ring_ctl) <= GC_SHM_PAIR_OFFSET
+               && GC_SHM_PAIR_OFFSET + 2 * GC_SHM_PAIR_WORDS * 8 <= GC_SHM_HDR_BYTES,
+               "the first page holds the header, the ring controls and the pair's words");
 
 typedef struct gc_shmchan {
     gc_chan chan;            /* first, so &ch->chan and ch convert both ways */
@@ -202,6 +210,10 @@ static gc_shmchan *gc__shmchan_wire(unsigned char *base, size_t map_bytes, int s
     ch->chan.fd = -1;
     ch->chan.peer = -1;
     ch->chan.impl = ch;
+    uint64_t *words = (uint64_t *)(base + GC_SHM_PAIR_OFFSET);
+    ch->chan.pair_words[0] = words + (size_t)side * GC_SHM_PAIR_WORDS;
+    ch->chan.pair_words[1] = words + (size_t)(1 - side) * GC_SHM_PAIR_WORDS;
+    ch->chan.pair_nwords = GC_SHM_PAIR_WORDS;
     ch->owner = getpid();
     ch->hdr->pidns[side] = pidns;
     __atomic_store_n(&ch->hdr->pid[side], (int32_t)ch->owner, __ATOMIC_RELEASE);
