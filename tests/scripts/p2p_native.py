@@ -36,23 +36,12 @@ import numpy as np
 
 import gpucoll
 from gpucoll import ANY_SOURCE, ANY_TAG, Status
+from p2p_checks import error_of, pattern
 
 mode = sys.argv[1]
 comm = gpucoll.COMM_WORLD
 rank, peer = comm.rank, 1 - comm.rank
 out = {}
-
-
-def pattern(nbytes, seed):
-    return ((np.arange(nbytes, dtype=np.int64) * 7 + seed) % 251).astype(np.uint8)
-
-
-def error_of(fn):
-    try:
-        fn()
-    except Exception as exc:  # reported as its type and text
-        return {"type": type(exc).__name__, "message": str(exc)}
-    return None
 
 
 if mode == "order":

@@ -22,6 +22,7 @@ import numpy as np
 
 import gpucoll
 from gpucoll import MPI
+from p2p_checks import error_of, pattern
 
 mode = sys.argv[1]
 comm = gpucoll.COMM_WORLD
@@ -29,18 +30,6 @@ mpi = MPI.COMM_WORLD
 rank, peer = comm.rank, 1 - comm.rank
 native = comm._ctx.p2p.native
 SIZES = [256 << 10, (256 << 10) + 1, (3 << 20) + 17, (40 << 20) + 5, 8 << 20]
-
-
-def pattern(nbytes, seed):
-    return ((np.arange(nbytes, dtype=np.int64) * 7 + seed) % 251).astype(np.uint8)
-
-
-def error_of(fn):
-    try:
-        fn()
-    except Exception as exc:  # reported as its type and text
-        return {"type": type(exc).__name__, "message": str(exc)}
-    return None
 
 
 def copied():
