@@ -441,7 +441,7 @@ def test_not_a_store_is_reported():
 def test_module_runs_a_server_in_the_foreground():
     hex_secret = secrets.token_hex(16)
     env = dict(os.environ, GPUCOLL_STORE_SECRET=hex_secret)
-    command = [sys.executable, "-m", "gpucoll.bootstrap.store", "--host", HOST, "--port", "0"]
+    command = [sys.executable, "-m", "gpucoll.bootstrap.store_server", "--host", HOST, "--port", "0"]
     with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True) as proc:
         try:
             line = proc.stdout.readline()

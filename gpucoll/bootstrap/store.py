@@ -1,5 +1,5 @@
-"""The rendezvous store: a small TCP key-value store's client, a prefix wrapper, and the
-command that serves one (the server itself is store_server.py).
+"""The rendezvous store: a small TCP key-value store's client and a prefix wrapper (the
+server, and the command that serves one, are in store_server.py).
 
 The launcher (or rank 0) serves it; every rank connects with the job's secret and
 uses it to swap addresses and meet at barriers::
@@ -17,7 +17,7 @@ wire format is in store_protocol.py.
 
 Run a server in the foreground (the secret comes from GPUCOLL_STORE_SECRET)::
 
-    python -m gpucoll.bootstrap.store --host 0.0.0.0 --port 29500
+    python -m gpucoll.bootstrap.store_server --host 0.0.0.0 --port 29500
 """
 import math
 import random
@@ -448,42 +448,3 @@ class PrefixStore:
 
     def __repr__(self):
         return f"PrefixStore({self.store!r}, {self.prefix!r})"
-
-
-# ======================================================================================
-# python -m gpucoll.bootstrap.store
-# ======================================================================================
-
-def main(argv=None):
-    """Serve a store in the foreground until interrupted."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m gpucoll.bootstrap.store",
-                                     description="Serve a gpucoll rendezvous store. The secret is read "
-                                                 "from GPUCOLL_STORE_SECRET (hex).")
-    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
-    parser.add_argument("--port", type=int, default=0, help="port (default 0: a free one)")
-    parser.add_argument("--max-value-size", type=config.parse_size, default=DEFAULT_MAX_VALUE_SIZE,
-                        help="largest value accepted, e.g. 64M")
-    args = parser.parse_args(argv)
-    from .store_server import StoreServer
-
-    secret = config.STORE_SECRET.get()
-    if not secret:
-        parser.error("GPUCOLL_STORE_SECRET is not set: export the job's secret as hex, e.g. "
-                     "GPUCOLL_STORE_SECRET=$(python -c 'import secrets; print(secrets.token_hex(16))')")
-    try:
-        server = StoreServer(args.host, args.port, secret, max_value_size=args.max_value_size).start()
-    except (StoreError, ConfigError) as exc:
-        parser.exit(1, f"error: {exc}\n")
-    print(f"gpucoll store serving on {server.address}", flush=True)
-    try:
-        server.join()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.close()
-
-
-if __name__ == "__main__":
-    main()

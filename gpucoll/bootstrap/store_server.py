@@ -13,8 +13,8 @@ import math
 import socket
 import threading
 
-from .. import log
-from ..errors import StoreError
+from .. import config, log
+from ..errors import ConfigError, StoreError
 from . import store_protocol as wire
 from .store import DEFAULT_MAX_VALUE_SIZE, as_secret, format_address
 from .store_gate import Gate
@@ -484,3 +484,40 @@ _HANDLERS = {
     wire.NUM_KEYS: _Connection._num_keys,
     wire.PING: _Connection._ping,
 }
+
+
+# ======================================================================================
+# python -m gpucoll.bootstrap.store_server
+# ======================================================================================
+
+def main(argv=None):
+    """Serve a store in the foreground until interrupted."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m gpucoll.bootstrap.store_server",
+                                     description="Serve a gpucoll rendezvous store. The secret is read "
+                                                 "from GPUCOLL_STORE_SECRET (hex).")
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    parser.add_argument("--port", type=int, default=0, help="port (default 0: a free one)")
+    parser.add_argument("--max-value-size", type=config.parse_size, default=DEFAULT_MAX_VALUE_SIZE,
+                        help="largest value accepted, e.g. 64M")
+    args = parser.parse_args(argv)
+    secret = config.STORE_SECRET.get()
+    if not secret:
+        parser.error("GPUCOLL_STORE_SECRET is not set: export the job's secret as hex, e.g. "
+                     "GPUCOLL_STORE_SECRET=$(python -c 'import secrets; print(secrets.token_hex(16))')")
+    try:
+        server = StoreServer(args.host, args.port, secret, max_value_size=args.max_value_size).start()
+    except (StoreError, ConfigError) as exc:
+        parser.exit(1, f"error: {exc}\n")
+    print(f"gpucoll store serving on {server.address}", flush=True)
+    try:
+        server.join()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+
+
+if __name__ == "__main__":
+    main()
