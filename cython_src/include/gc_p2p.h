@@ -501,7 +501,7 @@ static void gc_p2p__rendezvous(gc_p2p *e, gc_p2p_req *r, int peer, const gc_p2p_
         r->copied = 0;
         r->where = GC_W_COPY;
         gc_chan *c = p->chan;
-        if ((h->kind & GC_P2P_SHARE) && c && c->pair_words[1] && (uint64_t)h->status + 1 < c->pair_nwords) {
+        if ((h->kind & GC_P2P_SHARE) && c && c->pair_words[1] && h->status >= 0 && (uint64_t)h->status + 1 < c->pair_nwords) {
             /* a shared copy: tell the sender where the bytes go; both claim chunks from now on */
             r->claims = &c->pair_words[1][h->status];
             gc_p2p__chunking(r, h->nbytes);
@@ -1311,23 +1311,29 @@ static gc_p2p_req *gc_p2p_irecv(gc_p2p *e, uint64_t comm, int source, int32_t ta
     return r;
 }
 
-/* The first arrived message of comm matching (source, tag), without taking it: 1 and its
- * source, tag, size and flags, or 0. take: a matched probe, the message is received into a
- * buffer of its own through the returned request (*out). */
-static int gc_p2p_iprobe(gc_p2p *e, uint64_t comm, int source, int32_t tag, int *src, int32_t *rtag,
-                         uint64_t *nbytes, uint32_t *flags, int take, gc_p2p_req **out)
+/* The first arrived message that (comm, source, tag) matches, in arrival order, or NULL. */
+static gc_p2p_msg *gc_p2p__first_unexpected(gc_p2p *e, uint64_t comm, int source, int32_t tag)
 {
     gc_p2p_req probe;
     memset(&probe, 0, sizeof probe);
     probe.comm = comm;
     probe.peer = source;
     probe.tag = tag;
+    gc_p2p_msg *m = e->ux_head;
+    while (m && !gc_p2p__matches(&probe, m->h.comm, m->src, m->h.tag))
+        m = m->next;
+    return m;
+}
+
+/* The first arrived message of comm matching (source, tag), without taking it: 1 and its
+ * source, tag, size and flags, or 0. take: a matched probe, the message is received into a
+ * buffer of its own through the returned request (*out). */
+static int gc_p2p_iprobe(gc_p2p *e, uint64_t comm, int source, int32_t tag, int *src, int32_t *rtag,
+                         uint64_t *nbytes, uint32_t *flags, int take, gc_p2p_req **out)
+{
     pthread_mutex_lock(&e->mu);
     gc_p2p__advance(e);       /* a polling probe moves matched rendezvous bytes too (MPI's progress) */
-    gc_p2p_msg *m = e->ux_head;
-    for (; m; m = m->next)
-        if (gc_p2p__matches(&probe, m->h.comm, m->src, m->h.tag))
-            break;
+    gc_p2p_msg *m = gc_p2p__first_unexpected(e, comm, source, tag);
     int found = m != NULL;
     if (m) {
         *src = m->src;
@@ -1355,17 +1361,9 @@ static int gc_p2p_iprobe(gc_p2p *e, uint64_t comm, int source, int32_t tag, int 
  * size of the message it announces. */
 static int64_t gc_p2p_peek(gc_p2p *e, uint64_t comm, int source, int32_t tag, char *out, uint64_t cap)
 {
-    gc_p2p_req probe;
-    memset(&probe, 0, sizeof probe);
-    probe.comm = comm;
-    probe.peer = source;
-    probe.tag = tag;
     int64_t n = -1;
     pthread_mutex_lock(&e->mu);
-    gc_p2p_msg *m = e->ux_head;
-    for (; m; m = m->next)
-        if (gc_p2p__matches(&probe, m->h.comm, m->src, m->h.tag))
-            break;
+    gc_p2p_msg *m = gc_p2p__first_unexpected(e, comm, source, tag);
     if (m && m->complete && (m->h.kind & GC_P2P_KIND_MASK) == GC_P2P_EAGER && m->h.nbytes <= cap) {
         if (m->h.nbytes)
             memcpy(out, m->data, m->h.nbytes);
