@@ -25,7 +25,7 @@ _EXPORTS = {
     "GpucollError": "errors", "ConfigError": "errors", "InvalidUsageError": "errors",
     "BootstrapError": "errors", "StoreError": "errors", "AuthenticationError": "errors",
     "TimeoutError": "errors", "LostPeerError": "errors", "MismatchError": "errors",
-    "SharedMemoryError": "errors",
+    "SharedMemoryError": "errors", "TruncationError": "errors",
 }
 
 __all__ = ["COMM_WORLD", *_EXPORTS]

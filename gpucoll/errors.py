@@ -55,6 +55,10 @@ class LostPeerError(GpucollError):
         self.ranks = tuple(ranks)
 
 
+class TruncationError(InvalidUsageError):
+    """A message is larger than the receive buffer that matched it (MPI's ERR_TRUNCATE)."""
+
+
 class MismatchError(InvalidUsageError):
     """Ranks called the same collective with different counts, dtypes, ops, roots or kinds.
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from . import config, log
 from ._native import p2p as _engine
-from .errors import GpucollError, InvalidUsageError, LostPeerError
+from .errors import GpucollError, InvalidUsageError, LostPeerError, TruncationError
 from .errors import TimeoutError as GpucollTimeout
 from .request import CompletedRequest, Request
 
@@ -36,8 +36,8 @@ OBJECT_GATHER_TAG = -1001
 OBJECT_SCATTER_TAG = -1002
 def truncated(source, tag, nbytes, capacity):
     """MPI's truncation error: the message is larger than the receive buffer."""
-    return GpucollError(f"message truncated: rank {source} sent {nbytes} bytes with tag {tag}, the receive buffer "
-                        f"holds {capacity}; pass a larger buffer")
+    return TruncationError(f"message truncated: rank {source} sent {nbytes} bytes with tag {tag}, the receive "
+                           f"buffer holds {capacity}; pass a larger buffer")
 
 
 def _memory_bytes():

@@ -7,6 +7,7 @@ import pytest
 N = 3
 UNDEFINED, PROC_NULL, ANY_TAG = -32766, -2, -1
 IDENT, CONGRUENT = 0, 1
+ERR_TRUNCATE = 16
 
 
 def digits(values):
@@ -99,6 +100,25 @@ def test_point_to_point_beyond_send_recv(results):
         assert early == (False if r == 0 else None)  # an Issend waits for the receiver's match
         assert probe == [left, 3] and mrecv == [0.0, 1.0, 2.0] and iprobe_after is False
         assert empty_object is None
+
+
+def test_plain_arrays_take_the_short_paths_and_the_rest_is_refused_as_before(results):
+    # C-contiguous arrays of basic dtypes go to the native engine as they are (ANY_SOURCE /
+    # ANY_TAG, statuses, Waitall); a Fortran-ordered one travels in memory order; read-only
+    # receive buffers, strided and byte-swapped arrays leave the short paths and get the general
+    # path's BufferError; a short receive buffer raises MPI's truncation error.
+    for r, got in results.items():
+        left = (r - 1) % N
+        into, st, packed, rst, refused = got["plain"]
+        assert into == [[10.0 * left + k for k in range(3)], [10.0 * left + k for k in range(3, 6)]]
+        assert st == [left, 21, 6] and rst == [left, 23, 6]
+        assert packed == [10 * left + k for k in (0, 3, 1, 4, 2, 5)]
+        assert refused["readonly"][0] == "BufferError" and "read-only" in refused["readonly"][2]
+        for case in ("strided recv", "strided send"):
+            assert refused[case][0] == "BufferError" and "not contiguous" in refused[case][2], refused[case]
+        assert "byte order" in refused["byte-swapped"][2]
+        name, error_class, text = refused["truncated"]
+        assert error_class == ERR_TRUNCATE and "sent 20 bytes" in text and "holds 8" in text, refused["truncated"]
 
 
 def test_error_classes(results):

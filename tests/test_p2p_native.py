@@ -33,9 +33,9 @@ def test_truncation_raises_on_the_receiver_naming_both_sizes(gpurun_job, transpo
     job = run(gpurun_job, "truncate", transport).check()
     res = job.json_lines()
     small, large = res[1]["errors"]
-    assert small["type"] == "GpucollError" and "rank 0 sent 300 bytes" in small["message"], small
+    assert small["type"] == "TruncationError" and "rank 0 sent 300 bytes" in small["message"], small
     assert "holds 100" in small["message"], small
-    assert large["type"] == "GpucollError" and f"rank 0 sent {2 << 20} bytes" in large["message"], large
+    assert large["type"] == "TruncationError" and f"rank 0 sent {2 << 20} bytes" in large["message"], large
     assert "holds 1000" in large["message"], large
     assert res[1]["next"] is True
     assert all(t < 10 for t in res[0]["send_seconds"]), res[0]  # the sender completed
@@ -178,6 +178,6 @@ def test_point_to_point_between_two_hosts(two_hosts, mode):
     if mode == "order":
         assert all(res[1]["whole"]) and res[1]["tagged"] == {"7": True, "8": True, "9": True}, res
     elif mode == "truncate":
-        assert [e["type"] for e in res[1]["errors"]] == ["GpucollError"] * 2 and res[1]["next"] is True, res
+        assert [e["type"] for e in res[1]["errors"]] == ["TruncationError"] * 2 and res[1]["next"] is True, res
     else:
         assert all(r["sendrecv"] == [True, 8 << 20] and r["small_crossed"] for r in res.values()), res

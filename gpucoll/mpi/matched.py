@@ -8,6 +8,7 @@ import pickle
 import numpy as np
 
 from ..errors import InvalidUsageError
+from ..p2p import truncated
 from ..request import CompletedRequest
 from .constants import INTEGERS as _C
 from .handle import Handle
@@ -64,8 +65,7 @@ class Message(Handle):
         msg = _m.simple(buf, False, what="Message.Recv buf")
         data = np.frombuffer(s.payload, np.uint8)
         if data.size > msg.nbytes:
-            raise InvalidUsageError(f"message truncated: rank {s.source} sent {data.size} bytes with tag {s.tag}, "
-                                    f"the receive buffer holds {msg.nbytes}", error_class=_C["ERR_TRUNCATE"])
+            raise truncated(s.source, s.tag, data.size, msg.nbytes)
         if status is not None:
             status.nbytes = data.size
         _m.Msg(msg.raw, data.size // max(msg.t.size, 1), msg.datatype).store(data) if data.size else None

@@ -43,6 +43,11 @@ def is_in_place(obj):
     return obj is None or obj is IN_PLACE
 
 
+# NumPy dtypes (native byte order) that stand for a predefined MPI datatype: arrays of these,
+# C-contiguous and given whole, are messages as they are (the point-to-point short paths).
+BASIC_DTYPES = frozenset(dt for dt in map(np.dtype, "?bBhHiIlLqQefdgFDG") if _dt.for_numpy(dt) is not None)
+
+
 # --- bytes of a buffer object ---------------------------------------------------------------
 def _is_device_pointer(ptr):
     """Whether CUDA (when this process has it) knows ptr as device memory."""

@@ -117,7 +117,8 @@ class Request:
         return getattr(state, "_value", None)
 
     def _release(self):
-        _REGISTRY.pop(id(self._s), None)
+        if _REGISTRY:  # only handles that were asked for (.handle) are registered
+            _REGISTRY.pop(id(self._s), None)
         self._s = None
 
     def _done(self):
@@ -385,7 +386,20 @@ def _status_slots(statuses, n):
     return statuses
 
 
+def _wait_together(requests):
+    """One wait in native code for a window of point-to-point requests (as gpucoll's
+    Request.Waitall): their rendezvous copies run back to back, and each handle is then
+    completed without waiting. A timeout raises as the first unfinished one's Wait would."""
+    states = [req._s for req in requests if req._active()]
+    if len(states) > 1:
+        kind = type(states[0])
+        wait_all = getattr(kind, "_wait_all", None)
+        if wait_all is not None and all(type(state) is kind for state in states):
+            wait_all(states, config.TIMEOUT.get())
+
+
 def _waitall(requests, statuses, slots=None):
+    _wait_together(requests)
     slots = _status_slots(statuses, len(requests)) if slots is None else slots
     values, first_error = [], None
     for i, req in enumerate(requests):

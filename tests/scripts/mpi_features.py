@@ -163,6 +163,35 @@ empty.Wait()
 out["p2p"] = [rep.tolist(), ibuf.tolist(), ssend_early, [pst.Get_source(), pst.Get_count(MPI.DOUBLE)], got9.tolist(),
               comm.Iprobe(left, 9), as_object]
 
+# --- plain NumPy arrays (the short paths) and what must leave them -----------------------------------------
+grid = np.arange(6, dtype="d").reshape(2, 3) + 10 * r
+into = np.zeros((2, 3), "d")
+qs = [comm.Irecv(into, MPI.ANY_SOURCE, MPI.ANY_TAG), comm.Isend(grid, right, 21)]
+sts = [MPI.Status(), MPI.Status()]
+MPI.Request.Waitall(qs, sts)
+fortran = np.asfortranarray(np.arange(6, dtype="i").reshape(2, 3) + 10 * r)  # contiguous, not C-ordered
+comm.Send(fortran, right, 23)
+packed = np.zeros(6, "i")
+rst = MPI.Status()
+comm.Recv(packed, left, 23, rst)
+readonly = np.zeros(2, "i")
+readonly.flags.writeable = False
+refused = {}
+for name, call in (("readonly", lambda: comm.Irecv(readonly, left, 25)),
+                   ("strided recv", lambda: comm.Irecv(np.zeros(8, "i")[::2], left, 25)),
+                   ("strided send", lambda: comm.Isend(np.zeros(8, "i")[::2], right, 25)),
+                   ("byte-swapped", lambda: comm.Isend(np.zeros(3, ">i4"), right, 25)),
+                   ("truncated", lambda: comm.Sendrecv(np.arange(5, dtype="i"), right, 26, recvbuf=np.zeros(2, "i"),
+                                                       source=left, recvtag=26))):
+    try:
+        call()
+        refused[name] = "no error"
+    except (MPI.Exception, BufferError, ValueError) as exc:
+        refused[name] = [type(exc).__name__, exc.Get_error_class() if isinstance(exc, MPI.Exception) else None,
+                         str(exc)]
+out["plain"] = [into.tolist(), [sts[0].Get_source(), sts[0].Get_tag(), sts[0].Get_count(MPI.DOUBLE)],
+                packed.tolist(), [rst.Get_source(), rst.Get_tag(), rst.Get_count(MPI.INT)], refused]
+
 # --- errors: MPI.Exception with error classes ---------------------------------------------------------------
 errors = {}
 for name, call, expected in (("root", lambda: comm.Bcast(np.zeros(1), root=n), MPI.ERR_ROOT),
