@@ -29,10 +29,10 @@ run() {  # name timeout [VAR=value ...] gpucoll-bench args...
   echo "== $name rc=$rc at ${SECONDS}s: ${envs[*]} gpucoll-bench -np $NP --repeats 3 -c 1 $*"
   grep -vE "^# (measuring|run |Using)" "$OUT/$name.log" | grep -v "^#  Rank" | cut -c1-200
 }
-# Eager launches, 8 B to 512 MiB; gpucoll registers the callers' buffers above
+# Eager launches, 8 B to 1 GiB; gpucoll registers the callers' buffers above
 # GPUCOLL_GPU_STAGE_MAX (64 MiB), NCCL copies through its own (cupy.cuda.nccl has no
 # ncclCommRegister): the "registered" rows.
-run allreduce 300 -o allreduce -b 8 -e 512M -f 4 -n 500 -w 50 --vs nccl
+run allreduce 300 -o allreduce -b 8 -e 1G -f 4 -n 500 -w 50 --vs nccl
 run graph 120 -o allreduce -b 8 -e 64K -f 8 -n 1000 -w 20 -G 100 --vs nccl
 # Small calls of the other kinds (eager), and groups of 100 all-reduces (comm.group() against
 # ncclGroupStart/End); CuPy's NCCL has no all-to-all: torch's (NCCL send/recv) is its peer.
@@ -40,6 +40,10 @@ for kind in allgather reduce_scatter bcast; do
   run small_$kind 120 -o $kind -b 8 -e 32K -f 4 -n 500 -w 50 --vs nccl
 done
 run small_alltoall 120 -o alltoall -b 8 -e 32K -f 4 -n 500 -w 50 --vs torch
+# The other kinds from 1 MiB up (through staging to 64 MiB, registered buffers above).
+for kind in allgather reduce_scatter bcast; do
+  run medium_$kind 180 -o $kind -b 1M -e 256M -f 4 -n 100 -w 10 --vs nccl
+done
 run group 120 -o allreduce -b 4K -e 64K -f 16 -n 1000 -w 100 --group 100 --vs nccl
 run allgather 120 -o allgather -b 1G -e 1G -n 20 -w 3 --vs nccl
 run bcast 120 -o bcast -b 1G -e 1G -n 20 -w 3 --vs nccl

@@ -23,7 +23,7 @@ from gpucoll.algorithms import selector  # noqa: E402
 
 # (collective, algorithm, bytes from, bytes to, settings that let the algorithm run at those sizes)
 RUNS = (
-    ("allreduce", "one-shot", 8, 1 << 20, {"GPUCOLL_GPU_ONESHOT_MAX": "1M"}),
+    ("allreduce", "one-shot", 8, 32 << 20, {"GPUCOLL_GPU_ONESHOT_MAX": "32M"}),
     ("allreduce", "two-shot", 64 << 10, 64 << 20, {}),
     ("allreduce", "direct", 1 << 20, 512 << 20, {"GPUCOLL_GPU_STAGE_MAX": "4K"}),
     ("allgather", "staged", 8 << 10, 64 << 20, {}),

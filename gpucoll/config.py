@@ -205,8 +205,8 @@ GPU_STAGE_MAX = declare("GPUCOLL_GPU_STAGE_MAX", "size", 64 << 20,
                         "ones register the caller's buffers with CUDA IPC and move data directly.",
                         minimum=4096)
 GPU_BLOCKS = declare("GPUCOLL_GPU_BLOCKS", "int", 0,
-                     "Most thread blocks per GPU collective kernel; 0 picks by size (up to 64 through staging, "
-                     "128 on registered buffers).",
+                     "Most thread blocks per GPU collective kernel; 0 picks by size (8 KiB per block, up to 64, "
+                     "through staging; on registered buffers up to one per SM).",
                      minimum=0)
 GPU_SHARED_IPC = declare("GPUCOLL_GPU_SHARED_IPC", "bool", False,
                          "Ranks that share a GPU still use CUDA IPC and gpucoll's kernels instead of staging "

@@ -351,14 +351,17 @@ def test_select_follows_the_model_from_latency_to_bandwidth(auto):
 
 def test_gpu_choice_is_the_nvlink_rows_of_the_table(auto):
     gpu = {"one-shot", "two-shot", "direct", "staged"}
-    # 2 ranks: one-shot to 256 KiB, two-shot through staging, registered buffers from 64 MiB.
+    # 2 ranks: one-shot wherever it can run (the same bytes on the link as two-shot, one
+    # synchronisation fewer), two-shot above a slot, registered buffers from 64 MiB.
     assert select("allreduce", 8, 2, "nvlink", available=gpu) == "one-shot"
-    assert select("allreduce", 128 << 10, 2, "nvlink", available=gpu) == "one-shot"
-    assert select("allreduce", 1 << 20, 2, "nvlink", available=gpu) == "two-shot"
+    assert select("allreduce", 1 << 20, 2, "nvlink", available=gpu) == "one-shot"
+    assert select("allreduce", 16 << 20, 2, "nvlink", available=gpu) == "one-shot"
+    assert select("allreduce", 48 << 20, 2, "nvlink", available=gpu - {"one-shot"}) == "two-shot"
     assert select("allreduce", 256 << 20, 2, "nvlink", available=gpu) == "direct"
     # More ranks: one-shot pushes to p-1 peers, so two-shot and direct take over sooner.
     steps = {p: dict((a, b) for b, a in selector.crossovers("allreduce", p, "nvlink", gpu)) for p in (2, 4, 8)}
-    assert steps[2]["two-shot"] > steps[4]["two-shot"] > steps[8]["two-shot"]
+    assert "two-shot" not in steps[2] and steps[4]["two-shot"] > steps[8]["two-shot"]
+    assert 512 << 10 < steps[4]["two-shot"] < 2 << 20 and 128 << 10 < steps[8]["two-shot"] < 512 << 10
     assert steps[2]["direct"] > steps[4]["direct"] > steps[8]["direct"]
     assert select("bcast", 1 << 30, 8, "nvlink", available=gpu) == "direct"
     assert select("gather", 1 << 30, 8, "nvlink", available=gpu) == "staged"

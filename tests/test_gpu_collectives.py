@@ -100,7 +100,8 @@ def test_gpu_disagreeing_roots_raise_on_every_rank_at_that_call(gpurun_job):
 
 @needs_gpu
 def test_gpu_debug_log_names_algorithm_and_transport(gpurun_job):
-    env = job_env(2, GPUCOLL_DEBUG="INFO", GPUCOLL_DEBUG_SUBSYS="COLL")
+    # 2 ranks take one-shot while a message fits a slot: the limit makes 1 MiB go two-shot
+    env = job_env(2, GPUCOLL_DEBUG="INFO", GPUCOLL_DEBUG_SUBSYS="COLL", GPUCOLL_GPU_ONESHOT_MAX="256K")
     job = gpurun_job(2, "gpu_log.py", env=env, timeout=120).check()
     assert all(v["sum"] == 4 for v in job.json_lines().values()), job.describe()
     text = job.stderr + job.stdout

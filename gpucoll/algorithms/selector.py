@@ -74,11 +74,14 @@ _MEMORY = dict(alpha=0.5e-6, beta=1 / 20e9)
 # are registered with CUDA IPC on each call (a host exchange of handles: a larger alpha).
 # Figures fitted to 2 x H200 (NV18), 2 ranks, float32, eager launches, 2026-11-29: one-shot
 # 6.8 us at 8 B; staged two-shot 14.1 us at 512 KiB, 18.0 us at 2 MiB, 36 us at 8 MiB; direct
-# 342 GB/s busbw at 512 MiB. One-shot's beta is not a link figure: it is set so that the 2-rank
-# crossover to two-shot stays at 256 KiB (its small-size times are bound by the host's launch
-# cost), and direct's alpha so that the staged-to-direct crossover stays at 64 MiB. 4 and 8
-# ranks follow from the steps and volume expressions until they are measured there.
-_GPU_ONESHOT = dict(alpha=6.8e-6, beta=1 / 43.7e9)
+# 342 GB/s busbw at 512 MiB; direct's alpha is set so that the staged-to-direct crossover stays
+# at 64 MiB. One-shot moves its bytes through the same slots and links as two-shot, so it has
+# two-shot's bandwidth: on 2 ranks both put the same bytes on each link, one-shot with one
+# synchronisation instead of two, so it runs as long as the message fits a staging slot; on 4
+# ranks to about 1 MiB, on 8 to about 320 KiB (one-shot pushes to p-1 peers). Those medium-size
+# rows follow from the model, not yet from a two-GPU measurement (make calibrate-gpu fits them),
+# and 4 and 8 ranks from the steps and volume expressions until they are measured there.
+_GPU_ONESHOT = dict(alpha=6.8e-6, beta=1 / 330e9)
 _GPU_STAGED = dict(alpha=6.0e-6, beta=1 / 330e9)
 _GPU_DIRECT = dict(alpha=9.6e-6, beta=1 / 342e9)
 _NV = ("nvlink",)

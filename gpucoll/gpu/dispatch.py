@@ -43,6 +43,11 @@ _STAGED_COPY = {"allgather": "ag_staged", "bcast": "bc_staged", "alltoall": "a2a
                 "scatter": "sc_staged"}
 _DIRECT_COPY = {"allgather": "ag_direct", "alltoall": "a2a_direct"}
 _REG_ROW = 8 + 2 * 72  # ok, has-send, has-recv, pad; then (IPC handle, offset) of send and recv
+# Bytes per thread block (see _grid). Through staging, 8 KiB: one 16-byte access for each of
+# 512 threads, so a 256 KiB all-reduce runs on 32 SMs, not 4 (a block's NVLink stores are in
+# flight one after another). On registered buffers, 64 KiB, up to one block per SM.
+_STAGED_BLOCK_BYTES = 8 << 10
+_DIRECT_BLOCK_BYTES = 64 << 10
 
 
 def _cdiv(a, b):
@@ -76,8 +81,9 @@ class GpuDispatcher:
         self.stats = comm.stats  # which path each call took (Communicator.stats())
         self.device = config.DEVICE.get()
         self.forced = config.ALGO.get()
-        self.maxblocks = min(config.GPU_BLOCKS.get() or 64, 256)          # kernels through staging
-        self.maxblocks_direct = min(config.GPU_BLOCKS.get() or 128, 256)  # kernels on registered buffers
+        blocks = config.GPU_BLOCKS.get()
+        self.maxblocks = min(blocks or 64, 256)                  # kernels through staging
+        self.maxblocks_direct = min(blocks, 256) if blocks else None  # None: one per SM (Team.sms)
         self.copy_engine = config.GPU_COPY.get() == "ce"
         self.verbose = log.enabled("info", "COLL")
         self._ctx = None
@@ -291,7 +297,7 @@ class GpuDispatcher:
             log.info("COLL", "allreduce #%d-#%d (%d fused) %d B %s one-shot fused via P2P/IPC", items[0][1],
                      items[-1][1], len(items), total, dtypes.name(code))
         fn = self.kernels().reduce(code)["ar_oneshot_multi"]
-        team.launcher.launch_fused(fn, max(1, min(32, _cdiv(total, 8 << 10))), 512, first, entries, self.comm.size)
+        team.launcher.launch_fused(fn, self._grid(total), 512, first, entries, self.comm.size)
         for s in others:
             self._join(first, s)
 
@@ -412,8 +418,13 @@ class GpuDispatcher:
 
         self._staging.run(call, stream, self.comm.rank, run_host)
 
-    def _grid(self, nbytes, per_block, direct=False):
-        return max(1, min(self.maxblocks_direct if direct else self.maxblocks, _cdiv(nbytes, per_block)))
+    def _grid(self, nbytes, direct=False):
+        """Thread blocks for a kernel moving nbytes per rank. Through staging a block takes
+        _STAGED_BLOCK_BYTES, so a medium message spreads over many SMs; on registered buffers
+        (large messages) every SM streams."""
+        if direct:
+            return max(1, min(self.maxblocks_direct or min(self._team.sms, 256), _cdiv(nbytes, _DIRECT_BLOCK_BYTES)))
+        return max(1, min(self.maxblocks, _cdiv(nbytes, _STAGED_BLOCK_BYTES)))
 
     def _register(self, team, send, recv):
         """Exchange the IPC handles of every rank's send and receive buffers (collective: one
@@ -522,30 +533,30 @@ class GpuDispatcher:
         if kind == "allreduce":
             fns = self.kernels().reduce(code)
             if algo == "one-shot":
-                prep = L.prepare(fns["ar_oneshot"], max(1, min(32, _cdiv(nbytes, 8 << 10))),
-                                 256 if nbytes <= (64 << 10) else 512, send, recv, count, 0, op, 0, n)
+                prep = L.prepare(fns["ar_oneshot"], self._grid(nbytes), 256 if nbytes <= (64 << 10) else 512, send,
+                                 recv, count, 0, op, 0, n)
                 prep.go(stream, seq)
                 self._remember(call, prep)
             elif algo == "direct":
-                L.launch(fns["ar_direct"], self._grid(nbytes // n, 64 << 10, True), 512, stream, send, recv, count, 0,
+                L.launch(fns["ar_direct"], self._grid(nbytes // n, True), 512, stream, send, recv, count, 0,
                          op, 0, n)
             else:
                 per = n * (slot // isz)
                 fn = fns["ar_twoshot"]
                 if count <= per:
-                    prep = L.prepare(fn, self._grid(count * isz // n, 32 << 10), 512, send, recv, count, 0, op, 0, n)
+                    prep = L.prepare(fn, self._grid(count * isz // n), 512, send, recv, count, 0, op, 0, n)
                     prep.go(stream, seq)
                     self._remember(call, prep)
                     return
                 for off in range(0, count, per):
                     c = min(per, count - off)
-                    L.launch(fn, self._grid(c * isz // n, 32 << 10), 512, stream, send + off * isz, recv + off * isz,
+                    L.launch(fn, self._grid(c * isz // n), 512, stream, send + off * isz, recv + off * isz,
                              c, 0, op, 0, n)
             return
         if kind in ("reduce_scatter", "reduce"):
             fns = self.kernels().reduce(code)
             if algo == "direct":
-                L.launch(fns["rs_direct"], self._grid(block, 64 << 10, True), 512, stream, send, recv, count, count, op,
+                L.launch(fns["rs_direct"], self._grid(block, True), 512, stream, send, recv, count, count, op,
                          0, n)
             elif kind == "reduce":
                 self._pieces(fns["red_staged"], stream, send, recv, count, isz, slot // isz, 0, op, call.root)
@@ -564,10 +575,10 @@ class GpuDispatcher:
                 pairs = [(self._peers[1][p], recv, block) for p in range(n) if p != r] if r == call.root else []
                 self._copy_engine(team, stream, pairs)
             elif kind == "bcast":
-                L.launch(fns["bc_direct"], self._grid(block // max(1, n - 1), 64 << 10, True), 512, stream, 0, recv,
+                L.launch(fns["bc_direct"], self._grid(block // max(1, n - 1), True), 512, stream, 0, recv,
                          block, 0, 0, call.root)
             else:  # allgather, alltoall: every rank writes its blocks into the peers' outputs
-                L.launch(fns[_DIRECT_COPY[kind]], self._grid(block, 64 << 10, True), 512, stream, send, recv, block,
+                L.launch(fns[_DIRECT_COPY[kind]], self._grid(block, True), 512, stream, send, recv, block,
                          block)
             return
         stride = 0 if kind == "bcast" else block
@@ -580,5 +591,5 @@ class GpuDispatcher:
         n = self.comm.size
         for off in range(0, count, per):
             c = min(per, count - off)
-            L.launch(fn, self._grid(c * isz, 64 << 10), 512, stream, send + off * isz if send else 0,
+            L.launch(fn, self._grid(c * isz), 512, stream, send + off * isz if send else 0,
                      recv + off * isz if recv else 0, c, stride, op, root, n)

@@ -45,18 +45,21 @@ class Team:
         if self.size > MAXR:
             self.ok, self.reason = False, f"more than {MAXR} ranks"
 
-        devices = comm.exchange((device, cuda.pci_bus_id(device)))
-        self.devices = [d for d, _ in devices]
+        devices = comm.exchange((device, cuda.pci_bus_id(device), self.sm_count))
+        self.devices = [d for d, _, _ in devices]
+        # Kernels on registered buffers run one block per SM; every rank must launch the same
+        # grid (block b waits for the peers' block b), so the team's smallest GPU sets it.
+        self.sms = min(sms for _, _, sms in devices)
         if self.rank == 0 and comm.local_size == comm.size:
             _warn_idle_gpus(comm.name, devices, cuda.device_count())
         if comm.local_size != comm.size:
             mine_ok, why = False, "ranks on other hosts"  # CUDA IPC stops at the host
         elif config.P2P_DISABLE.get():
             mine_ok, why = False, "GPUCOLL_P2P_DISABLE=1"
-        elif len({bus for _, bus in devices}) != self.size and not config.GPU_SHARED_IPC.get():
+        elif len({bus for _, bus, _ in devices}) != self.size and not config.GPU_SHARED_IPC.get():
             mine_ok, why = False, "several ranks share a GPU (GPUCOLL_GPU_SHARED_IPC=1 uses IPC anyway)"
         else:
-            bad = [d for d, _ in devices if d != device and not cuda.can_access_peer(device, d)]
+            bad = [d for d, _, _ in devices if d != device and not cuda.can_access_peer(device, d)]
             mine_ok, why = not bad, f"no P2P access from GPU {device} to GPU(s) {bad}"
         oneshot = config.GPU_ONESHOT_MAX.get() or 0
         stage_max = config.GPU_STAGE_MAX.get()
@@ -143,10 +146,10 @@ class Team:
 def _warn_idle_gpus(name, devices, visible):
     """Ranks on one GPU while others sit idle is what a script that never selects a device
     gets (its buffers all land on the current device, GPU 0): correct, but slow. Say it once."""
-    buses = [bus for _, bus in devices]
+    buses = [bus for _, bus, _ in devices]
     shared = len(set(buses)) < len(buses)
     if shared and len(set(buses)) < visible:
         log.warn("INIT", "communicator %s: its %d ranks put their GPU buffers on %d of this host's %d GPUs (GPUs %s), "
                  "so ranks share a GPU and others stay idle; for one GPU per rank, select it before allocating, "
                  "e.g. cupy.cuda.Device(comm.local_rank %% %d).use() or torch.cuda.set_device(...)",
-                 name, len(devices), len(set(buses)), visible, sorted({d for d, _ in devices}), visible)
+                 name, len(devices), len(set(buses)), visible, sorted({d for d, _, _ in devices}), visible)

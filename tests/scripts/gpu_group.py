@@ -84,12 +84,12 @@ def fused_equals_single():
 
 
 def mixed_group():
-    big = cp.asarray(inputs(RANK, 900, 3_000_000, np.float32))
+    big = cp.asarray(inputs(RANK, 900, 9_000_000, np.float32))
     small = cp.asarray(inputs(RANK, 901, 100, np.float32))
     other = cp.asarray(inputs(RANK, 902, 100, np.float32))
     peer_in, peer_out = cp.zeros(200_000, cp.float32), cp.asarray(inputs(RANK, 903, 200_000, np.float32))
     with comm.group():
-        comm.Allreduce(IN_PLACE, big)            # two-shot, not fused
+        comm.Allreduce(IN_PLACE, big)            # above a staging slot: two-shot, not fused
         comm.Allreduce(IN_PLACE, small)
         req = comm.Iallreduce(IN_PLACE, other)
         try:
@@ -102,7 +102,7 @@ def mixed_group():
             comm.Recv(peer_in, 1 - RANK, tag=4)
     req.Wait()
     cp.cuda.Device().synchronize()
-    check("group: large", cp.asnumpy(big), reference(900, 3_000_000, np.float32, gpucoll.SUM))
+    check("group: large", cp.asnumpy(big), reference(900, 9_000_000, np.float32, gpucoll.SUM))
     check("group: small", cp.asnumpy(small), reference(901, 100, np.float32, gpucoll.SUM))
     check("group: request", cp.asnumpy(other), reference(902, 100, np.float32, gpucoll.SUM))
     if N == 2:

@@ -1,4 +1,5 @@
-"""Two all-reduces on GPU buffers (two-shot, one-shot) for the GPUCOLL_DEBUG=INFO log test."""
+"""Two all-reduces on GPU buffers (1 MiB two-shot under GPUCOLL_GPU_ONESHOT_MAX=256K, 64 B one-shot) for the
+GPUCOLL_DEBUG=INFO log test."""
 import json
 
 import cupy as cp
