@@ -4,6 +4,7 @@
     python benchmarks/bench_p2p.py --repeats 5 --json p2p.json --max 16M
     python benchmarks/bench_p2p.py --gpu                 # also GPU rows (CuPy and 2 GPUs), NCCL beside
     python benchmarks/bench_p2p.py --hosts               # two hosts (network namespaces, root), TCP
+    python benchmarks/bench_p2p.py --api mpi             # gpucoll's side through gpucoll.MPI (mpi4py's API)
 
 Each run starts the same rank program under `gpurun -np 2` with gpucoll, then under
 `mpiexec -n 2` with mpi4py; --repeats runs alternate the two. Three tests, as OSU's:
@@ -51,6 +52,10 @@ lib, sizes, iters, tests = sys.argv[1], [int(s) for s in sys.argv[2].split(",")]
 gpu = lib.endswith("-gpu")
 if lib.startswith("mpi"):
     from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    Waitall = MPI.Request.Waitall
+elif lib == "gpucoll.MPI":  # the mpi4py-compatible module: what a script written for mpi4py runs on
+    from gpucoll import MPI
     comm = MPI.COMM_WORLD
     Waitall = MPI.Request.Waitall
 else:
@@ -272,6 +277,8 @@ def main():
     ap.add_argument("--no-bind", action="store_true", help="leave both libraries' ranks unbound (--bind-to none)")
     ap.add_argument("--hosts", action="store_true", help="one rank on each of two network-namespace hosts (root): "
                     "gpucoll's TCP channel beside Open MPI's TCP")
+    ap.add_argument("--api", choices=("native", "mpi"), default="native",
+                    help="gpucoll's side through its own API (native) or through gpucoll.MPI (mpi)")
     ap.add_argument("--json", help="write the settings, every run and the rows here")
     args = ap.parse_args()
     sizes, s = [], args.min
@@ -287,7 +294,8 @@ def main():
     if args.gpu and (args.hosts or _gpus() < 2):
         print("# --gpu: no GPU rows: they need CuPy and 2 GPUs of one host", file=sys.stderr)
         args.gpu = False
-    libs = [("gpucoll", "mpi")] + ([("gpucoll-gpu", "mpi-gpu")] if args.gpu else [])
+    mine = "gpucoll.MPI" if args.api == "mpi" else "gpucoll"
+    libs = [(mine, "mpi")] + ([("gpucoll-gpu", "mpi-gpu")] if args.gpu else [])
     runs, errors = [], []
     with tempfile.TemporaryDirectory() as tmp, _place(args.hosts) as hosts:
         prog = os.path.join(tmp, "osu.py")
@@ -313,7 +321,8 @@ def main():
     where = ("point to point between 2 hosts (network namespaces + veth, TCP)" if args.hosts
              else "host point to point, 2 ranks of one host")
     for test in args.tests.split(","):
-        rows += table(f"{where}: {names[test]}", runs, sizes, test, "gpucoll", "mpi",
+        rows += table(f"{where}{' through gpucoll.MPI' if args.api == 'mpi' else ''}: {names[test]}", runs, sizes,
+                      test, mine, "mpi",
                       "Open MPI TCP" if args.hosts else "Open MPI", args.repeats)
     if args.gpu:
         rows += table("GPU point to point, 2 GPUs: one-way time", runs, sizes, "latency", "gpucoll-gpu", "mpi-gpu",
@@ -324,6 +333,7 @@ def main():
         with open(args.json, "w") as f:
             json.dump(dict(settings=context.describe(command=" ".join(sys.argv), iters=args.iters, sizes=sizes,
                                                      tests=args.tests, repeats=args.repeats, bind=not args.no_bind,
+                                                     api=args.api,
                                                      hosts=2 if args.hosts else 1),
                            rows=rows, runs=[{k: {str(s): v for s, v in r.items()} for k, r in run_.items()}
                                             for run_ in runs]), f, indent=1)

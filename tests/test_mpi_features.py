@@ -7,7 +7,7 @@ import pytest
 N = 3
 UNDEFINED, PROC_NULL, ANY_TAG = -32766, -2, -1
 IDENT, CONGRUENT = 0, 1
-ERR_TRUNCATE = 16
+ERR_TRUNCATE = 15
 
 
 def digits(values):

@@ -66,21 +66,13 @@ def _check_tag(tag, what, wildcard=False):
                                 error_class=_C["ERR_TAG"])
 
 
-def _plain_array(buf, writable):
-    """Whether buf is a C-contiguous NumPy array of a basic datatype (most messages): it goes to
-    gpucoll's point to point as it is, without reading a message specification or unpacking."""
-    return type(buf) is np.ndarray and buf.dtype in _m.BASIC_DTYPES and buf.flags.c_contiguous and (
-        not writable or buf.flags.writeable)
-
-
-def _plain_peer(core, rank, tag, wildcard=False):
-    """Whether rank is a rank of the communicator and tag a valid tag, plain ints (ANY_SOURCE
-    and ANY_TAG too where a receive allows them): the short paths' arguments; anything else
-    takes the general path and its checks."""
-    if type(rank) is not int or type(tag) is not int:
-        return False
-    return (0 <= rank < core.size or wildcard and rank == ANY_SOURCE) and (
-        0 <= tag <= 2**31 - 1 or wildcard and tag == ANY_TAG)
+def _plain(buf, core):
+    """Whether buf may take gpucoll's point-to-point short paths as it is: a NumPy array of a
+    basic datatype (most messages), on a live communicator. The short paths take it when it is
+    C-contiguous (and writable, for a receive) and the rank and tag are plain in-range ints;
+    otherwise they decline and the general path reads the message specification and checks
+    everything."""
+    return type(buf) is np.ndarray and buf.dtype in _m.BASIC_DTYPES and not core._freed
 
 
 def issend_state(core, payload, dest, tag, what):
@@ -118,8 +110,7 @@ class PointToPoint:
     def Send(self, buf, dest, tag=0):
         """Send buf to dest (returns once the bytes are handed over: sends are eager)."""
         core = self._c("Send")
-        if _plain_array(buf, False) and _plain_peer(core, dest, tag):
-            core.Send(buf, dest, tag)
+        if _plain(buf, core) and core._group is None and core._p2p.send_array(buf, dest, tag):
             return
         dest = _as_rank(dest)
         _check_tag(tag, "Send")
@@ -129,8 +120,8 @@ class PointToPoint:
 
     def Isend(self, buf, dest, tag=0):
         core = self._c("Isend")
-        if type(buf) is np.ndarray and buf.dtype in _m.BASIC_DTYPES:
-            req = core._p2p.isend_array(buf, dest, tag)  # None: not C-contiguous, or arguments to check
+        if _plain(buf, core):
+            req = core._p2p.isend_array(buf, dest, tag)  # None: declined
             if req is not None:
                 return Request._of(req)
         dest = _as_rank(dest)
@@ -189,11 +180,11 @@ class PointToPoint:
     def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Receive into buf; status (an MPI.Status) gets the source, tag and size."""
         core = self._c("Recv")
-        if _plain_array(buf, True) and _plain_peer(core, source, tag, True):
+        if _plain(buf, core) and core._group is None:
             if status is not None:
                 reset(status)
-            core.Recv(buf, source, tag, status)
-            return
+            if core._p2p.recv_array(buf, source, tag, status):
+                return
         if source == PROC_NULL:
             _proc_null_status(status)
             return
@@ -204,8 +195,8 @@ class PointToPoint:
 
     def Irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
         core = self._c("Irecv")
-        if type(buf) is np.ndarray and buf.dtype in _m.BASIC_DTYPES:
-            req = core._p2p.irecv_array(buf, source, tag)  # None: not C-contiguous or writable, arguments to check
+        if _plain(buf, core):
+            req = core._p2p.irecv_array(buf, source, tag)  # None: declined
             if req is not None:
                 return Request._of(req)
         return Request._of(self._irecv_state(buf, source, tag, "Irecv"))
