@@ -6,7 +6,7 @@ NP ?= 4
 STAMP := $(VENV)/.installed
 SOURCES := pyproject.toml setup.py $(wildcard cython_src/*.pyx cython_src/*.pxd cython_src/include/*.h)
 
-.PHONY: install demo test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref test-mpi4py-demos bench bench-gloo bench-launch bench-multihost bench-p2p bench-p2p-hosts bench-reproduce bench-gpu calibrate-gpu clean
+.PHONY: install demo test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref test-mpi4py-demos bench bench-gloo bench-launch bench-multihost bench-p2p bench-p2p-mpi bench-p2p-hosts bench-reproduce bench-gpu calibrate-gpu clean
 
 install: $(STAMP)
 
@@ -91,6 +91,11 @@ bench-gloo: $(STAMP)
 bench-p2p: $(STAMP)
 	@mkdir -p $(BENCH_OUT)
 	$(PY) benchmarks/bench_p2p.py --repeats $(REPEATS) --json $(BENCH_OUT)/p2p.json
+
+# The same with gpucoll's side through gpucoll.MPI (what a script written for mpi4py runs on).
+bench-p2p-mpi: $(STAMP)
+	@mkdir -p $(BENCH_OUT)
+	$(PY) benchmarks/bench_p2p.py --api mpi --repeats $(REPEATS) --json $(BENCH_OUT)/p2p-mpi.json
 
 # Point to point between two network-namespace hosts (root): gpucoll's TCP channel beside Open MPI's TCP.
 bench-p2p-hosts: $(STAMP) test-deps
