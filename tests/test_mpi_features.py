@@ -102,11 +102,11 @@ def test_point_to_point_beyond_send_recv(results):
         assert empty_object is None
 
 
-def test_plain_arrays_take_the_short_paths_and_the_rest_is_refused_as_before(results):
-    # C-contiguous arrays of basic dtypes go to the native engine as they are (ANY_SOURCE /
-    # ANY_TAG, statuses, Waitall); a Fortran-ordered one travels in memory order; read-only
-    # receive buffers, strided and byte-swapped arrays leave the short paths and get the general
-    # path's BufferError; a short receive buffer raises MPI's truncation error.
+def test_point_to_point_of_plain_arrays_and_of_the_arrays_it_refuses(results):
+    # C-contiguous arrays of basic dtypes (the native short paths; their speed is make
+    # bench-p2p-mpi's): ANY_SOURCE / ANY_TAG, statuses, Waitall; a Fortran-ordered array travels
+    # in memory order; read-only receive buffers, strided and byte-swapped arrays get the general
+    # path's BufferError; a short receive buffer raises MPI's truncation error (ERR_TRUNCATE).
     for r, got in results.items():
         left = (r - 1) % N
         into, st, packed, rst, refused = got["plain"]
