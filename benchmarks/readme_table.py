@@ -4,12 +4,13 @@
     python benchmarks/readme_table.py bench-results/p2p.json
     python benchmarks/readme_table.py first/allreduce-mpi-np2.json again/allreduce-mpi-np2.json
     python benchmarks/readme_table.py --check new/p2p.json first/p2p.json again/p2p.json
+    python benchmarks/readme_table.py first/launch.json again/launch.json
 
 Several files of the same command (separate invocations) are pooled: every run of every file
 counts, so the ranges show the spread between invocations too, not only within one. --check
 asks whether a new invocation reproduces the table the others make: each row's median ratio
-in the new file against the pooled range of the others; it lists the rows outside and exits 1
-if there is one.
+(the launch table: its median seconds) in the new file against the pooled range of the others;
+it lists the rows outside and exits 1 if there is one.
 """
 import json
 import sys
@@ -81,6 +82,21 @@ def p2p_table(doc):
     return lines
 
 
+def _is_launch(doc):
+    return bool(doc["rows"]) and "launcher" in doc["rows"][0]
+
+
+def launch_table(doc):
+    """bench_launch.py's rows: seconds per launcher and rank count, median / gpurun's median."""
+    gpurun = {r["ranks"]: _median(r["runs"]) for r in doc["rows"] if r["launcher"] == "gpurun"}
+    lines = ["| launcher | ranks | seconds | time / gpurun's |", "|---|---:|---:|---:|"]
+    for r in doc["rows"]:
+        t = r["runs"]
+        lines.append(f"| {r['launcher']} | {r['ranks']} | {_span(_median(t), min(t), max(t), lambda x: f'{x:.3f}')} "
+                     f"| {_median(t) / gpurun[r['ranks']]:.2f} |")
+    return lines
+
+
 def pooled(paths):
     """The first file's document with the runs (and, for point to point, the per-run lists) of all."""
     docs = []
@@ -88,6 +104,14 @@ def pooled(paths):
         with open(path) as f:
             docs.append(json.load(f))
     doc = docs[0]
+    if _is_launch(doc):  # rows matched by launcher and rank count
+        runs = {}
+        for d in docs:
+            for r in d["rows"]:
+                runs.setdefault((r["launcher"], r["ranks"]), []).extend(r["runs"])
+        for r in doc["rows"]:
+            r["runs"] = runs[(r["launcher"], r["ranks"])]
+        return doc, [d["settings"]["date"] for d in docs]
     doc["runs"] = [run for d in docs for run in d["runs"]]
     if "peer_label" not in doc["settings"]:
         for rows in zip(*(d["rows"] for d in docs)):
@@ -97,8 +121,11 @@ def pooled(paths):
 
 
 def ratios(doc):
-    """{row label: [ratio of each run]} of a pooled document, wrong rows left out."""
+    """{row label: [ratio of each run]} of a pooled document, wrong rows left out (the launch
+    table: the seconds of each run)."""
     out = {}
+    if _is_launch(doc):
+        return {f"{r['launcher']} {r['ranks']}": r["runs"] for r in doc["rows"]}
     if "peer_label" in doc["settings"]:
         for i, row in enumerate(doc["rows"]):
             pairs = [(run["gpucoll"][i], run["peer"][i]) for run in doc["runs"]]
@@ -134,6 +161,10 @@ def main(paths):
         sys.exit(1 if check(paths[1], paths[2:]) else 0)
     doc, dates = pooled(paths)
     settings = doc["settings"]
+    if _is_launch(doc):
+        print(f"`{settings['command']}`, {', '.join(dates)} ({len(doc['rows'][0]['runs'])} runs of each)\n")
+        print("\n".join(launch_table(doc)))
+        return
     lines = collective_table(doc) if "peer_label" in settings else p2p_table(doc)
     print(f"`{settings['command']}`, {', '.join(dates)} ({len(doc['runs'])} runs), {settings['machine']['cpus']} "
           f"CPUs ({settings['machine']['processor']}), #wrong 0 on every row unless marked\n")
