@@ -451,31 +451,41 @@ class Communicator:
             return
         _wait_enqueued(req, status)
 
+    # The short paths of host point to point: a C-contiguous NumPy array of plain values, plain
+    # in-range rank and tag, a live communicator (and no open group for the blocking ones). They
+    # answer done (True, or the request) or decline (False, None): the caller then takes its
+    # general path, which checks everything. gpucoll.MPI's point to point tries them first too.
+    def _send_short(self, buf, dest, tag):
+        return type(buf) is np.ndarray and self._group is None and not self._freed \
+            and self._p2p.send_array(buf, dest, tag)
+
+    def _isend_short(self, buf, dest, tag):
+        return self._p2p.isend_array(buf, dest, tag) if type(buf) is np.ndarray and not self._freed else None
+
+    def _recv_short(self, buf, source, tag, status):
+        return type(buf) is np.ndarray and self._group is None and not self._freed \
+            and self._p2p.recv_array(buf, source, tag, status)
+
+    def _irecv_short(self, buf, source, tag):
+        return self._p2p.irecv_array(buf, source, tag) if type(buf) is np.ndarray and not self._freed else None
+
     def Send(self, buf, dest, tag=0, stream=None):
-        if stream is None and type(buf) is np.ndarray and self._group is None and not self._freed \
-                and self._p2p.send_array(buf, dest, tag):
+        if stream is None and self._send_short(buf, dest, tag):
             return
         self._send(buf, dest, tag, stream, False)
 
     def Isend(self, buf, dest, tag=0, stream=None):
-        if stream is None and type(buf) is np.ndarray and not self._freed:
-            req = self._p2p.isend_array(buf, dest, tag)
-            if req is not None:
-                return req
-        return self._send(buf, dest, tag, stream, True)
+        req = self._isend_short(buf, dest, tag) if stream is None else None
+        return req if req is not None else self._send(buf, dest, tag, stream, True)
 
     def Recv(self, buf, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG, status=None, stream=None):
-        if stream is None and type(buf) is np.ndarray and self._group is None and not self._freed \
-                and self._p2p.recv_array(buf, source, tag, status):
+        if stream is None and self._recv_short(buf, source, tag, status):
             return
         self._enqueued(self._irecv(buf, source, tag, status, stream))
 
     def Irecv(self, buf, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG, stream=None):
-        if stream is None and type(buf) is np.ndarray and not self._freed:
-            req = self._p2p.irecv_array(buf, source, tag)
-            if req is not None:
-                return req
-        return self._irecv(buf, source, tag, None, stream)
+        req = self._irecv_short(buf, source, tag) if stream is None else None
+        return req if req is not None else self._irecv(buf, source, tag, None, stream)
 
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=_p2p.ANY_SOURCE,
                  recvtag=_p2p.ANY_TAG, status=None, stream=None):

@@ -34,7 +34,7 @@ class Team:
         self.comm, self.device = comm, device
         self.rank, self.size = comm.rank, comm.size
         self.ctx = cuda.primary_context(device)
-        self.sm_count = cuda.device_attribute(device, 16)
+        sm_count = cuda.device_attribute(device, 16)
         self.arch = cuda.device_attribute(device, 75) * 10 + cuda.device_attribute(device, 76)
         self.base = 0
         self.peers_mapped = []
@@ -45,7 +45,7 @@ class Team:
         if self.size > MAXR:
             self.ok, self.reason = False, f"more than {MAXR} ranks"
 
-        devices = comm.exchange((device, cuda.pci_bus_id(device), self.sm_count))
+        devices = comm.exchange((device, cuda.pci_bus_id(device), sm_count))
         self.devices = [d for d, _, _ in devices]
         # Kernels on registered buffers run one block per SM; every rank must launch the same
         # grid (block b waits for the peers' block b), so the team's smallest GPU sets it.

@@ -66,13 +66,11 @@ def _check_tag(tag, what, wildcard=False):
                                 error_class=_C["ERR_TAG"])
 
 
-def _plain(buf, core):
-    """Whether buf may take gpucoll's point-to-point short paths as it is: a NumPy array of a
-    basic datatype (most messages), on a live communicator. The short paths take it when it is
-    C-contiguous (and writable, for a receive) and the rank and tag are plain in-range ints;
-    otherwise they decline and the general path reads the message specification and checks
-    everything."""
-    return type(buf) is np.ndarray and buf.dtype in _m.BASIC_DTYPES and not core._freed
+def _plain(buf):
+    """Whether buf is a message as it is (most messages): a NumPy array of a basic datatype,
+    for the communicator's point-to-point short paths (gpucoll/comm.py), which may still
+    decline it; then the general path reads the message specification and checks everything."""
+    return type(buf) is np.ndarray and buf.dtype in _m.BASIC_DTYPES
 
 
 def issend_state(core, payload, dest, tag, what):
@@ -110,7 +108,7 @@ class PointToPoint:
     def Send(self, buf, dest, tag=0):
         """Send buf to dest (returns once the bytes are handed over: sends are eager)."""
         core = self._c("Send")
-        if _plain(buf, core) and core._group is None and core._p2p.send_array(buf, dest, tag):
+        if _plain(buf) and core._send_short(buf, dest, tag):
             return
         dest = _as_rank(dest)
         _check_tag(tag, "Send")
@@ -120,10 +118,9 @@ class PointToPoint:
 
     def Isend(self, buf, dest, tag=0):
         core = self._c("Isend")
-        if _plain(buf, core):
-            req = core._p2p.isend_array(buf, dest, tag)  # None: declined
-            if req is not None:
-                return Request._of(req)
+        req = core._isend_short(buf, dest, tag) if _plain(buf) else None
+        if req is not None:
+            return Request._of(req)
         dest = _as_rank(dest)
         _check_tag(tag, "Isend")
         data = self._send_bytes(buf, dest, "Isend")
@@ -180,10 +177,10 @@ class PointToPoint:
     def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Receive into buf; status (an MPI.Status) gets the source, tag and size."""
         core = self._c("Recv")
-        if _plain(buf, core) and core._group is None:
+        if _plain(buf):
             if status is not None:
                 reset(status)
-            if core._p2p.recv_array(buf, source, tag, status):
+            if core._recv_short(buf, source, tag, status):
                 return
         if source == PROC_NULL:
             _proc_null_status(status)
@@ -195,10 +192,9 @@ class PointToPoint:
 
     def Irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
         core = self._c("Irecv")
-        if _plain(buf, core):
-            req = core._p2p.irecv_array(buf, source, tag)  # None: declined
-            if req is not None:
-                return Request._of(req)
+        req = core._irecv_short(buf, source, tag) if _plain(buf) else None
+        if req is not None:
+            return Request._of(req)
         return Request._of(self._irecv_state(buf, source, tag, "Irecv"))
 
     def Recv_init(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
