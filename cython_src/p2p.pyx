@@ -2,7 +2,9 @@
 """Thin binding of gc_p2p.h: the process's point-to-point engine and its requests.
 
 The policy (which channel reaches which peer, error texts, objects, communicators) lives in
-gpucoll/p2p.py; here every call only crosses into C, with the GIL released where it may wait::
+gpucoll/p2p.py; here every call only crosses into C, with the GIL released where it may wait.
+The requests the caller holds (P2PRequest) and the short paths of plain arrays (ShortPaths)
+are here too: a short call, and the wait of its request, that succeed stay in C::
 
     eng = Engine(rank, size, max_message)
     eng.set_peer(1, pid, cma=True, eager_max=16384); eng.set_channel(1, shm_channel.ptr)
@@ -17,6 +19,7 @@ from libc.string cimport strchr
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE, PyBUF_WRITABLE, PyBUF_ANY_CONTIGUOUS,
                              PyBUF_FORMAT)
 from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.long cimport PyLong_AsLongLongAndOverflow
 
 
 cdef extern from "gc_types.h" nogil:
@@ -304,51 +307,6 @@ cdef class Engine:
             n = gc_p2p_peek(self.e, comm, source, tag, at, GC_P2P_OFFER_MAX)
         return None if n < 0 else bytes(out[:n])
 
-    # The short paths of blocking and nonblocking calls on plain buffers: None when buf does not
-    # take them (the caller's general path then checks it and says what is wrong).
-    def send(self, uint64_t comm, int dest, int32_t tag, buf):
-        """Start a send: True when it is done already without error (small messages), else its Req."""
-        cdef Py_buffer view
-        cdef int sent
-        if not _plain(buf, &view, PyBUF_SIMPLE):
-            return None
-        with nogil:
-            sent = gc_p2p_send_now(self.e, comm, dest, tag, <const char *>view.buf, <uint64_t>view.len)
-        if sent:
-            PyBuffer_Release(&view)
-            return True
-        cdef Req q = _start(self, True, comm, dest, tag, &view)
-        if q.r.done and q.r.err == GC_OK:
-            return True
-        return q
-
-    def start_send(self, uint64_t comm, int dest, int32_t tag, buf):
-        cdef Py_buffer view
-        if not _plain(buf, &view, PyBUF_SIMPLE):
-            return None
-        return _start(self, True, comm, dest, tag, &view)
-
-    def start_recv(self, uint64_t comm, int source, int32_t tag, buf):
-        cdef Py_buffer view
-        if not _plain(buf, &view, PyBUF_WRITABLE):
-            return None
-        return _start(self, False, comm, source, tag, &view)
-
-    def recv(self, uint64_t comm, int source, int32_t tag, buf, double timeout):
-        """Receive into buf, waiting up to timeout seconds: (source, tag, bytes) when its bytes are
-        in buf, else its Req (timed out, failed, or a GPU offer: P2PRequest asks for the bytes)."""
-        cdef Req q = self.start_recv(comm, source, tag, buf)
-        if q is None:
-            return None
-        cdef gc_p2p_req *one = q.r
-        cdef int i = 0
-        if not one.done:
-            with nogil:
-                i = gc_p2p_wait(self.e, &one, 1, 1, timeout)
-        if i >= 0 and one.err == GC_OK and not (one.rflags & GC_P2P_OFFER):
-            return one.src, one.rtag, one.nbytes
-        return q  # timed out, failed, or a GPU offer whose bytes the request must ask for
-
     def forget(self, uint64_t comm):
         with nogil:
             gc_p2p_forget(self.e, comm)
@@ -393,3 +351,320 @@ cdef class Engine:
         finally:
             free(arr)
         return i
+
+
+# --- requests as the caller holds them ----------------------------------------------------------
+# A window of Isends and Irecvs is as fast as its requests are cheap: a request is made, waited
+# for and settled here, in C, when its outcome is plain (its bytes are where they belong); the
+# communicator's PointToPoint (gpucoll/p2p.py) explains everything else: errors, timeouts,
+# objects to unpickle, a GPU message that matched a host receive.
+
+from gpucoll.request import Request as _Request, Status as _Status
+
+cdef int _ANY_SOURCE = -1
+
+
+cdef class P2PRequest:
+    """A send or receive of the engine, with gpucoll.Request's interface (gpucoll/p2p.py registers
+    it as one; its lowercase and array methods are Request's own). Wait() gives up after
+    GPUCOLL_TIMEOUT, naming what it waited for; a receive's status is made on first use."""
+    cdef public Req _native
+    cdef public object _p2p, name, peer, tag, _status, _keep, _cap, _error, _value
+    cdef public bint _object, _settled
+    cdef readonly bint _recv
+    cdef double _timeout
+
+    def __init__(self, name, p2p, Req native_req, op, peer, tag, status=None, obj=False, keep=None, cap=0):
+        self.name, self._p2p, self._native, self._recv = name, p2p, native_req, op == "recv"
+        self.peer, self.tag, self._status, self._object, self._keep, self._cap = peer, tag, status, obj, keep, cap
+        self._timeout = p2p._timeout
+
+    @property
+    def _op(self):
+        return "recv" if self._recv else "send"
+
+    @property
+    def status(self):
+        """What a receive got: made on first use (most waits never ask), from the engine once settled."""
+        if self._status is None:
+            self._status = _Status()
+            if self._settled and self._recv:
+                self._fill_status(self._status)
+        return self._status
+
+    @status.setter
+    def status(self, value):
+        self._status = value
+
+    @property
+    def _done(self):  # made on use: a request refers to nothing that refers back
+        return _Flag(self)
+
+    def _finish(self, value=None, error=None):
+        self._value, self._error, self._settled = value, error, True
+
+    cpdef _settle(self):
+        """Turn the engine's outcome into status, value and error (once)."""
+        if self._settled:
+            return
+        self._settled = True
+        cdef gc_p2p_req *r = self._native.r
+        if r.err == GC_OK and not self._object and not (self._recv and r.rflags & GC_P2P_OFFER):
+            self._keep = None
+            if self._recv and self._status is not None:
+                self._fill_status(self._status)
+            return
+        self._p2p.settle(self)
+
+    def _fill_status(self, status):
+        """Source, tag and size of what the engine received, into status."""
+        cdef gc_p2p_req *r = self._native.r
+        status.source = self._p2p.rank_of(r.src) if r.src >= 0 else _ANY_SOURCE
+        status.tag, status.nbytes = r.rtag, r.nbytes
+
+    def _fill(self, status):
+        if not self._recv:  # a send's status stays as it is
+            return
+        if self._status is None and self._settled:
+            self._fill_status(status)
+            return
+        mine = self.status
+        if status is not mine:
+            status.source, status.tag, status.nbytes = mine.source, mine.tag, mine.nbytes
+
+    cdef _waited(self, int got):
+        """Settle after a wait of the engine that gave got (< 0: it timed out)."""
+        if got < 0:
+            self._p2p.timed_out(self, self._timeout)  # raises, unless the bytes came in meanwhile
+        self._settle()
+
+    def Wait(self, status=None):
+        cdef gc_p2p_req *one
+        cdef gc_p2p *e
+        cdef double timeout = self._timeout
+        cdef int got = 0
+        if not self._settled:
+            one, e = self._native.r, self._native.e
+            if not one.done:
+                with nogil:
+                    got = gc_p2p_wait(e, &one, 1, 1, timeout)
+            self._waited(got)
+        return self._outcome(status)
+
+    def Test(self, status=None):
+        cdef gc_p2p_req *one
+        cdef gc_p2p *e
+        cdef int done = 1
+        if not self._settled:
+            one, e = self._native.r, self._native.e
+            if not one.done:
+                with nogil:
+                    done = gc_p2p_test(e, one)
+            if not done:
+                return False
+            self._settle()
+        return self._outcome(status)
+
+    cdef _outcome(self, status):
+        if status is not None:
+            self._fill(status)
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def Get_status(self):
+        return self._settled or self._native.test()
+
+    wait = _Request.wait
+    test = _Request.test
+    Cancel = _Request.Cancel
+    Free = _Request.Free
+    Waitall = staticmethod(_Request.Waitall)
+    Testall = staticmethod(_Request.Testall)
+    Waitany = staticmethod(_Request.Waitany)
+    waitall = staticmethod(_Request.waitall)
+
+    def __repr__(self):
+        return f"<Request {self.name} {'done' if self.Get_status() else 'pending'}>"
+
+    @staticmethod
+    def _wait_any(reqs, double timeout):
+        """Index of a done one of reqs (P2PRequests), waiting in the engine; -1 after timeout s."""
+        return _wait_many(reqs, False, timeout)
+
+    @staticmethod
+    def _wait_all(reqs, double timeout):
+        """Wait in the engine until every one of reqs (P2PRequests) is done: one native wait, so
+        the rendezvous copies of a window run back to back (the caller's Wait then settles each).
+        After timeout s, the first one not done raises as its own Wait would. GPU requests
+        (subclasses) are left to their own Wait: a GPU receive enqueues its copy there."""
+        cdef P2PRequest q
+        if type(reqs[0]) is not P2PRequest or _wait_many(reqs, True, timeout) >= 0:
+            return
+        for q in reqs:
+            if not q._native.r.done:
+                q._waited(-1)
+                return
+
+
+cdef int _wait_many(reqs, bint all, double timeout) except -2:
+    """gc_p2p_wait over the engine requests of reqs (P2PRequests of one engine)."""
+    cdef Py_ssize_t n = len(reqs), i
+    cdef P2PRequest q
+    cdef gc_p2p *e
+    cdef int got
+    if n == 0:
+        return 0
+    cdef gc_p2p_req **arr = <gc_p2p_req **>malloc(n * sizeof(gc_p2p_req *))
+    if arr == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            q = reqs[i]
+            arr[i] = q._native.r
+        e = (<P2PRequest>reqs[0])._native.e
+        with nogil:
+            got = gc_p2p_wait(e, arr, <int>n, all, timeout)
+    finally:
+        free(arr)
+    return got
+
+
+@cython.final
+cdef class _Flag:
+    """Stands in for the threading.Event of a host Request: set once the engine is done with it
+    (is_set makes one progress pass; wait waits in the engine, without the GIL)."""
+    cdef P2PRequest req
+
+    def __cinit__(self, P2PRequest req):
+        self.req = req
+
+    def is_set(self):
+        return self.req._settled or self.req._native.test()
+
+    def wait(self, timeout=None):
+        return self.req._settled or self.req._native.wait(-1 if timeout is None else timeout)
+
+    def set(self):
+        self.req._settled = True
+
+
+cdef P2PRequest _request(Req native, object p2p, str name, bint recv, object peer, object tag, object keep,
+                         Py_ssize_t cap, double timeout, object status):
+    cdef P2PRequest q = P2PRequest.__new__(P2PRequest)
+    q._native, q._p2p, q.name, q._recv, q.peer, q.tag = native, p2p, name, recv, peer, tag
+    q._keep, q._cap, q._timeout, q._status = keep, cap, timeout, status
+    return q
+
+
+cdef inline bint _small_int(object v, long long lo, long long hi, long long *out):
+    """v is a plain int in [lo, hi] (then *out = v)."""
+    cdef int overflow = 0
+    cdef long long x
+    if type(v) is not int:
+        return False
+    x = PyLong_AsLongLongAndOverflow(v, &overflow)
+    if overflow or x < lo or x > hi:
+        return False
+    out[0] = x
+    return True
+
+
+cdef long long _TAG_UB = 2147483647  # the wire's tag is an int32
+TAG_UB = _TAG_UB
+
+
+cdef class ShortPaths:
+    """The short paths of one communicator's host point to point: an array of the exact type
+    `ndarray` whose contiguous memory holds plain values, rank and tag plain in-range ints, and
+    (sends) a channel that exists. Each answers done (True, or the request) or declines (False,
+    None): the communicator's general path then checks everything and says what is wrong."""
+    cdef Engine eng
+    cdef uint64_t key
+    cdef list world
+    cdef object ready, p2p, ndarray
+    cdef long long size
+    cdef double timeout
+
+    def __cinit__(self, Engine eng, uint64_t key, list world, ready, p2p, ndarray, double timeout):
+        self.eng, self.key, self.world, self.ready = eng, key, world, ready
+        self.p2p, self.ndarray, self.size, self.timeout = p2p, ndarray, len(world), timeout
+
+    cdef int _dest(self, buf, dest, tag) except -3:
+        """The world rank to send to, or -2 to decline."""
+        cdef long long d, t
+        if type(buf) is not self.ndarray or not _small_int(dest, 0, self.size - 1, &d) \
+                or not _small_int(tag, 0, _TAG_UB, &t):
+            return -2
+        world = self.world[d]
+        return world if world in self.ready else -2
+
+    cdef int _source(self, buf, source, tag) except -3:
+        """The world rank to receive from (ANY_SOURCE as is), or -2 to decline."""
+        cdef long long s, t
+        if type(buf) is not self.ndarray or not _small_int(source, -1, self.size - 1, &s) \
+                or not (_small_int(tag, -1, _TAG_UB, &t)):
+            return -2
+        return _ANY_SOURCE if s < 0 else self.world[s]
+
+    def send(self, buf, dest, tag):
+        """Send: True once done (small messages at once; large ones waited for), False to decline."""
+        cdef Py_buffer view
+        cdef int world = self._dest(buf, dest, tag), sent
+        cdef int32_t t
+        if world < 0 or not _plain(buf, &view, PyBUF_SIMPLE):
+            return False
+        t = tag
+        with nogil:
+            sent = gc_p2p_send_now(self.eng.e, self.key, world, t, <const char *>view.buf, <uint64_t>view.len)
+        if sent:
+            PyBuffer_Release(&view)
+            return True
+        cdef Py_ssize_t n = view.len
+        cdef Req q = _start(self.eng, True, self.key, world, t, &view)
+        if not (q.r.done and q.r.err == GC_OK):
+            _request(q, self.p2p, "Send", False, dest, tag, buf, n, self.timeout, None).Wait()
+        return True
+
+    def isend(self, buf, dest, tag):
+        """Isend: the request, or None to decline."""
+        cdef Py_buffer view
+        cdef int world = self._dest(buf, dest, tag)
+        if world < 0 or not _plain(buf, &view, PyBUF_SIMPLE):
+            return None
+        cdef Py_ssize_t n = view.len
+        return _request(_start(self.eng, True, self.key, world, <int32_t>tag, &view), self.p2p, "Isend", False,
+                        dest, tag, buf, n, self.timeout, None)
+
+    def irecv(self, buf, source, tag):
+        """Irecv: the request, or None to decline."""
+        cdef Py_buffer view
+        cdef int world = self._source(buf, source, tag)
+        if world == -2 or not _plain(buf, &view, PyBUF_WRITABLE):
+            return None
+        cdef Py_ssize_t n = view.len
+        return _request(_start(self.eng, False, self.key, world, <int32_t>tag, &view), self.p2p, "Irecv", True,
+                        source, tag, buf, n, self.timeout, None)
+
+    def recv(self, buf, source, tag, status):
+        """Recv: True once the bytes are in buf (status, if given, filled), False to decline."""
+        cdef Py_buffer view
+        cdef int world = self._source(buf, source, tag), got = 0
+        if world == -2 or not _plain(buf, &view, PyBUF_WRITABLE):
+            return False
+        cdef Py_ssize_t n = view.len
+        cdef Req q = _start(self.eng, False, self.key, world, <int32_t>tag, &view)
+        cdef gc_p2p_req *one = q.r
+        cdef double timeout = self.timeout
+        if not one.done:
+            with nogil:
+                got = gc_p2p_wait(self.eng.e, &one, 1, 1, timeout)
+        if got >= 0 and one.err == GC_OK and not (one.rflags & GC_P2P_OFFER):
+            if status is not None:
+                status.source, status.tag, status.nbytes = self.p2p.rank_of(one.src), one.rtag, one.nbytes
+            return True
+        # timed out, failed, or a GPU offer whose bytes the request asks for: the request explains
+        cdef P2PRequest req = _request(q, self.p2p, "Recv", True, source, tag, buf, n, timeout, status)
+        req._waited(got)
+        req._outcome(None)
+        return True

@@ -73,6 +73,7 @@ class Communicator:
                               barrier=self.Barrier, run=self._run, free=self.Free, subgroup=self._subgroup)
         self._dispatch = Dispatcher(self._handle)
         self._p2p = _p2p.PointToPoint(self)
+        self._short = self._p2p.short
         self._children = 0  # Split/Dup counter: names children identically on every rank
         self._group = None     # inside comm.group(): the _Group collecting deferred operations
         _LIVE.add(self)
@@ -456,18 +457,16 @@ class Communicator:
     # answer done (True, or the request) or decline (False, None): the caller then takes its
     # general path, which checks everything. gpucoll.MPI's point to point tries them first too.
     def _send_short(self, buf, dest, tag):
-        return type(buf) is np.ndarray and self._group is None and not self._freed \
-            and self._p2p.send_array(buf, dest, tag)
+        return self._group is None and not self._freed and self._short.send(buf, dest, tag)
 
     def _isend_short(self, buf, dest, tag):
-        return self._p2p.isend_array(buf, dest, tag) if type(buf) is np.ndarray and not self._freed else None
+        return None if self._freed else self._short.isend(buf, dest, tag)
 
     def _recv_short(self, buf, source, tag, status):
-        return type(buf) is np.ndarray and self._group is None and not self._freed \
-            and self._p2p.recv_array(buf, source, tag, status)
+        return self._group is None and not self._freed and self._short.recv(buf, source, tag, status)
 
     def _irecv_short(self, buf, source, tag):
-        return self._p2p.irecv_array(buf, source, tag) if type(buf) is np.ndarray and not self._freed else None
+        return None if self._freed else self._short.irecv(buf, source, tag)
 
     def Send(self, buf, dest, tag=0, stream=None):
         if stream is None and self._send_short(buf, dest, tag):

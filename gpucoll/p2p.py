@@ -25,12 +25,12 @@ from . import config, log
 from ._native import p2p as _engine
 from .errors import GpucollError, InvalidUsageError, LostPeerError, TruncationError
 from .errors import TimeoutError as GpucollTimeout
-from .request import CompletedRequest, Request
+from .request import CompletedRequest, Request, Status  # noqa: F401 (Status: gpucoll.p2p.Status)
 
 ANY_SOURCE = -1
 ANY_TAG = -1
 PROC_NULL = -2  # a peer that does not exist: sends to it and receives from it do nothing, at once
-TAG_UB = 2**31 - 1  # the largest user tag
+TAG_UB = _engine.TAG_UB  # the largest user tag (2**31 - 1)
 RESERVED_TAG_MAX = -1000  # tags at or below this are gpucoll's own (objects, MPI's composite calls)
 OBJECT_GATHER_TAG = -1001
 OBJECT_SCATTER_TAG = -1002
@@ -66,28 +66,6 @@ OFFER_FLAG = _engine.OFFER
 # and tests: communicator key, tag, kind | flags, bytes, send id, address, status (native byte order).
 FRAME = struct.Struct("=QiIQQQq")
 EAGER = _engine.EAGER
-
-
-class Status:
-    """Source, tag and size of a received message (mpi4py's Status)."""
-
-    def __init__(self):
-        self.source = ANY_SOURCE
-        self.tag = ANY_TAG
-        self.nbytes = 0
-
-    def Get_source(self):
-        return self.source
-
-    def Get_tag(self):
-        return self.tag
-
-    def Get_count(self, datatype=None):
-        size = 1 if datatype is None else datatype.Get_size()
-        return self.nbytes // size
-
-    def Get_elements(self, datatype=None):
-        return self.Get_count(datatype)
 
 
 class Engine:
@@ -127,154 +105,10 @@ class Engine:
         return text
 
 
-class _Flag:
-    """Stands in for the threading.Event of a host Request: set once the engine is done with it
-    (is_set makes one progress pass; wait waits in the engine, without the GIL)."""
-
-    __slots__ = ("req",)
-
-    def __init__(self, req):
-        self.req = req
-
-    def is_set(self):
-        return self.req._settled or self.req._native.test()
-
-    def wait(self, timeout=None):
-        if self.req._settled:
-            return True
-        return self.req._native.wait(-1 if timeout is None else timeout)
-
-    def set(self):
-        self.req._settled = True
-
-
-class P2PRequest(Request):
-    """A send or receive of the native engine. Wait() gives up after GPUCOLL_TIMEOUT, naming
-    what it waited for; a receive's status is filled in when it completes."""
-
-    __slots__ = ("_native", "_p2p", "_settled", "_op", "peer", "tag", "_status", "_object", "_keep", "_cap")
-
-    def __init__(self, name, p2p, native_req, op, peer, tag, status=None, obj=False, keep=None, cap=0):
-        # Request.__init__'s threading.Event is not needed (on every call's path: set fields directly;
-        # the short paths pass every argument by position, which costs less than keywords)
-        (self.name, self._error, self._value, self._native, self._p2p, self._settled, self._op, self.peer, self.tag,
-         self._status, self._object, self._keep, self._cap) = (
-            name, None, None, native_req, p2p, False, op, peer, tag, status, obj, keep, cap)
-
-    @property
-    def status(self):
-        """What a receive got: made on first use (most waits never ask), from the engine once settled."""
-        if self._status is None:
-            self._status = Status()
-            if self._settled and self._op == "recv":
-                self._fill_status(self._status)
-        return self._status
-
-    @status.setter
-    def status(self, value):
-        self._status = value
-
-    @property
-    def _done(self):  # made on use: a request refers to nothing that refers back (no cycle to collect)
-        return _Flag(self)
-
-    def _finish(self, value=None, error=None):
-        self._value, self._error, self._settled = value, error, True
-
-    def _settle(self):
-        """Turn the engine's outcome into status, value and error (once)."""
-        if self._settled:
-            return
-        self._settled = True
-        p2p, native = self._p2p, _native()
-        err = self._native.err
-        if self._op == "recv":
-            if self._status is not None:  # the caller's Status, or one asked for while pending
-                self._fill_status(self._status)
-            if err == native.OK and self._native.rflags & native.OFFER:  # a GPU message for a host buffer
-                src, tag, _, _ = self._native.status
-                p2p.gpu_message_to_host(self, p2p.rank_of(src), tag, self._native.data())
-                return
-        if err == native.OK:
-            if self._object:
-                try:
-                    data = self._native.data()
-                    self._value = pickle.loads(data) if data else None  # an empty message is None
-                except Exception as exc:  # the receiver's error, raised by its wait()
-                    self._error = exc
-            self._keep = None
-            return
-        self._keep = None
-        self._error = p2p.error(self, err)
-
-    def _fill_status(self, status):
-        """Source, tag and size of what the engine received, into status."""
-        src, tag, nbytes, _ = self._native.status
-        status.source = self._p2p.rank_of(src) if src >= 0 else ANY_SOURCE
-        status.tag = tag
-        status.nbytes = nbytes
-
-    def _fill(self, status):
-        if self._op != "recv":  # a send's status stays as it is (Request._fill)
-            return
-        mine = self.status
-        if status is not mine:
-            status.source, status.tag, status.nbytes = mine.source, mine.tag, mine.nbytes
-
-    def Wait(self, status=None):
-        if not self._settled:
-            timeout = self._p2p._timeout
-            if not self._native.wait(timeout):
-                self._timed_out(timeout)
-            self._settle()
-        return self._outcome(status)
-
-    def Test(self, status=None):
-        if not self._settled:
-            if not self._native.test():
-                return False
-            self._settle()
-        return self._outcome(status)
-
-    def _outcome(self, status):
-        if status is not None:
-            self._fill(status)
-        if self._error is not None:
-            raise self._error
-        return True
-
-    @staticmethod
-    def _wait_any(reqs, timeout):
-        """Index of a done one of reqs (P2PRequests), waiting in the engine; -1 after timeout s."""
-        return reqs[0]._p2p._native.wait([r._native for r in reqs], False, timeout)
-
-    @staticmethod
-    def _wait_all(reqs, timeout):
-        """Wait in the engine until every one of reqs (P2PRequests) is done: one native wait, so
-        the rendezvous copies of a window run back to back (the caller's Wait then settles each).
-        After timeout s, the first one not done raises as its own Wait would. GPU requests
-        (subclasses) are left to their own Wait: a GPU receive enqueues its copy there."""
-        if type(reqs[0]) is not P2PRequest:
-            return
-        if reqs[0]._p2p._native.wait([r._native for r in reqs], True, timeout) < 0:
-            next(r for r in reqs if not r._native.done)._timed_out(timeout)
-
-    def _timed_out(self, timeout):
-        p2p = self._p2p
-        src = "any rank" if self.peer == ANY_SOURCE else f"rank {self.peer}"
-        tag = "any tag" if self.tag == ANY_TAG else f"tag {self.tag}"
-        if self._op == "recv":
-            if self._native.withdraw():
-                self._settled = True
-                raise GpucollTimeout(f"{self.name} on rank {p2p._comm.rank}: no message from {src} with {tag} "
-                                     f"within {timeout:g} s (GPUCOLL_TIMEOUT)")
-            if self._native.wait(timeout):  # matched: its bytes are on their way
-                return
-            raise GpucollTimeout(f"{self.name} on rank {p2p._comm.rank}: the message from {src} with {tag} was "
-                                 f"matched but its bytes did not arrive within {2 * timeout:g} s (GPUCOLL_TIMEOUT)")
-        raise GpucollTimeout(f"{self.name} of {self._cap} bytes from rank {p2p._comm.rank} to {src} with {tag}: "
-                             f"not received within {timeout:g} s (GPUCOLL_TIMEOUT); a large send waits for its "
-                             "receive, as in MPI: when two ranks send to each other first, use Sendrecv or Isend")
+# The requests of sends and receives are native (gpucoll._native.p2p.P2PRequest): a plain outcome
+# is settled there; PointToPoint.settle and timed_out below explain the others.
+P2PRequest = _engine.P2PRequest
+Request.register(P2PRequest)
 
 
 class _ProcNullRequest(CompletedRequest):
@@ -300,6 +134,9 @@ class PointToPoint:
         self._ready = self._engine.links.ready
         self._size = len(self._world)
         self._timeout = config.TIMEOUT.get()
+        # Send/Isend/Recv/Irecv of a plain NumPy array (gpucoll._native.p2p.ShortPaths)
+        self.short = _engine.ShortPaths(self._native, self._key, self._world, self._ready, self, np.ndarray,
+                                        self._timeout)
         self.gpu = None  # gpucoll.gpu.p2p.GpuPointToPoint, made by the communicator for the first GPU buffer
 
     # --- ranks and tags ---------------------------------------------------------------------------
@@ -348,6 +185,46 @@ class PointToPoint:
             return MemoryError(f"{req.name}: out of memory")
         return GpucollError(f"{req.name}: point-to-point status {err}")
 
+    def settle(self, req):
+        """The outcome of a request that is not a plain success (P2PRequest settles those itself):
+        an object to unpickle, a GPU message for a host buffer, or an error."""
+        native = _native()
+        err = req._native.err
+        if req._recv:
+            if req._status is not None:  # the caller's Status, or one asked for while pending
+                req._fill_status(req._status)
+            if err == native.OK and req._native.rflags & native.OFFER:  # a GPU message for a host buffer
+                src, tag, _, _ = req._native.status
+                self.gpu_message_to_host(req, self.rank_of(src), tag, req._native.data())
+                return
+        req._keep = None
+        if err != native.OK:
+            req._error = self.error(req, err)
+            return
+        try:
+            data = req._native.data()
+            req._value = pickle.loads(data) if data else None  # an empty message is None
+        except Exception as exc:  # the receiver's error, raised by its wait()
+            req._error = exc
+
+    def timed_out(self, req, timeout):
+        """A request waited timeout seconds: raise, naming what it waited for (a receive that was
+        matched meanwhile gets as long again for its bytes, and returns if they came)."""
+        src = "any rank" if req.peer == ANY_SOURCE else f"rank {req.peer}"
+        tag = "any tag" if req.tag == ANY_TAG else f"tag {req.tag}"
+        if req._recv:
+            if req._native.withdraw():
+                req._settled = True
+                raise GpucollTimeout(f"{req.name} on rank {self._comm.rank}: no message from {src} with {tag} "
+                                     f"within {timeout:g} s (GPUCOLL_TIMEOUT)")
+            if req._native.wait(timeout):  # matched: its bytes are on their way
+                return
+            raise GpucollTimeout(f"{req.name} on rank {self._comm.rank}: the message from {src} with {tag} was "
+                                 f"matched but its bytes did not arrive within {2 * timeout:g} s (GPUCOLL_TIMEOUT)")
+        raise GpucollTimeout(f"{req.name} of {req._cap} bytes from rank {self._comm.rank} to {src} with {tag}: "
+                             f"not received within {timeout:g} s (GPUCOLL_TIMEOUT); a large send waits for its "
+                             "receive, as in MPI: when two ranks send to each other first, use Sendrecv or Isend")
+
     # --- sends ------------------------------------------------------------------------------------
     def _start_send(self, data, dest, tag, name, flags=0):
         """The request of a send of bytes `data` (done at once to PROC_NULL)."""
@@ -366,62 +243,6 @@ class PointToPoint:
 
     def send(self, buf, dest, tag):
         self._start_send(self._payload(buf), dest, tag, "Send").Wait()
-
-    # The short paths of Communicator.Send / Recv: a C-contiguous NumPy array of plain values, an
-    # in-range rank and tag, a channel that exists. False: take the general path (which checks
-    # everything and says what is wrong).
-    def _send_world(self, dest, tag):
-        """The world rank to send to for the short paths, or None."""
-        if type(dest) is not int or type(tag) is not int or not 0 <= tag <= TAG_UB or not 0 <= dest < self._size:
-            return None
-        world = self._world[dest]
-        return world if world in self._ready else None
-
-    def send_array(self, arr, dest, tag):
-        world = self._send_world(dest, tag)
-        if world is None:
-            return False
-        got = self._native.send(self._key, world, tag, arr)
-        if got is True:
-            return True
-        if got is None:
-            return False
-        P2PRequest("Send", self, got, "send", dest, tag, keep=arr, cap=arr.nbytes).Wait()  # waits and explains
-        return True
-
-    def _short_request(self, start, op, world, arr, peer, tag):
-        """The P2PRequest of a nonblocking short path (start: the engine's start_send or
-        start_recv), or None to take the general path."""
-        req = None if world is None else start(self._key, world, tag, arr)
-        return None if req is None else P2PRequest("I" + op, self, req, op, peer, tag, None, False, arr, arr.nbytes)
-
-    def isend_array(self, arr, dest, tag):
-        """Isend's short path: the request, or None to take the general path."""
-        return self._short_request(self._native.start_send, "send", self._send_world(dest, tag), arr, dest, tag)
-
-    def _recv_world(self, source, tag):
-        """The world rank to receive from for the short paths (ANY_SOURCE as is), or None."""
-        if type(source) is not int or type(tag) is not int or not (0 <= tag <= TAG_UB or tag == ANY_TAG):
-            return None
-        if 0 <= source < self._size:
-            return self._world[source]
-        return ANY_SOURCE if source == ANY_SOURCE else None
-
-    def irecv_array(self, arr, source, tag):
-        """Irecv's short path: the request, or None to take the general path."""
-        return self._short_request(self._native.start_recv, "recv", self._recv_world(source, tag), arr, source, tag)
-
-    def recv_array(self, arr, source, tag, status):
-        world = self._recv_world(source, tag)
-        got = None if world is None else self._native.recv(self._key, world, tag, arr, self._timeout)
-        if got is None:
-            return False
-        if type(got) is tuple:
-            if status is not None:
-                status.source, status.tag, status.nbytes = self._ranks.get(got[0], ANY_SOURCE), got[1], got[2]
-            return True
-        P2PRequest("Recv", self, got, "recv", source, tag, status, keep=arr, cap=arr.nbytes).Wait()
-        return True
 
     def isend(self, buf, dest, tag):
         return self._start_send(self._payload(buf), dest, tag, "Isend")
@@ -496,7 +317,7 @@ class PointToPoint:
     def withdraw(self, req):
         """Take back a receive that nothing matched yet: True when it was still unmatched (it is
         then finished without error)."""
-        if isinstance(req, P2PRequest) and req._op == "recv" and not req._settled and req._native.withdraw():
+        if isinstance(req, P2PRequest) and req._recv and not req._settled and req._native.withdraw():
             req._finish()
             return True
         return False

@@ -1,4 +1,5 @@
-"""Requests: handles of nonblocking operations (mpi4py's Request shape)."""
+"""Requests: handles of nonblocking operations (mpi4py's Request shape), and the Status of a receive."""
+import abc
 import threading
 import time
 
@@ -9,7 +10,29 @@ from .errors import TimeoutError as GpucollTimeout
 _UNDEFINED = -32766  # gpucoll.UNDEFINED (comm.py imports this module)
 
 
-class Request:
+class Status:
+    """Source, tag and size of a received message (mpi4py's Status)."""
+
+    def __init__(self):
+        self.source = -1  # ANY_SOURCE
+        self.tag = -1     # ANY_TAG
+        self.nbytes = 0
+
+    def Get_source(self):
+        return self.source
+
+    def Get_tag(self):
+        return self.tag
+
+    def Get_count(self, datatype=None):
+        size = 1 if datatype is None else datatype.Get_size()
+        return self.nbytes // size
+
+    def Get_elements(self, datatype=None):
+        return self.Get_count(datatype)
+
+
+class Request(metaclass=abc.ABCMeta):
     """Completion handle of a nonblocking operation.
 
     `Wait()` blocks until it is done and re-raises its error; `Test()` says whether it is
@@ -17,7 +40,8 @@ class Request:
     of object methods such as `irecv`.
 
     `Request()` with no name is mpi4py's null request (`MPI.REQUEST_NULL`): false, already
-    complete, and ignored by `Waitany`."""
+    complete, and ignored by `Waitany`. Point-to-point requests are native (registered as
+    Requests: gpucoll/p2p.py) and share the methods below that do not touch the fields."""
 
     __slots__ = ("_done", "_error", "_value", "name")
 

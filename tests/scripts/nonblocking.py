@@ -121,6 +121,7 @@ if rank == 0:
             if st.Get_source() != rq.index(live[j]) + 1:
                 p2p["waitany_status_wrong"] = st.Get_source()
         p2p["waitany"] = sorted(int(b[0]) for b in bufs)
+        p2p["irecv_status"] = [[r.status.Get_source(), r.status.Get_tag(), r.status.Get_count()] for r in rq]
         p2p["waitany_empty"] = Request.Waitany([])
 else:
     sends = [comm.Isend(np.array([100 + rank], np.int32), dest=0, tag=99),
@@ -135,6 +136,14 @@ else:
     sends.append(comm.Isend(np.array([rank], np.int64), dest=0, tag=55))
     Request.Waitall(sends)
     p2p["isends_tested_true"] = Request.Testall(sends)
+    # a point-to-point request is a gpucoll.Request, with all of its interface
+    last = sends[-1]
+    p2p["isend_requests"] = [all(isinstance(r, Request) for r in sends), last.Get_status(), bool(last),
+                             list(last.test()), last.wait(), repr(last)]
+    try:
+        last.Cancel()
+    except NotImplementedError as exc:
+        p2p["isend_cancel"] = str(exc)
 out["p2p"] = p2p
 comm.Barrier()
 print("RESULT " + json.dumps(out), flush=True)
