@@ -90,6 +90,10 @@
 #define GC_P2P_SHARE_CHUNKS 64u             /* doubled until a message has at most this many */
 #define GC_P2P_DIRECT_MIN  (64u << 10)      /* a payload from this size is read straight into its place
                                                 where the channel can (TCP: no copy out of its ring) */
+#define GC_P2P_PULL_MAX    (256u << 10)     /* one progress pass reads about this much of a peer: a
+                                                call that posts returns while a sender streams, and
+                                                the receives it posts next catch the messages that
+                                                follow (read into place, not queued unexpected) */
 
 enum { GC_P2P_EAGER = 1, GC_P2P_RTS = 2, GC_P2P_CTS = 3, GC_P2P_DATA = 4, GC_P2P_ACK = 5, GC_P2P_DEST = 6,
        GC_P2P_DONE = 7 };
@@ -900,6 +904,7 @@ static int gc_p2p__pull(gc_p2p *e, int peer)
     size_t span = 0;          /* bytes shown by the last peek and not consumed yet: a header and
                                * its payload are taken from one peek (a TCP peek costs a recv per
                                * socket) */
+    uint64_t taken = 0;       /* payload bytes this pass read (GC_P2P_PULL_MAX) */
     while (!p->lost) {
         if (p->filling && p->left == 0) {
             gc_p2p__filled(e, peer);
@@ -917,9 +922,13 @@ static int gc_p2p__pull(gc_p2p *e, int peer)
             if (p->fill_msg) p->fill_msg->got += (uint64_t)k;
             p->left -= (uint64_t)k;
             moved = 1;
+            if ((taken += (uint64_t)k) >= GC_P2P_PULL_MAX)
+                return moved;
             continue;
         }
         if (span == 0) {
+            if (taken >= GC_P2P_PULL_MAX)
+                return moved;
             const void *at;
             ssize_t k = c->peek(c, &at);
             if (k < 0) {
@@ -959,6 +968,7 @@ static int gc_p2p__pull(gc_p2p *e, int peer)
         ptr += n;
         span -= n;
         p->left -= n;
+        taken += n;
     }
     return moved;
 }
@@ -1293,7 +1303,6 @@ static gc_p2p_req *gc_p2p_irecv(gc_p2p *e, uint64_t comm, int source, int32_t ta
     if (!r) return NULL;
     r->alloc = alloc;
     pthread_mutex_lock(&e->mu);
-    gc_p2p__progress(e);      /* what has arrived is matched before this receive */
     gc_p2p_msg *m = e->ux_head;
     for (; m; m = m->next)
         if (gc_p2p__matches(r, m->h.comm, m->src, m->h.tag))
@@ -1307,6 +1316,11 @@ static gc_p2p_req *gc_p2p_irecv(gc_p2p *e, uint64_t comm, int source, int32_t ta
         r->where = GC_W_POSTED;
         gc_p2p__req_push(&e->posted_head, &e->posted_tail, r);
     }
+    /* Posted first, then a progress pass: a message whose header is read now matches this
+     * receive and lands in its buffer (read first, it would be queued unexpected and copied
+     * twice; MPI's order is kept either way: what was read before is in the queue above, and a
+     * channel is read in order). */
+    gc_p2p__progress(e);
     pthread_mutex_unlock(&e->mu);
     return r;
 }
