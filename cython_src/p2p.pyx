@@ -10,7 +10,7 @@ are here too: a short call, and the wait of its request, that succeed stay in C:
     eng.set_peer(1, pid, cma=True, eager_max=16384); eng.set_channel(1, shm_channel.ptr)
     req = eng.isend(comm_key, 1, tag, buf, 0)        # any contiguous buffer
     req = eng.irecv(comm_key, ANY, ANY, out)         # out=None: into a buffer of the message's size
-    Engine.wait([req], all=True, timeout=30)         # the index of a done one, or -1
+    req.wait(30)                                     # True once done, False after 30 s
 """
 cimport cython
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
@@ -331,26 +331,6 @@ cdef class Engine:
         """Write bytes straight onto peer's channel, outside the protocol (fault tests)."""
         with nogil:
             gc_p2p_raw(self.e, peer, <const char *>&data[0], data.shape[0])
-
-    def wait(self, reqs, bint all=True, double timeout=-1):
-        """Wait for all (all=True) or any of the Req objects: the index of a done one (all: 0),
-        -1 when timeout seconds passed first."""
-        cdef int n = len(reqs), i
-        cdef Req q
-        if n == 0:
-            return 0
-        cdef gc_p2p_req **arr = <gc_p2p_req **>malloc(n * sizeof(gc_p2p_req *))
-        if arr == NULL:
-            raise MemoryError()
-        try:
-            for i in range(n):
-                q = reqs[i]
-                arr[i] = q.r
-            with nogil:
-                i = gc_p2p_wait(self.e, arr, n, all, timeout)
-        finally:
-            free(arr)
-        return i
 
 
 # --- requests as the caller holds them ----------------------------------------------------------
