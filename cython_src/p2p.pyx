@@ -341,7 +341,7 @@ cdef class Engine:
 
 from gpucoll.request import Request as _Request, Status as _Status
 
-cdef int _ANY_SOURCE = -1
+cdef int _ANY_SOURCE = GC_P2P_ANY
 
 
 cdef class P2PRequest:

@@ -452,7 +452,7 @@ class Communicator:
             return
         _wait_enqueued(req, status)
 
-    # The short paths of host point to point: a C-contiguous NumPy array of plain values, plain
+    # The short paths of host point to point: a contiguous NumPy array of plain values, plain
     # in-range rank and tag, a live communicator (and no open group for the blocking ones). They
     # answer done (True, or the request) or decline (False, None): the caller then takes its
     # general path, which checks everything. gpucoll.MPI's point to point tries them first too.

@@ -27,8 +27,7 @@ from .errors import GpucollError, InvalidUsageError, LostPeerError, TruncationEr
 from .errors import TimeoutError as GpucollTimeout
 from .request import CompletedRequest, Request, Status  # noqa: F401 (Status: gpucoll.p2p.Status)
 
-ANY_SOURCE = -1
-ANY_TAG = -1
+ANY_SOURCE = ANY_TAG = _engine.ANY  # the engine's wildcard, for sources and tags alike
 PROC_NULL = -2  # a peer that does not exist: sends to it and receives from it do nothing, at once
 TAG_UB = _engine.TAG_UB  # the largest user tag (2**31 - 1)
 RESERVED_TAG_MAX = -1000  # tags at or below this are gpucoll's own (objects, MPI's composite calls)

@@ -43,10 +43,12 @@ def test_nonblocking(gpurun_job, size):
     assert p2p["waitany"] == list(range(1, size)) and "waitany_status_wrong" not in p2p
     assert p2p["waitany_empty"] == gpucoll.UNDEFINED
     assert p2p["irecv_status"] == [[q, 55, 8] for q in range(1, size)]
+    assert p2p["irecv_types"] == ["gpucoll._native.p2p.P2PRequest"]
     for r in range(1, size):
         assert res[r]["p2p"] == {
             "isends_tested_true": True,
             "isend_requests": [True, True, True, [True, None], None, "<Request Isend done>"],
+            "isend_types": ["gpucoll._native.p2p.P2PRequest"],
             "isend_cancel": "cancelling a started gpucoll operation is not supported"}
 
 
