@@ -27,6 +27,8 @@
  * process_vm_readv (cross-memory attach: one copy; in its next waits, tests or probes, oldest
  * match first) and answers ACK once every byte is in; where that is not possible (another host,
  * no permission) it answers CTS and the sender streams DATA, pipelined through the channel.
+ * Answers (CTS, ACK, DEST, DONE) overtake the queued frames not yet started, so a peer's
+ * transfer never waits behind this rank's own stream.
  * Messages to oneself are matched at once (a copy).
  *
  * Shared copy (within a host, a message of two chunks or more, GPUCOLL_P2P_SHARED_COPY). The two
@@ -176,6 +178,7 @@ struct gc_p2p_out {            /* a frame queued toward one peer */
     uint64_t plen, off;        /* off: bytes of header + payload pushed so far */
     gc_p2p_req *req;           /* completes when pushed (EAGER, DATA) */
     char *own;                 /* a copy of the payload this frame owns (freed with it), or NULL */
+    int control;               /* an answer (CTS, ACK, DEST, DONE): queued ahead of frames not started */
 };
 
 typedef struct {
@@ -304,6 +307,28 @@ static gc_p2p_out *gc_p2p__queue(gc_p2p *e, int peer, const gc_p2p_hdr *h, const
     return o;
 }
 
+/* Queue an answer ahead of every frame not started but behind the earlier answers: an answer is
+ * a header, and the peer's transfer waits on it. Behind a window of this rank's own DATA (both
+ * directions at once between hosts) a CTS would hold the peer's sends until all of this rank's
+ * bytes were out, one direction after the other. Answers match nothing, so the order of the
+ * matched frames (EAGER, RTS) is kept. */
+static gc_p2p_out *gc_p2p__queue_answer(gc_p2p *e, int peer, const gc_p2p_hdr *h)
+{
+    gc_p2p_peer *p = &e->peers[peer];
+    gc_p2p_out *o = (gc_p2p_out *)calloc(1, sizeof *o), **at = &p->out_head;
+    if (!o) return NULL;
+    o->h = *h;
+    o->control = 1;
+    if (*at && (*at)->off > 0)   /* the frame going out now finishes first */
+        at = &(*at)->next;
+    while (*at && (*at)->control)
+        at = &(*at)->next;
+    o->next = *at;
+    *at = o;
+    if (!o->next) p->out_tail = o;
+    return o;
+}
+
 static void gc_p2p__lose(gc_p2p *e, int peer, int why, uint64_t value);
 static int gc_p2p__push(gc_p2p *e, int peer);
 
@@ -318,7 +343,7 @@ static void gc_p2p__control_at(gc_p2p *e, int peer, int kind, uint64_t id, int64
     /* The peer may wait for this answer while this process leaves point to point (for a
      * collective, say): it goes out now, not at the next progress pass. Nowhere to say it
      * (the peer is gone) or no memory: the peer's wait fails on its own. */
-    if (!e->peers[peer].lost && gc_p2p__queue(e, peer, &h, NULL, 0, NULL) && e->peers[peer].chan)
+    if (!e->peers[peer].lost && gc_p2p__queue_answer(e, peer, &h) && e->peers[peer].chan)
         gc_p2p__push(e, peer);
 }
 
