@@ -41,6 +41,12 @@ def test_requests(results):
         assert nulled is True and flag is True and null_source == -1
         assert waitany_nulls == UNDEFINED and testsome_nulls is None
         assert got["persistent"] == [[100 * k + left for k in range(3)], True, UNDEFINED]
+        # Waitall over a window: every message in order, every handle nulled, the error of the
+        # receive that was too small raised after the others completed
+        assert got["window0"] == [[[left, 0, k] for k in range(8)], [False] * 16, None]
+        wins, handles, error = got["window1"]
+        assert wins[:2] + wins[3:] == [[left, 1, k] for k in (0, 1, 3, 4, 5, 6, 7)]
+        assert handles == [False] * 16 and error == ERR_TRUNCATE
 
 
 def test_buffer_specifications(results):

@@ -243,6 +243,8 @@ class Request:
     @staticmethod
     def Waitall(requests, statuses=None):
         requests = handles(requests)
+        if statuses is None and _waitall_plain(requests):
+            return True
         _waitall(requests, statuses)
         return True
 
@@ -396,6 +398,35 @@ def _wait_together(requests):
         wait_all = getattr(kind, "_wait_all", None)
         if wait_all is not None and all(type(state) is kind for state in states):
             wait_all(states, config.TIMEOUT.get())
+
+
+def _waitall_plain(requests):
+    """Waitall without statuses over plain handles of one native kind of request (a window of
+    Isends and Irecvs): one wait in native code, each settled there, each handle nulled; a
+    window's requests cost what gpucoll's own Waitall costs. False when there is more to do
+    (other kinds, persistent or cancelled requests, handles asked for by number, an error):
+    the general path does it all (an error is raised there, after the others complete)."""
+    if not requests or _REGISTRY:
+        return False
+    states = []
+    kind = type(requests[0]._s)
+    for req in requests:
+        state = req._s
+        if type(req) is not Request or type(state) is not kind or req._cancelled:
+            return False
+        states.append(state)
+    wait_all = getattr(kind, "_wait_all", None)
+    if wait_all is None:
+        return False
+    wait_all(states, config.TIMEOUT.get())
+    try:
+        for state in states:
+            state.Wait(None)
+    except Exception:
+        return False
+    for req in requests:
+        req._s = None
+    return True
 
 
 def _waitall(requests, statuses, slots=None):

@@ -45,6 +45,20 @@ flag = MPI.REQUEST_NULL.Get_status(status)
 out["requests"] = [list(first), sorted(got), [b.tolist() for b in bufs], all(not q for q in reqs[:3]), flag,
                    status.Get_source(), MPI.Request.Waitany([MPI.REQUEST_NULL, MPI.Request()]),
                    MPI.Request.Testsome([MPI.REQUEST_NULL])]
+# a window of Isends and Irecvs completed by one Waitall (no statuses): every buffer, every handle null;
+# then a window whose third receive is too small: Waitall raises the truncation, the others complete
+for window in range(2):
+    wins = [np.full(3, -1, "i") for _ in range(8)]
+    if window == 1:
+        wins[2] = np.full(2, -1, "i")
+    reqs = [comm.Irecv(w, left, 40 + window) for w in wins]
+    reqs += [comm.Isend(np.array([r, window, k], "i"), right, 40 + window) for k in range(8)]
+    try:
+        MPI.Request.Waitall(reqs)
+        error = None
+    except MPI.Exception as exc:
+        error = exc.Get_error_class()
+    out[f"window{window}"] = [[w.tolist() for w in wins], [bool(q) for q in reqs], error]
 # persistent point to point: three rounds of one request pair
 sendbuf, recvbuf = np.zeros(1, "i"), np.zeros(1, "i")
 pair = [comm.Send_init(sendbuf, right, 5), comm.Recv_init(recvbuf, left, 5)]
