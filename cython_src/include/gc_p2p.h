@@ -50,7 +50,9 @@
  * reads that chunk itself. A receive that falls back to CTS marks every chunk claimed first.
  *
  * Progress. Nothing runs behind the caller's back: every call and every wait pushes the queued
- * frames of every peer and reads whatever arrived, under one mutex, without the GIL. Only waits,
+ * frames of every peer and reads whatever arrived, under one mutex, without the GIL; a pass
+ * moves about GC_P2P_PUSH_MAX out and GC_P2P_PULL_MAX in per peer, so neither direction
+ * starves the other. Only waits,
  * tests and probes copy rendezvous bytes: a rank that posts a window of Isends and Irecvs
  * announces all its sends before it starts copying its peer's, so both directions copy at
  * once. A wait spins,
@@ -87,6 +89,12 @@
                                                 them together costs less than a second write (a TCP
                                                 segment) or, for a Send, a request */
 #define GC_P2P_PUSH_CHUNK  (64u << 10)      /* payload pushed in pieces the receiver copies as they come */
+#define GC_P2P_PUSH_MAX    (256u << 10)     /* one progress pass writes about this much to a peer:
+                                                with both directions at once between hosts, a
+                                                rank that filled its socket before reading again
+                                                left the peer's bytes waiting in the kernel (and
+                                                the peer's sends blocked); alternating in pieces,
+                                                each direction keeps moving */
 #define GC_P2P_CMA_CHUNK   (256u << 20)     /* one process_vm_readv moves at most this */
 #define GC_P2P_SHARE_CHUNK (128u << 10)     /* a shared rendezvous copy goes in chunks of at least this, */
 #define GC_P2P_SHARE_CHUNKS 64u             /* doubled until a message has at most this many */
@@ -358,6 +366,7 @@ static int gc_p2p__push(gc_p2p *e, int peer)
     gc_p2p_peer *p = &e->peers[peer];
     gc_chan *c = p->chan;
     int moved = 0;
+    uint64_t pushed = 0;
     gc_p2p_out *o;
     while ((o = p->out_head) != NULL) {
         const uint64_t total = GC_P2P_HDR_BYTES + o->plen;
@@ -383,6 +392,8 @@ static int gc_p2p__push(gc_p2p *e, int peer)
                 return moved;
             o->off += (uint64_t)k;
             moved = 1;
+            if ((pushed += (uint64_t)k) >= GC_P2P_PUSH_MAX)
+                return moved;
         }
         p->out_head = o->next;
         if (!p->out_head) p->out_tail = NULL;
