@@ -49,10 +49,12 @@
  * there (EPERM) says which chunk it claimed in DONE and helps that peer no more: the receiver
  * reads that chunk itself. A receive that falls back to CTS marks every chunk claimed first.
  *
- * Progress. Nothing runs behind the caller's back: every call and every wait pushes the queued
+ * Progress. Nothing runs behind the caller's back: every wait, test and probe pushes the queued
  * frames of every peer and reads whatever arrived, under one mutex, without the GIL; a pass
  * moves about GC_P2P_PUSH_MAX out and GC_P2P_PULL_MAX in per peer, so neither direction
- * starves the other. Only waits,
+ * starves the other. A call that posts (Isend, Irecv) only pushes: its frame leaves at once,
+ * and what arrives meanwhile is read by the next wait in one go (a TCP read then takes many
+ * small messages, not one per call, and finds every receive of the window posted). Only waits,
  * tests and probes copy rendezvous bytes: a rank that posts a window of Isends and Irecvs
  * announces all its sends before it starts copying its peer's, so both directions copy at
  * once. A wait spins,
@@ -100,10 +102,9 @@
 #define GC_P2P_SHARE_CHUNKS 64u             /* doubled until a message has at most this many */
 #define GC_P2P_DIRECT_MIN  (64u << 10)      /* a payload from this size is read straight into its place
                                                 where the channel can (TCP: no copy out of its ring) */
-#define GC_P2P_PULL_MAX    (256u << 10)     /* one progress pass reads about this much of a peer: a
-                                                call that posts returns while a sender streams, and
-                                                the receives it posts next catch the messages that
-                                                follow (read into place, not queued unexpected) */
+#define GC_P2P_PULL_MAX    (256u << 10)     /* one progress pass reads about this much of a peer:
+                                                a wait that reads a streaming sender pushes its
+                                                own frames in between */
 
 enum { GC_P2P_EAGER = 1, GC_P2P_RTS = 2, GC_P2P_CTS = 3, GC_P2P_DATA = 4, GC_P2P_ACK = 5, GC_P2P_DEST = 6,
        GC_P2P_DONE = 7 };
@@ -534,8 +535,8 @@ static void gc_p2p__rendezvous(gc_p2p *e, gc_p2p_req *r, int peer, const gc_p2p_
     r->len = h->nbytes;
     r->id = h->id;
     if (p->cma && p->pid > 0) {
-        /* Read later, by a wait, test or probe: a progress pass inside a call that posts (an
-         * Isend, an Irecv) must not copy, or a rank that is busy copying the peer's messages
+        /* Read later, by a wait, test or probe: a call that posts or sends (a blocking Send's
+         * read of what came) must not copy, or a rank that is busy copying the peer's messages
          * announces its own only afterwards and the two directions take turns. */
         r->raddr = h->addr;
         r->copied = 0;
@@ -1025,7 +1026,7 @@ static int gc_p2p__progress(gc_p2p *e)
 
 /* A progress pass, then the next piece of a matched rendezvous, or, with none to read (a posted
  * receive whose message has not come is no work yet), help with a send (waits, tests and
- * probes: the calls that post only make the progress pass). A rank's own receives come first: when both ranks have theirs (both
+ * probes: the calls that post only push). A rank's own receives come first: when both ranks have theirs (both
  * directions at once), both cores are busy already and helping would only add reads. The
  * pairs' helping words follow this rank's state. 1 when something moved. */
 static int gc_p2p__advance(gc_p2p *e)
@@ -1280,7 +1281,7 @@ static gc_p2p_req *gc_p2p_isend(gc_p2p *e, uint64_t comm, int dest, int32_t tag,
         }
     }
     if (p->chan && !p->lost)
-        gc_p2p__progress(e);  /* a small message leaves now */
+        gc_p2p__push(e, dest);  /* a small message leaves now */
     pthread_mutex_unlock(&e->mu);
     return r;
 }
@@ -1352,11 +1353,10 @@ static gc_p2p_req *gc_p2p_irecv(gc_p2p *e, uint64_t comm, int source, int32_t ta
         r->where = GC_W_POSTED;
         gc_p2p__req_push(&e->posted_head, &e->posted_tail, r);
     }
-    /* Posted first, then a progress pass: a message whose header is read now matches this
-     * receive and lands in its buffer (read first, it would be queued unexpected and copied
-     * twice; MPI's order is kept either way: what was read before is in the queue above, and a
-     * channel is read in order). */
-    gc_p2p__progress(e);
+    /* No progress pass: the next wait, test or probe reads what came, matched against this
+     * receive and the others posted meanwhile (read before them, a window's messages would be
+     * queued unexpected and copied twice; MPI's order holds: what was read before is in the
+     * queue above, and a channel is read in order). */
     pthread_mutex_unlock(&e->mu);
     return r;
 }
