@@ -187,7 +187,7 @@ struct gc_p2p_out {            /* a frame queued toward one peer */
     uint64_t plen, off;        /* off: bytes of header + payload pushed so far */
     gc_p2p_req *req;           /* completes when pushed (EAGER, DATA) */
     char *own;                 /* a copy of the payload this frame owns (freed with it), or NULL */
-    int control;               /* an answer (CTS, ACK, DEST, DONE): queued ahead of frames not started */
+    int answer;                /* CTS, ACK, DEST or DONE: queued ahead of frames not started */
 };
 
 typedef struct {
@@ -301,8 +301,13 @@ static inline int gc_p2p__matches(const gc_p2p_req *r, uint64_t comm, int src, i
 
 /* ---- sending frames ----------------------------------------------------------------------- */
 
-static gc_p2p_out *gc_p2p__queue(gc_p2p *e, int peer, const gc_p2p_hdr *h, const char *payload,
-                                 uint64_t plen, gc_p2p_req *req)
+/* Queue a frame toward peer: at the tail, or (answer) ahead of every frame not started but
+ * behind the earlier answers. An answer (CTS, ACK, DEST, DONE) is a header the peer's transfer
+ * waits on: behind a window of this rank's own DATA (both directions at once between hosts) a
+ * CTS would hold the peer's sends until all of this rank's bytes were out, one direction after
+ * the other. Answers match nothing, so the order of the matched frames (EAGER, RTS) is kept. */
+static gc_p2p_out *gc_p2p__enqueue(gc_p2p *e, int peer, const gc_p2p_hdr *h, const char *payload,
+                                   uint64_t plen, gc_p2p_req *req, int answer)
 {
     gc_p2p_out *o = (gc_p2p_out *)calloc(1, sizeof *o);
     if (!o) return NULL;
@@ -310,32 +315,25 @@ static gc_p2p_out *gc_p2p__queue(gc_p2p *e, int peer, const gc_p2p_hdr *h, const
     o->payload = payload;
     o->plen = plen;
     o->req = req;
+    o->answer = answer;
     gc_p2p_peer *p = &e->peers[peer];
-    if (p->out_tail) p->out_tail->next = o; else p->out_head = o;
-    p->out_tail = o;
-    return o;
-}
-
-/* Queue an answer ahead of every frame not started but behind the earlier answers: an answer is
- * a header, and the peer's transfer waits on it. Behind a window of this rank's own DATA (both
- * directions at once between hosts) a CTS would hold the peer's sends until all of this rank's
- * bytes were out, one direction after the other. Answers match nothing, so the order of the
- * matched frames (EAGER, RTS) is kept. */
-static gc_p2p_out *gc_p2p__queue_answer(gc_p2p *e, int peer, const gc_p2p_hdr *h)
-{
-    gc_p2p_peer *p = &e->peers[peer];
-    gc_p2p_out *o = (gc_p2p_out *)calloc(1, sizeof *o), **at = &p->out_head;
-    if (!o) return NULL;
-    o->h = *h;
-    o->control = 1;
-    if (*at && (*at)->off > 0)   /* the frame going out now finishes first */
-        at = &(*at)->next;
-    while (*at && (*at)->control)
-        at = &(*at)->next;
+    gc_p2p_out **at = answer ? &p->out_head : (p->out_tail ? &p->out_tail->next : &p->out_head);
+    if (answer) {
+        if (*at && (*at)->off > 0)   /* the frame going out now finishes first */
+            at = &(*at)->next;
+        while (*at && (*at)->answer)
+            at = &(*at)->next;
+    }
     o->next = *at;
     *at = o;
     if (!o->next) p->out_tail = o;
     return o;
+}
+
+static gc_p2p_out *gc_p2p__queue(gc_p2p *e, int peer, const gc_p2p_hdr *h, const char *payload,
+                                 uint64_t plen, gc_p2p_req *req)
+{
+    return gc_p2p__enqueue(e, peer, h, payload, plen, req, 0);
 }
 
 static void gc_p2p__lose(gc_p2p *e, int peer, int why, uint64_t value);
@@ -352,7 +350,7 @@ static void gc_p2p__control_at(gc_p2p *e, int peer, int kind, uint64_t id, int64
     /* The peer may wait for this answer while this process leaves point to point (for a
      * collective, say): it goes out now, not at the next progress pass. Nowhere to say it
      * (the peer is gone) or no memory: the peer's wait fails on its own. */
-    if (!e->peers[peer].lost && gc_p2p__queue_answer(e, peer, &h) && e->peers[peer].chan)
+    if (!e->peers[peer].lost && gc_p2p__enqueue(e, peer, &h, NULL, 0, NULL, 1) && e->peers[peer].chan)
         gc_p2p__push(e, peer);
 }
 

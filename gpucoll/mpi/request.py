@@ -243,8 +243,6 @@ class Request:
     @staticmethod
     def Waitall(requests, statuses=None):
         requests = handles(requests)
-        if statuses is None and _waitall_plain(requests):
-            return True
         _waitall(requests, statuses)
         return True
 
@@ -391,47 +389,43 @@ def _status_slots(statuses, n):
 def _wait_together(requests):
     """One wait in native code for a window of point-to-point requests (as gpucoll's
     Request.Waitall): their rendezvous copies run back to back, and each handle is then
-    completed without waiting. A timeout raises as the first unfinished one's Wait would."""
+    completed without waiting. A timeout raises as the first unfinished one's Wait would.
+    Returns the states it waited for, or None where it did not."""
     states = [req._s for req in requests if req._active()]
     if len(states) > 1:
         kind = type(states[0])
         wait_all = getattr(kind, "_wait_all", None)
         if wait_all is not None and all(type(state) is kind for state in states):
             wait_all(states, config.TIMEOUT.get())
+            return states
+    return None
 
 
-def _waitall_plain(requests):
-    """Waitall without statuses over plain handles of one native kind of request (a window of
-    Isends and Irecvs): one wait in native code, each settled there, each handle nulled; a
-    window's requests cost what gpucoll's own Waitall costs. False when there is more to do
-    (other kinds, persistent or cancelled requests, handles asked for by number, an error):
-    the general path does it all (an error is raised there, after the others complete)."""
-    if not requests or _REGISTRY:
-        return False
-    states = []
-    kind = type(requests[0]._s)
-    for req in requests:
-        state = req._s
-        if type(req) is not Request or type(state) is not kind or req._cancelled:
-            return False
-        states.append(state)
-    wait_all = getattr(kind, "_wait_all", None)
-    if wait_all is None:
-        return False
-    wait_all(states, config.TIMEOUT.get())
+def _settle_together(requests, states):
+    """Complete the handles whose states one native wait finished, when nothing else is asked
+    (no statuses): each state settled in native code, each handle nulled; their values. None
+    where each handle must complete on its own: a null, persistent or cancelled one, handles
+    asked for by number, an error (raised there, after the others complete)."""
+    if _REGISTRY or len(states) != len(requests) \
+            or any(type(req) is not Request or req._cancelled for req in requests):
+        return None
     try:
         for state in states:
             state.Wait(None)
     except Exception:
-        return False
+        return None
     for req in requests:
         req._s = None
-    return True
+    return [getattr(state, "_value", None) for state in states]
 
 
 def _waitall(requests, statuses, slots=None):
-    _wait_together(requests)
+    states = _wait_together(requests)
     slots = _status_slots(statuses, len(requests)) if slots is None else slots
+    if states is not None and not slots:
+        values = _settle_together(requests, states)
+        if values is not None:
+            return values
     values, first_error = [], None
     for i, req in enumerate(requests):
         try:

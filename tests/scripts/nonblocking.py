@@ -68,6 +68,11 @@ out["overlap"] = {"first_test": first_test, "done": req.Test(), "waited": time.m
 req.Wait()  # Wait after completion returns at once
 
 # --- Isend / Irecv with tags and ANY_SOURCE -----------------------------------------------------
+def kinds(requests):
+    """The request types' full names: the short paths' are the native type, settled in C."""
+    return sorted({f"{type(r).__module__}.{type(r).__name__}" for r in requests})
+
+
 comm.Barrier()
 p2p = {}
 if rank == 0:
@@ -122,8 +127,7 @@ if rank == 0:
                 p2p["waitany_status_wrong"] = st.Get_source()
         p2p["waitany"] = sorted(int(b[0]) for b in bufs)
         p2p["irecv_status"] = [[r.status.Get_source(), r.status.Get_tag(), r.status.Get_count()] for r in rq]
-        # the short path's requests are the native type, settled in C (not a Python fallback)
-        p2p["irecv_types"] = sorted({f"{type(r).__module__}.{type(r).__name__}" for r in rq})
+        p2p["irecv_types"] = kinds(rq)
         p2p["waitany_empty"] = Request.Waitany([])
 else:
     sends = [comm.Isend(np.array([100 + rank], np.int32), dest=0, tag=99),
@@ -142,7 +146,7 @@ else:
     last = sends[-1]
     p2p["isend_requests"] = [all(isinstance(r, Request) for r in sends), last.Get_status(), bool(last),
                              list(last.test()), last.wait(), repr(last)]
-    p2p["isend_types"] = sorted({f"{type(r).__module__}.{type(r).__name__}" for r in sends})
+    p2p["isend_types"] = kinds(sends)
     try:
         last.Cancel()
     except NotImplementedError as exc:
