@@ -8,9 +8,10 @@ Each launcher runs N ranks of the same tiny program in its own library (import, 
 job, print the rank, barrier, exit): gpucoll under `gpurun -np N`, torch.distributed (gloo)
 under `torchrun --standalone --nproc-per-node N`, mpi4py under `mpiexec -n N` (Open MPI), and
 the same mpi4py program importing NumPy first ("mpiexec+numpy": gpucoll imports NumPy, mpi4py does not).
-The table gives the median of the timed runs (after one untimed warm-up) with their range
-(min-max), and how many times longer than gpurun each peer took (median / gpurun's
-median). Each run must print every rank. A launcher that is not installed, or whose run
+The launchers take turns: each round runs every one of them once (the first round is an untimed
+warm-up), so a slow spell of a shared machine falls on all alike. The table gives the median of
+the timed runs with their range (min-max), and how many times longer than gpurun each peer took,
+taken round by round (its time / gpurun's time in the same round): median [min-max]. Each run must print every rank. A launcher that is not installed, or whose run
 fails, is left out with the reason, and the exit status is then 1. With --bare every launcher runs a Python
 program that only prints its rank, which separates the launcher's own cost from the
 library's start-up (imports, joining the job, the barrier).
@@ -104,15 +105,29 @@ def run_once(argv, env, nprocs, timeout):
     return took
 
 
-def measure(argv, env, nprocs, reps, timeout):
-    run_once(argv, env, nprocs, timeout)  # warm-up: page cache, .pyc files
-    return [run_once(argv, env, nprocs, timeout) for _ in range(reps)]
+def measure(jobs, nprocs, reps, timeout, missing):
+    """{launcher: [seconds of each timed run]}. Each round runs every launcher once, in turn, so a
+    slow spell of a shared machine falls on all of them alike; the first round is a warm-up (page
+    cache, .pyc files). A launcher whose run fails is dropped, with the reason added to missing."""
+    times = {name: [] for name in jobs}
+    for round_ in range(reps + 1):
+        for name in [n for n in jobs if n in times]:
+            argv, env = jobs[name]
+            try:
+                took = run_once(argv, env, nprocs, timeout)
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                missing.append(f"{name} -np {nprocs}: {exc}")
+                del times[name]
+                continue
+            if round_:
+                times[name].append(took)
+    return times
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--np", type=int, nargs="+", default=[4, 32], help="rank counts (4 32)")
-    parser.add_argument("--reps", type=int, default=5, help="timed runs per launcher and count (5)")
+    parser.add_argument("--reps", type=int, default=5, help="timed rounds per rank count: runs of each launcher (5)")
     parser.add_argument("--only", nargs="+", choices=sorted(PROGRAMS), help="launchers to run")
     parser.add_argument("--bare", action="store_true", help="programs that only print their rank")
     parser.add_argument("--timeout", type=float, default=300, help="seconds one run may take (300)")
@@ -129,30 +144,25 @@ def main():
             if isinstance(table[name], str):
                 missing.append(f"{name}: {table[name]}")
         for nprocs in args.np:
-            base = None
-            for name in names:
-                if isinstance(table[name], str):
-                    continue
-                build, env = table[name]
-                try:
-                    times = measure(build(nprocs), env, nprocs, args.reps, args.timeout)
-                except (RuntimeError, subprocess.TimeoutExpired) as exc:
-                    missing.append(f"{name} -np {nprocs}: {exc}")
-                    continue
-                median = statistics.median(times)
-                if name == "gpurun":
-                    base = median
-                rows.append(dict(launcher=name, ranks=nprocs, seconds=summary.spread(times), runs=times,
-                                 vs_gpurun=median / base if base else None))
-                print(f"  {name} -np {nprocs}: median {median:.3f} s", file=sys.stderr)
+            jobs = {name: (table[name][0](nprocs), table[name][1]) for name in names
+                    if not isinstance(table[name], str)}
+            times = measure(jobs, nprocs, args.reps, args.timeout, missing)
+            base = times.get("gpurun")
+            for name, runs in times.items():
+                # run by run: the peer's k-th run over gpurun's k-th run of the same round
+                ratios = [t / b for t, b in zip(runs, base)] if base else None
+                rows.append(dict(launcher=name, ranks=nprocs, seconds=summary.spread(runs), runs=runs,
+                                 vs_gpurun=statistics.median(ratios) if ratios else None,
+                                 vs_gpurun_runs=ratios))
+                print(f"  {name} -np {nprocs}: median {statistics.median(runs):.3f} s", file=sys.stderr)
 
-    print(f"\n{'launcher':<14} {'ranks':>5} {'seconds: median [min-max]':>27} {'x gpurun':>9}")
+    print(f"\n{'launcher':<14} {'ranks':>5} {'seconds: median [min-max]':>27} {'x gpurun: median [min-max]':>27}")
     for r in rows:
-        ratio_text = f"{r['vs_gpurun']:.2f}" if r["vs_gpurun"] is not None else "-"
-        print(f"{r['launcher']:<14} {r['ranks']:>5} {summary.spread_text(r['runs'], '{:.3f}'):>27} {ratio_text:>9}")
+        ratio_text = summary.spread_text(r["vs_gpurun_runs"]) if r["vs_gpurun_runs"] else "-"
+        print(f"{r['launcher']:<14} {r['ranks']:>5} {summary.spread_text(r['runs'], '{:.3f}'):>27} {ratio_text:>27}")
     print(f"\n{'bare programs (launcher cost only)' if args.bare else 'hello + barrier'}: "
-          f"{args.reps} timed runs each after one warm-up; 'x gpurun' = median / gpurun's median "
-          f"(above 1: gpurun is faster). {os.cpu_count()} CPUs.")
+          f"{args.reps} rounds after a warm-up round, each running every launcher once in turn; "
+          f"'x gpurun' = a launcher's time / gpurun's in the same round (above 1: gpurun is faster). {os.cpu_count()} CPUs.")
     for m in missing:
         print(f"# left out: {m}")
     if args.json:

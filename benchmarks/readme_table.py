@@ -9,8 +9,8 @@
 Several files of the same command (separate invocations) are pooled: every run of every file
 counts, so the ranges show the spread between invocations too, not only within one. --check
 asks whether a new invocation reproduces the table the others make: each row's median ratio
-(the launch table: its median seconds) in the new file against the pooled range of the others;
-it lists the rows outside and exits 1 if there is one.
+(the launch table: each peer's time / gpurun's, round by round) in the new file against the
+pooled range of the others; it lists the rows outside and exits 1 if there is one.
 """
 import json
 import sys
@@ -87,13 +87,14 @@ def _is_launch(doc):
 
 
 def launch_table(doc):
-    """bench_launch.py's rows: seconds per launcher and rank count, median / gpurun's median."""
-    gpurun = {r["ranks"]: _median(r["runs"]) for r in doc["rows"] if r["launcher"] == "gpurun"}
+    """bench_launch.py's rows: seconds per launcher and rank count, and time / gpurun's time of the
+    same round (gpurun's own rows: 1 by definition)."""
     lines = ["| launcher | ranks | seconds | time / gpurun's |", "|---|---:|---:|---:|"]
     for r in doc["rows"]:
-        t = r["runs"]
-        lines.append(f"| {r['launcher']} | {r['ranks']} | {_span(_median(t), min(t), max(t), lambda x: f'{x:.3f}')} "
-                     f"| {_median(t) / gpurun[r['ranks']]:.2f} |")
+        t, x = r["runs"], r["vs_gpurun_runs"]
+        ratio = "1" if r["launcher"] == "gpurun" else _span(_median(x), min(x), max(x), _ratio) if x else "-"
+        lines.append(f"| {r['launcher']} | {r['ranks']} | {_span(_median(t), min(t), max(t), lambda v: f'{v:.3f}')} "
+                     f"| {ratio} |")
     return lines
 
 
@@ -105,12 +106,13 @@ def pooled(paths):
             docs.append(json.load(f))
     doc = docs[0]
     if _is_launch(doc):  # rows matched by launcher and rank count
-        runs = {}
-        for d in docs:
-            for r in d["rows"]:
-                runs.setdefault((r["launcher"], r["ranks"]), []).extend(r["runs"])
-        for r in doc["rows"]:
-            r["runs"] = runs[(r["launcher"], r["ranks"])]
+        for key in ("runs", "vs_gpurun_runs"):
+            runs = {}
+            for d in docs:
+                for r in d["rows"]:
+                    runs.setdefault((r["launcher"], r["ranks"]), []).extend(r[key] or [])
+            for r in doc["rows"]:
+                r[key] = runs[(r["launcher"], r["ranks"])]
         return doc, [d["settings"]["date"] for d in docs]
     doc["runs"] = [run for d in docs for run in d["runs"]]
     if "peer_label" not in doc["settings"]:
@@ -122,10 +124,11 @@ def pooled(paths):
 
 def ratios(doc):
     """{row label: [ratio of each run]} of a pooled document, wrong rows left out (the launch
-    table: the seconds of each run)."""
+    table: each peer's time / gpurun's; gpurun's own times drift with the machine)."""
     out = {}
     if _is_launch(doc):
-        return {f"{r['launcher']} {r['ranks']}": r["runs"] for r in doc["rows"]}
+        return {f"{r['launcher']} {r['ranks']}": r["vs_gpurun_runs"] for r in doc["rows"]
+                if r["launcher"] != "gpurun" and r["vs_gpurun_runs"]}
     if "peer_label" in doc["settings"]:
         for i, row in enumerate(doc["rows"]):
             pairs = [(run["gpucoll"][i], run["peer"][i]) for run in doc["runs"]]

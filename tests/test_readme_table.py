@@ -45,21 +45,25 @@ def test_check_names_the_rows_a_new_invocation_does_not_reproduce(tmp_path, caps
 
 
 def _launch(tmp_path, name, gpurun, mpiexec):
+    """A bench_launch.py document: gpurun's and mpiexec's seconds round by round, and their ratios."""
+    ratios = [m / g for m, g in zip(mpiexec, gpurun)]
     doc = {"settings": {"command": "benchmarks/bench_launch.py --reps 3", "date": name},
-           "rows": [{"launcher": "gpurun", "ranks": 4, "runs": gpurun}, {"launcher": "mpiexec", "ranks": 4, "runs": mpiexec}]}
+           "rows": [{"launcher": "gpurun", "ranks": 4, "runs": gpurun, "vs_gpurun_runs": [1.0] * len(gpurun)},
+                    {"launcher": "mpiexec", "ranks": 4, "runs": mpiexec, "vs_gpurun_runs": ratios}]}
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(doc))
     return str(path)
 
 
-def test_launch_tables_pool_by_launcher_and_check_seconds(tmp_path, capsys):
-    a = _launch(tmp_path, "first", [1.0, 1.2, 1.1], [2.0, 2.2, 2.4])
-    b = _launch(tmp_path, "again", [0.9], [2.6])
+def test_launch_tables_pool_by_launcher_and_check_round_by_round_ratios(tmp_path, capsys):
+    a = _launch(tmp_path, "first", [1.0, 1.2, 1.1], [2.0, 3.0, 2.2])    # ratios 2.0, 2.5, 2.0
+    b = _launch(tmp_path, "again", [0.9], [2.7])                         # ratio 3.0
     doc, dates = readme_table.pooled([a, b])
     assert dates == ["first", "again"]
-    # gpurun 0.9, 1.0, 1.1, 1.2 -> median 1.05; mpiexec 2.0, 2.2, 2.4, 2.6 -> 2.3, 2.19x gpurun's
-    assert readme_table.launch_table(doc)[2:] == ["| gpurun | 4 | 1.050 [0.900-1.200] | 1.00 |",
-                                                  "| mpiexec | 4 | 2.300 [2.000-2.600] | 2.19 |"]
-    assert readme_table.check(_launch(tmp_path, "inside", [1.0, 1.1, 5.0], [2.1, 2.5, 2.5]), [a, b]) == []
-    assert readme_table.check(_launch(tmp_path, "slow", [1.3, 1.4, 1.5], [2.1, 2.2, 2.3]), [a, b]) == ["gpurun 4"]
+    # gpurun 0.9, 1.0, 1.1, 1.2 -> 1.05; mpiexec 2.0, 2.2, 2.7, 3.0 -> 2.45; ratios 2, 2, 2.5, 3 -> 2.25
+    assert readme_table.launch_table(doc)[2:] == ["| gpurun | 4 | 1.050 [0.900-1.200] | 1 |",
+                                                  "| mpiexec | 4 | 2.450 [2.000-3.000] | 2.25 [2.00-3.00] |"]
+    # a machine twice as slow for both launchers reproduces the table; a peer relatively faster does not
+    assert readme_table.check(_launch(tmp_path, "slower", [2.0, 2.2, 2.4], [4.4, 5.0, 5.5]), [a, b]) == []
+    assert readme_table.check(_launch(tmp_path, "closer", [1.0, 1.1, 1.2], [1.5, 1.9, 2.3]), [a, b]) == ["mpiexec 4"]
     assert "OUTSIDE" in capsys.readouterr().out
