@@ -168,7 +168,10 @@ class Communicator:
             self._dispatch.quiesce()
         except GpucollError as exc:
             error = exc
-        self._p2p.close()
+        try:  # a GPU message that timed out on the device and was not reported yet is, here
+            self._p2p.close()
+        except GpucollError as exc:
+            error = error or exc
         self._dispatch.close()
         self._freed = True
         if error is not None:

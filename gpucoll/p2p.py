@@ -326,6 +326,8 @@ class PointToPoint:
         return self._native.unexpected(self._key)
 
     def close(self):
-        if self.gpu is not None:
-            self.gpu.close()
-        self._native.forget(self._key)
+        try:
+            if self.gpu is not None:
+                self.gpu.close()
+        finally:
+            self._native.forget(self._key)

@@ -10,6 +10,7 @@ that prove the job's secret get through it.
 import atexit
 import json
 import os
+import sys
 import threading
 
 from . import config, log
@@ -110,11 +111,13 @@ def initialized():
 
 
 def _finalize():
-    """At exit: rank 0 of a job whose store lives in rank 0 waits until the others are
+    """At exit: GPU messages still on the device are read or time out (and a timeout nothing
+    raised is reported); rank 0 of a job whose store lives in rank 0 waits until the others are
     done with it, so no rank loses the store while still shutting down."""
     world = _world
     if world is None or world._pid != os.getpid():  # a forked child: the job's store is the parent's
         return
+    _settle_gpu_messages()
     boot = world._ctx.boot
     if not getattr(boot, "info", None) or not boot.info.host_store or world.size == 1:
         return
@@ -125,6 +128,17 @@ def _finalize():
             boot.store.wait(["gpucoll/all-finished"], timeout=30)
     except Exception:  # the job is ending anyway; never turn exit into a hang or a traceback
         pass
+
+
+def _settle_gpu_messages():
+    slots = sys.modules.get("gpucoll.gpu.slots")  # loaded only where GPU point to point ran
+    if slots is None:
+        return
+    try:
+        for error in slots.settle_at_exit():
+            log.warn("P2P", "at exit: %s (no call of the communicator raised it before the program ended)", error)
+    except Exception as exc:  # the CUDA context may already be torn down; exit must go on
+        log.warn("P2P", "at exit: could not wait for GPU point-to-point messages on the device: %s", exc)
 
 
 def world():

@@ -127,9 +127,29 @@ def test_gpu_timeout_names_operation_and_peer(gpurun_job):
 def test_gpu_slot_timeout_names_the_peer_on_both_sides(gpurun_job):
     env = job_env(2, GPUCOLL_TIMEOUT="4")
     res = gpurun_job(2, "gpu_slot_timeout.py", env=env, timeout=120).check().json_lines()
+    assert res[0]["warm"] and res[1]["warm"], res
     assert res[0]["slots_before"], "the 32 small GPU messages before the stalled one did not arrive intact"
     assert res[1]["slot_sender"] and "rank 0" in res[1]["slot_sender"], res
     assert res[0]["slot_receiver"] and "rank 1" in res[0]["slot_receiver"], res
+
+
+@needs_gpu
+def test_gpu_free_raises_and_exit_reports_a_slot_timeout_nothing_raised(gpurun_job):
+    job = gpurun_job(2, "gpu_slot_exit.py", "free", env=job_env(2, GPUCOLL_TIMEOUT="4"), timeout=120).check()
+    res = job.json_lines()
+    assert res[0]["warm"] and res[1]["warm"], res
+    assert res[1]["free"] and "rank 0" in res[1]["free"], f"Free dropped the recorded slot timeout: {res}"
+    report = [line for line in job.stderr.splitlines() if "at exit: point to point on GPU" in line]
+    assert len(report) == 1 and f"communicator {res[1]['left']})" in report[0] and "rank 0" in report[0], \
+        job.stderr[-3000:]
+
+
+@needs_gpu
+def test_gpu_messages_are_read_before_their_sender_exits(gpurun_job):
+    job = gpurun_job(2, "gpu_slot_exit.py", "exit", env=job_env(2, GPUCOLL_TIMEOUT="8"), timeout=120).check()
+    res = job.json_lines()
+    assert res[0] == {"warm": True, "small": True, "full": True}, f"read after their sender ended: {res}"
+    assert "at exit" not in job.stderr, job.stderr[-3000:]
 
 
 @needs_gpu

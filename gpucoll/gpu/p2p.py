@@ -373,10 +373,17 @@ class GpuPointToPoint:
         self._deferred, self._grouped = [], []
 
     def close(self):
+        """Release the outboxes and side streams; raises a timeout a slot kernel recorded."""
+        error = None
         for out in self._outboxes.values():
-            out.close()  # waits for the device: nothing of ours still runs on the copy streams
+            try:
+                out.close()  # waits for the device: nothing of ours still runs on the copy streams
+            except GpucollError as exc:
+                error = error or exc
         self._outboxes = {}
         for (device, _), side in self._side.items():
             self._context(device)
             cuda.stream_destroy(side)
         self._side = {}
+        if error is not None:
+            raise error

@@ -18,15 +18,20 @@ engine carries an envelope (an OFFER-flagged message: SMALL or LARGE below) and 
   then waits for that copy. The sender's stream waits for the free words where the send
   completes (Send: at once; Isend: at Wait/Test), so later work there may overwrite the buffer.
 
+Receivers read from the sender's memory (its outbox, or its buffer), so the communicator's Free
+and the process's exit first wait until every message sent through the outboxes was read.
+
 Memory handles are mapped once per allocation (gpucoll/gpu/ipc.py). A sender SLOTS messages
 ahead of its receiver makes its stream wait on the device (as NCCL's sends do); a kernel that
 waits longer than GPUCOLL_TIMEOUT gives up and records the peer in a mapped host word, raised
-as gpucoll.TimeoutError by the next point-to-point call of the communicator or by a receive's
-Wait. Layout and steps in gpucoll/kernels/coll.cu (p2p_slots).
+as gpucoll.TimeoutError by the next point-to-point call of the communicator, by a receive's
+Wait, or by the communicator's Free; one that nothing raised by the time the process exits is
+reported then (settle_at_exit()). Layout and steps in gpucoll/kernels/coll.cu (p2p_slots).
 """
 import collections
 import struct
 import threading
+import weakref
 
 from .. import config
 from ..errors import GpucollError
@@ -52,6 +57,7 @@ SMALL_KIND, LARGE_KIND = b"S", b"L"
 
 _kernels = {}  # arch -> Kernels, shared by every communicator of the process
 _kernels_lock = threading.Lock()
+_open = weakref.WeakSet()  # every Outboxes not closed yet (settle_at_exit)
 
 
 def message_size(envelope):
@@ -91,6 +97,8 @@ class Outboxes:
         self._boxes = {}  # destination rank -> (base, IPC handle)
         self._sent = collections.Counter()  # destination rank -> messages numbered so far
         self._lock = threading.Lock()
+        self.heard = False  # whether a recorded timeout was raised to the program
+        _open.add(self)
 
     def _box(self, dest):
         box = self._boxes.get(dest)
@@ -171,31 +179,65 @@ class Outboxes:
         """Every entry in one launch (or a few: at most MAXMSGS messages each) on stream."""
         cuda = _cuda()
         try:
-            for i in range(0, len(entries), cuda.MAXMSGS):
-                self.launcher.launch_msgs(self.fn, SLOT_BLOCKS, THREADS, stream, entries[i:i + cuda.MAXMSGS], SLOTS)
+            self._launch_all(cuda, entries, stream)
         except cuda.DeviceTimeout:
             self.check()
             raise
 
+    def _launch_all(self, cuda, entries, stream):
+        for i in range(0, len(entries), cuda.MAXMSGS):
+            self.launcher.launch_msgs(self.fn, SLOT_BLOCKS, THREADS, stream, entries[i:i + cuda.MAXMSGS], SLOTS)
+
+    def settle(self):
+        """Wait until every message put in these outboxes was read, or its wait gave up (at most
+        GPUCOLL_TIMEOUT, recorded as a timeout): receivers read them from this process's memory,
+        which Free and exit take away."""
+        cuda = _cuda()
+        cuda.set_current(self.ctx)
+        # a slot holds the latest of the messages numbered into it: the last SLOTS per destination
+        entries = [self.steps(base + (seq % SLOTS) * STRIDE, seq, dest, WAIT_FREE)
+                   for dest, (base, _) in self._boxes.items()
+                   for seq in range(max(0, self._sent[dest] - SLOTS), self._sent[dest])]
+        stream = cuda.stream_create() if entries else None
+        try:
+            if entries:
+                self._launch_all(cuda, entries, stream)
+        except cuda.DeviceTimeout:
+            pass  # a kernel already gave up: timeout() says on whom
+        cuda.ctx_synchronize()  # no slot kernel of ours still runs
+        if stream is not None:
+            cuda.stream_destroy(stream)
+
     def check(self):
         """Raise the timeout a slot kernel recorded, if any."""
+        error = self.timeout()
+        if error is not None:
+            self.heard = True
+            raise error
+
+    def timeout(self):
+        """The gpucoll.TimeoutError for the timeout a slot kernel recorded, or None."""
         word = self.launcher.error_word() if self.launcher is not None else 0
-        if word:
-            peer = word - 1
-            raise GpucollTimeout(
-                f"point to point on GPU (communicator {self.name}): a GPU message to or from rank {peer} waited "
-                f"more than {config.TIMEOUT.get():g} s (GPUCOLL_TIMEOUT) on the device; rank {peer} fell behind "
-                f"by more than {SLOTS} small messages or stopped, and this communicator's GPU point to point "
-                "cannot go on")
+        if not word:
+            return None
+        peer = word - 1
+        return GpucollTimeout(
+            f"point to point on GPU (communicator {self.name}): a GPU message to or from rank {peer} waited "
+            f"more than {config.TIMEOUT.get():g} s (GPUCOLL_TIMEOUT) on the device; rank {peer} fell behind "
+            f"by more than {SLOTS} small messages or stopped, and this communicator's GPU point to point "
+            "cannot go on")
 
     def close(self):
+        """Release the outboxes once no slot kernel of ours runs; raises the timeout one of them
+        recorded (after releasing), so Free does not drop it."""
         cuda = _cuda()
         if self.launcher is None:
             return
-        cuda.set_current(self.ctx)
-        cuda.ctx_synchronize()  # no slot kernel of ours still runs
+        self.settle()
+        error = self.timeout()
         self.launcher.set_team(self.ctx, [], [], 0, 0, 0, 0, 0)  # forget the error word first
         self.launcher = None
+        _open.discard(self)
         for base, _ in self._boxes.values():
             try:
                 cuda.mem_free(base)
@@ -203,3 +245,15 @@ class Outboxes:
                 pass
         self._boxes = {}
         cuda.free_host(self.err_host)
+        if error is not None:
+            raise error
+
+
+def settle_at_exit():
+    """At exit: waits until the messages of every open outbox were read (their receivers read
+    this process's memory, gone with it), then returns the timeouts slot kernels recorded that
+    nothing raised to the program."""
+    opened = [out for out in list(_open) if out.launcher is not None]
+    for out in opened:
+        out.settle()
+    return [error for error in (out.timeout() for out in opened if not out.heard) if error is not None]
