@@ -168,7 +168,7 @@ class Communicator:
             self._dispatch.quiesce()
         except GpucollError as exc:
             error = exc
-        try:  # a GPU message that timed out on the device and was not reported yet is, here
+        try:  # waits for our GPU messages to be read; raises a timeout the device recorded
             self._p2p.close()
         except GpucollError as exc:
             error = error or exc
