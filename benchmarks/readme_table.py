@@ -11,8 +11,12 @@ counts, so the ranges show the spread between invocations too, not only within o
 asks whether a new invocation reproduces the table the others make: each row's median ratio
 (the launch table: each peer's time / gpurun's, round by round) in the new file against the
 pooled range of the others; it lists the rows outside and exits 1 if there is one.
+--check-printed does the same against the ranges the README prints, read from its Markdown:
+
+    python benchmarks/readme_table.py --check-printed README.md '**2 ranks vs Open MPI**' new.json
 """
 import json
+import re
 import sys
 
 
@@ -143,25 +147,66 @@ def ratios(doc):
 
 def check(new, olds):
     """The rows whose median ratio in `new` falls outside the pooled range of `olds`; prints all."""
-    fresh, printed = ratios(pooled([new])[0]), ratios(pooled(olds)[0])
+    ranges = {label: (min(v), max(v)) for label, v in ratios(pooled(olds)[0]).items()}
+    return _compare(new, ranges)
+
+
+def check_printed(new, readme, label):
+    """check(), against the ranges the README prints in the first table after the line that starts
+    with `label` (e.g. '**4 ranks vs Open MPI**', '### Host point to point'): no JSON needed. The
+    new medians are rounded as the table rounds (2 decimals)."""
+    return _compare(new, printed_ranges(readme, label), digits=2)
+
+
+def printed_ranges(text, label):
+    """{row label, as ratios() names it: (min, max)} of the ratio columns of a printed table."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith(label)), None)
+    if start is None:
+        raise SystemExit(f"no line starts with {label!r}")
+    table = []
+    for line in lines[start + 1:]:
+        if line.startswith("|"):
+            table.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+        elif table:
+            break
+    header, rows = table[0], table[2:]
+    # point to point: the one-way, window and both-ways ratios; any other table: its last column
+    columns = {"latency": 3, "bw": 6, "bibw": 7} if "bw ratio" in header else {"": len(header) - 1}
+    out = {}
+    for row in rows:
+        name = f"{row[0]} {row[1]}" if header[0] == "launcher" else row[0]
+        for test, col in columns.items():
+            span = re.fullmatch(r"[\d.]+ \[([\d.]+)-([\d.]+)\]", row[col])
+            if span:  # not gpurun's own rows (1), nor a wrong row
+                out[f"{test} {name}".strip()] = (float(span.group(1)), float(span.group(2)))
+    return out
+
+
+def _compare(new, ranges, digits=None):
+    fresh = ratios(pooled([new])[0])
     outside = []
-    for label, values in printed.items():
+    for label, (lo, hi) in ranges.items():
         got = fresh.get(label)
         if got is None:
             outside.append(label)
             print(f"{label:>18}: missing (or wrong) in {new}")
             continue
-        med, lo, hi = _median(got), min(values), max(values)
-        inside = lo <= med <= hi
+        med = _median(got)
+        inside = lo <= (med if digits is None else round(med, digits)) <= hi
         outside += [] if inside else [label]
         print(f"{label:>18}: {med:.2f} in [{lo:.2f}-{hi:.2f}]" + ("" if inside else "  OUTSIDE"))
-    print(f"{len(printed) - len(outside)} of {len(printed)} rows inside the printed ranges")
+    print(f"{len(ranges) - len(outside)} of {len(ranges)} rows inside the printed ranges")
     return outside
 
 
 def main(paths):
     if paths and paths[0] == "--check":
         sys.exit(1 if check(paths[1], paths[2:]) else 0)
+    if paths and paths[0] == "--check-printed":
+        readme, label, new = paths[1:4]
+        with open(readme) as f:
+            sys.exit(1 if check_printed(new, f.read(), label) else 0)
     doc, dates = pooled(paths)
     settings = doc["settings"]
     if _is_launch(doc):

@@ -67,3 +67,20 @@ def test_launch_tables_pool_by_launcher_and_check_round_by_round_ratios(tmp_path
     assert readme_table.check(_launch(tmp_path, "slower", [2.0, 2.2, 2.4], [4.4, 5.0, 5.5]), [a, b]) == []
     assert readme_table.check(_launch(tmp_path, "closer", [1.0, 1.1, 1.2], [1.5, 1.9, 2.3]), [a, b]) == ["mpiexec 4"]
     assert "OUTSIDE" in capsys.readouterr().out
+
+
+def test_check_printed_reads_the_ranges_from_the_readme_itself(tmp_path, capsys):
+    old = [_doc(tmp_path, "first", [(2.0, 3.0), (2.0, 4.0)]), _doc(tmp_path, "again", [(2.0, 2.6)])]
+    launch = [_launch(tmp_path, "launch", [1.0, 1.2, 1.1], [2.0, 3.0, 2.2])]
+    readme = "\n".join(["# Benchmarks", "**2 ranks vs Open MPI**", "", *readme_table.collective_table(
+        readme_table.pooled(old)[0]), "", "### Start-to-exit", "", *readme_table.launch_table(
+        readme_table.pooled(launch)[0]), ""])
+    # the printed ratio ranges: 1.30-2.00 (collective), 2.00-2.50 (mpiexec; gpurun's row is 1)
+    inside = _doc(tmp_path, "inside", [(2.0, 3.0), (2.0, 3.2), (2.0, 9.0)])
+    outside = _doc(tmp_path, "outside", [(2.0, 5.0), (2.0, 4.8)])
+    assert readme_table.check_printed(inside, readme, "**2 ranks vs Open MPI**") == []
+    assert readme_table.check_printed(outside, readme, "**2 ranks vs Open MPI**") == ["1 KiB"]
+    assert readme_table.check_printed(_launch(tmp_path, "same", [2.0], [4.4]), readme, "### Start-to-exit") == []
+    assert readme_table.check_printed(_launch(tmp_path, "closer", [2.0], [3.0]), readme,
+                                      "### Start-to-exit") == ["mpiexec 4"]
+    assert "OUTSIDE" in capsys.readouterr().out
