@@ -11,7 +11,8 @@ the same mpi4py program importing NumPy first ("mpiexec+numpy": gpucoll imports 
 The launchers take turns: each round runs every one of them once (the first round is an untimed
 warm-up), so a slow spell of a shared machine falls on all alike. The table gives the median of
 the timed runs with their range (min-max), and how many times longer than gpurun each peer took,
-taken round by round (its time / gpurun's time in the same round): median [min-max]. Each run must print every rank. A launcher that is not installed, or whose run
+taken round by round (its time / gpurun's time in the same round): median [min-max]. Each run
+must print every rank. A launcher that is not installed, or whose run
 fails, is left out with the reason, and the exit status is then 1. With --bare every launcher runs a Python
 program that only prints its rank, which separates the launcher's own cost from the
 library's start-up (imports, joining the job, the barrier).
@@ -152,7 +153,6 @@ def main():
                 # run by run: the peer's k-th run over gpurun's k-th run of the same round
                 ratios = [t / b for t, b in zip(runs, base)] if base else None
                 rows.append(dict(launcher=name, ranks=nprocs, seconds=summary.spread(runs), runs=runs,
-                                 vs_gpurun=statistics.median(ratios) if ratios else None,
                                  vs_gpurun_runs=ratios))
                 print(f"  {name} -np {nprocs}: median {statistics.median(runs):.3f} s", file=sys.stderr)
 
@@ -162,7 +162,8 @@ def main():
         print(f"{r['launcher']:<14} {r['ranks']:>5} {summary.spread_text(r['runs'], '{:.3f}'):>27} {ratio_text:>27}")
     print(f"\n{'bare programs (launcher cost only)' if args.bare else 'hello + barrier'}: "
           f"{args.reps} rounds after a warm-up round, each running every launcher once in turn; "
-          f"'x gpurun' = a launcher's time / gpurun's in the same round (above 1: gpurun is faster). {os.cpu_count()} CPUs.")
+          f"'x gpurun' = a launcher's time / gpurun's in the same round (above 1: gpurun is faster). "
+          f"{os.cpu_count()} CPUs.")
     for m in missing:
         print(f"# left out: {m}")
     if args.json:
