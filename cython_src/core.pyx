@@ -3,7 +3,7 @@
 
 Thin bindings of cython_src/include/gc_reduce.h, gc_shmchan.h and gc_exec.h; the policy (names,
 sizes, retries, which channel serves which peer) lives in gpucoll/transports/. Every call that
-can fail goes through ``_check``, which hands its status to gpucoll.errors.native_error.
+can fail goes through ``_check``, which hands its status to gpucoll.base.errors.native_error.
 
     >>> import numpy as np
     >>> from gpucoll._native import core
@@ -13,7 +13,7 @@ can fail goes through ``_check``, which hands its status to gpucoll.errors.nativ
 from libc.stdint cimport int64_t, uint64_t, uintptr_t, int32_t
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE, PyBUF_WRITABLE
 
-from gpucoll import errors
+from gpucoll.base import errors
 
 cdef extern from "gc_types.h" nogil:
     int GC_OK, GC_ERR_TIMEOUT, GC_ERR_PEER, GC_ERR_IO, GC_ERR_USAGE, GC_ERR_NOMEM, GC_ERR_MISMATCH
@@ -90,7 +90,7 @@ cdef int _check(int rc, int peer=-1, int64_t step=-1, what=None, int64_t got=0,
     if rc == GC_ERR_PEER or rc == GC_ERR_TIMEOUT:
         desc += f" rank {peer}"   # the executor says "receiving from", "waiting for room toward"
     elif rc == GC_ERR_MISMATCH:
-        from gpucoll import dtypes, ops
+        from gpucoll.base import dtypes, ops
         if mismatch == GC_MISMATCH_BYTES:
             desc += f" ({got} bytes announced, {want} expected)"
         elif mismatch == GC_MISMATCH_DTYPE:

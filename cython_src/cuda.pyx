@@ -21,7 +21,7 @@ on the mapped host error word that it gave up waiting for a peer (GPUCOLL_TIMEOU
 from libc.stdint cimport uintptr_t
 from libc.string cimport memcpy, memset
 
-from gpucoll.errors import GpucollError
+from gpucoll.base.errors import GpucollError
 
 
 cdef extern from "gc_cuda.h" nogil:

@@ -10,7 +10,7 @@ without the GIL::
     g.allreduce(x.ctypes.data, y.ctypes.data, x.size, dtypes.FLOAT32, ops.SUM.code, 30.0)
 
 In place: pass the receive address as the send address (MPI's IN_PLACE; see each method).
-Failures raise gpucoll.errors.TimeoutError or LostPeerError whose `ranks` are the ranks that
+Failures raise gpucoll.base.errors.TimeoutError or LostPeerError whose `ranks` are the ranks that
 had not arrived (LostPeerError: those found dead), or MismatchError when ranks called a
 collective with different kinds, counts, dtypes, ops or roots (every call publishes its
 signature in the segment and every rank compares it with those of the ranks it reads from, in
@@ -21,10 +21,10 @@ from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABL
 from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 
-from gpucoll import dtypes, ops
-from gpucoll.call import BY_ID, KINDS  # the kinds' numbers: GC_KIND_* of gc_direct.h
-from gpucoll.errors import GpucollError, InvalidUsageError, native_error
-from gpucoll.ranks import ranges
+from gpucoll.base import dtypes, ops
+from gpucoll.base.call import BY_ID, KINDS  # the kinds' numbers: GC_KIND_* of gc_direct.h
+from gpucoll.base.errors import GpucollError, InvalidUsageError, native_error
+from gpucoll.base.ranks import ranges
 
 
 cdef extern from "gc_direct.h" nogil:
@@ -165,7 +165,7 @@ cdef class DirectGroup:
     `segment` is a writable buffer holding a formatted segment (an mmap; for raw memory see
     from_address); it is kept alive, and closed by close() if it has a close method. Counts
     are elements for the reductions (dtype_code / op_code are gc_dtype / gc_op codes, see
-    gpucoll.dtypes and gpucoll.ops) and `count * itemsize` bytes for data movement; a count of
+    gpucoll.base.dtypes and gpucoll.base.ops) and `count * itemsize` bytes for data movement; a count of
     0 returns at once without synchronising. timeout_s < 0 waits without a deadline (dead
     peers are still detected).
     """
@@ -393,7 +393,7 @@ cdef class DirectGroup:
     def announce(self, int kind, uint64_t count, int dtype_code, int op_code, int root,
                  double timeout_s=-1.0):
         """A barrier carrying the signature of a call run elsewhere (kind: a GC_KIND_* number,
-        as gpucoll.call.KINDS[kind].id; count; dtype and op codes, or -1 for none; root, or -1):
+        as gpucoll.base.call.KINDS[kind].id; count; dtype and op codes, or -1 for none; root, or -1):
         raises MismatchError on every rank when the ranks' signatures differ."""
         dt = GC_SIG_NONE if dtype_code < 0 else dtype_code
         op = GC_SIG_NONE if op_code < 0 else op_code
@@ -430,7 +430,7 @@ cdef inline int _send_view(object sendbuf, object ndarray, object dt, Py_buffer 
 
 cdef class HostFast:
     """The packed host fast paths of a communicator's Allreduce, Bcast, Reduce and Allgather
-    on NumPy arrays over a direct group (installed by gpucoll/dispatch.py once a call ran on
+    on NumPy arrays over a direct group (installed by gpucoll/dispatch/dispatcher.py once a call ran on
     the direct engine; Communicator tries them before it builds a Call).
 
     Each method is called with the user's arguments before anything else; it does the checks
@@ -441,7 +441,7 @@ cdef class HostFast:
     (hooks.engine.enter(): only when nothing is queued), takes the next sequence number
     (hooks.next_seq()) and makes the native call. It returns False, having done nothing,
     whenever a check fails, so that the general path runs the call and raises its usual
-    errors. A failed native call raises through hooks.fast_failed() (gpucoll/diagnosis.py),
+    errors. A failed native call raises through hooks.fast_failed() (gpucoll/dispatch/diagnosis.py),
     as the general path's failures do.
 
     hooks: the dispatcher's public face: engine, next_seq(), choices (the cost table's cached
@@ -457,7 +457,7 @@ cdef class HostFast:
     cdef readonly unsigned long long calls  # calls these paths ran (Communicator.stats()["host_fast"])
 
     def __init__(self, DirectGroup group, hooks, in_place, ndarray, op_type, codes):
-        from gpucoll.call import Call
+        from gpucoll.base.call import Call
 
         self.group, self.hooks = group, hooks
         self.enter, self.leave = hooks.engine.enter, hooks.engine.leave

@@ -2,7 +2,7 @@
 """Thin binding of gc_p2p.h: the process's point-to-point engine and its requests.
 
 The policy (which channel reaches which peer, error texts, objects, communicators) lives in
-gpucoll/p2p.py; here every call only crosses into C, with the GIL released where it may wait.
+gpucoll/engines/p2p/host.py; here every call only crosses into C, with the GIL released where it may wait.
 The requests the caller holds (P2PRequest) and the short paths of plain arrays (ShortPaths)
 are here too: a short call, and the wait of its request, that succeed stay in C::
 
@@ -336,16 +336,16 @@ cdef class Engine:
 # --- requests as the caller holds them ----------------------------------------------------------
 # A window of Isends and Irecvs is as fast as its requests are cheap: a request is made, waited
 # for and settled here, in C, when its outcome is plain (its bytes are where they belong); the
-# communicator's PointToPoint (gpucoll/p2p.py) explains everything else: errors, timeouts,
+# communicator's PointToPoint (gpucoll/engines/p2p/host.py) explains everything else: errors, timeouts,
 # objects to unpickle, a GPU message that matched a host receive.
 
-from gpucoll.request import Request as _Request, Status as _Status
+from gpucoll.base.request import Request as _Request, Status as _Status
 
 cdef int _ANY_SOURCE = GC_P2P_ANY
 
 
 cdef class P2PRequest:
-    """A send or receive of the engine, with gpucoll.Request's interface (gpucoll/p2p.py registers
+    """A send or receive of the engine, with gpucoll.Request's interface (gpucoll/engines/p2p/host.py registers
     it as one; its lowercase and array methods are Request's own). Wait() gives up after
     GPUCOLL_TIMEOUT, naming what it waited for; a receive's status is made on first use."""
     cdef public Req _native

@@ -18,8 +18,8 @@ from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE, 
 
 import weakref
 
-from gpucoll import config
-from gpucoll.errors import InvalidUsageError, native_error
+from gpucoll.base import config
+from gpucoll.base.errors import InvalidUsageError, native_error
 
 
 cdef extern from "gc_types.h":

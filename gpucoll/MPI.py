@@ -9,8 +9,8 @@ name service, C-level handles, ...) raises NotImplementedError naming the missin
 it is called (gpucoll/mpi/unsupported.py lists them). The pieces live in
 gpucoll/mpi/, one concept per module.
 """
-from . import comm as _core_comm
-from .errors import GpucollError
+from .api import comm as _core_comm
+from .base.errors import GpucollError
 from .mpi import datatype as _datatype
 from .mpi import docs as _docs
 from .mpi import errhandler as _errhandler
@@ -23,7 +23,7 @@ from .mpi.comm import comm_lock_table as _comm_lock_table  # noqa: F401
 from .mpi.comm import commctx_intra as _commctx_intra  # noqa: F401
 from .mpi.comm import comm_self as _comm_self
 from .mpi.comm import comm_world as _comm_world
-from .mpi.constants import INTEGERS as _INTEGERS
+from .base.mpi_constants import INTEGERS as _INTEGERS
 from .mpi.datatype import Datatype  # noqa: F401
 from .mpi.environment import *  # noqa: F401,F403 - Init, Wtime, Get_error_class, Alloc_mem, ...
 from .mpi.environment import BUFFER_AUTOMATIC, _typealign, _typecode  # noqa: F401

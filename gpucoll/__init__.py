@@ -15,17 +15,17 @@ __version__ = "0.1.0"
 # Public names, resolved on first use: `import gpucoll` (and so the gpurun launcher,
 # which lives in gpucoll.launcher) stays cheap and imports neither NumPy nor sockets.
 _EXPORTS = {
-    "Communicator": "comm", "IN_PLACE": "comm", "UNDEFINED": "comm",
-    "init": "world", "initialized": "world",
-    "Request": "request",
-    "ANY_SOURCE": "p2p", "ANY_TAG": "p2p", "Status": "p2p",
-    "SUM": "ops", "PROD": "ops", "MAX": "ops", "MIN": "ops", "AVG": "ops", "BAND": "ops", "BOR": "ops",
-    "BXOR": "ops", "Op": "ops",
-    "Datatype": "buffers",
-    "GpucollError": "errors", "ConfigError": "errors", "InvalidUsageError": "errors",
-    "BootstrapError": "errors", "StoreError": "errors", "AuthenticationError": "errors",
-    "TimeoutError": "errors", "LostPeerError": "errors", "MismatchError": "errors",
-    "SharedMemoryError": "errors", "TruncationError": "errors",
+    "Communicator": "api.comm", "IN_PLACE": "api.comm", "UNDEFINED": "api.comm",
+    "init": "api.world", "initialized": "api.world",
+    "Request": "base.request", "Status": "base.request",
+    "ANY_SOURCE": "engines.p2p.host", "ANY_TAG": "engines.p2p.host",
+    "SUM": "base.ops", "PROD": "base.ops", "MAX": "base.ops", "MIN": "base.ops", "AVG": "base.ops",
+    "BAND": "base.ops", "BOR": "base.ops", "BXOR": "base.ops", "Op": "base.ops",
+    "Datatype": "calls.buffers",
+    "GpucollError": "base.errors", "ConfigError": "base.errors", "InvalidUsageError": "base.errors",
+    "BootstrapError": "base.errors", "StoreError": "base.errors", "AuthenticationError": "base.errors",
+    "TimeoutError": "base.errors", "LostPeerError": "base.errors", "MismatchError": "base.errors",
+    "SharedMemoryError": "base.errors", "TruncationError": "base.errors",
 }
 
 __all__ = ["COMM_WORLD", *_EXPORTS]
@@ -33,7 +33,7 @@ __all__ = ["COMM_WORLD", *_EXPORTS]
 
 def __getattr__(name):
     if name == "COMM_WORLD":  # joins the job on first use, so importing never blocks
-        return importlib.import_module(".world", __name__).init()
+        return importlib.import_module(".api.world", __name__).init()
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'gpucoll' has no attribute {name!r}")

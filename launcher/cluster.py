@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from gpucoll.ranks import ranges
+from gpucoll.base.ranks import ranges
 from gpucoll.transports import handshake
 
 from . import report, wire
@@ -212,7 +212,7 @@ class Head:
 
     # --- the loop -------------------------------------------------------------------------
     def run(self):
-        from gpucoll import config
+        from gpucoll.base import config
 
         now = time.monotonic()
         self.connect_deadline = now + config.INIT_TIMEOUT.get()

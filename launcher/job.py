@@ -125,7 +125,7 @@ def open_store(host, secret):
     """A StoreServer listening on a free port of `host` (start() serves it). No port to be
     had is a LaunchError (exit 125) that says so, not a traceback."""
     from gpucoll.bootstrap.store_server import StoreServer  # lazily: keep `gpurun --help` quick
-    from gpucoll.errors import StoreError
+    from gpucoll.base.errors import StoreError
 
     try:
         return StoreServer(host=host, port=0, secret=secret).listen()

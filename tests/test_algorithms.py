@@ -8,11 +8,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpucoll import config
+from gpucoll.base import config
 from gpucoll.algorithms import (COPY, GENERATORS, RECV, REDUCE, ROOTED, SEND, Schedule, ScheduleError,
                                 schedule, select, selector, simulate)
 from gpucoll.algorithms.steps import NCOLS, StepBuilder
-from gpucoll.errors import ConfigError, InvalidUsageError
+from gpucoll.base.errors import ConfigError, InvalidUsageError
 
 SIZES = (1, 2, 3, 4, 5, 7, 8, 16)
 REDUCTIONS = ("allreduce", "reduce_scatter_block", "reduce")

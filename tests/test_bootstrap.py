@@ -13,7 +13,7 @@ from gpucoll.bootstrap import hostlist
 BIN = os.path.dirname(sys.executable)
 HELLO = "import gpucoll; c = gpucoll.COMM_WORLD; print(c.rank, c.size, c.local_rank, c.local_size, flush=True)"
 EXCHANGE = """
-import gpucoll, gpucoll.world as w
+import gpucoll, gpucoll.api.world as w
 c = gpucoll.COMM_WORLD
 boot = w.world()._ctx.boot
 got = boot.allgather(b"r%d" % c.rank)
@@ -113,7 +113,7 @@ def _port_is_free(port):
 def test_slurm_step_environment_with_real_hostlist():
     # The store's port derives from the job id; take a job id whose port no other process holds
     # (the derived ports overlap the ephemeral range, where other jobs' sockets live).
-    from gpucoll.bootstrap.environment import slurm_store_port
+    from gpucoll.bootstrap.detect import slurm_store_port
     job = next(j for j in range(4242 + os.getpid() % 1000, 10**6) if _port_is_free(slurm_store_port(j, 0)))
     host = socket.gethostname()
     envs = [_clean_env(SLURM_PROCID=r, SLURM_NTASKS=2, SLURM_LOCALID=r, SLURM_NODEID=0, SLURM_JOB_ID=job,

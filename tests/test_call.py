@@ -1,11 +1,11 @@
-"""gpucoll/call.py: one table of collective kinds, numbers that every rank agrees on, and
+"""gpucoll/base/call.py: one table of collective kinds, numbers that every rank agrees on, and
 one definition of a call's bytes."""
 import os
 import re
 
 import pytest
 
-from gpucoll.call import BY_ID, KINDS
+from gpucoll.base.call import BY_ID, KINDS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,7 +35,7 @@ def test_kind_flags_match_the_native_methods():
 
 
 def test_native_describes_signatures_by_the_table():
-    from gpucoll import dtypes
+    from gpucoll.base import dtypes
     from gpucoll._native.direct import describe_signature
 
     for kind in KINDS.values():
@@ -61,8 +61,8 @@ def test_bad_stream_on_host_buffers_leaves_the_numbering_alone(gpurun_job):
 @pytest.mark.parametrize("kind,count,per_rank_bytes,table_bytes", [
     ("allreduce", 10, 40, 40), ("allgather", 10, 40, 160), ("alltoall", 3, 12, 48), ("bcast", 5, 20, 20)])
 def test_nbytes_is_per_rank_on_every_path(kind, count, per_rank_bytes, table_bytes):
-    from gpucoll import dtypes
-    from gpucoll.call import Call
+    from gpucoll.base import dtypes
+    from gpucoll.base.call import Call
 
     class Buf:  # a buffer as both paths see it: only where it lives differs
         def __init__(self, gpu):
@@ -79,7 +79,7 @@ def test_allreduce_reaches_the_native_call_through_four_modules_at_most(gpurun_j
     res = gpurun_job(2, "call_path.py").check().json_lines()
     for rank in (0, 1):
         walk = res[rank]["walk"]
-        assert walk == ["gpucoll/comm.py", "gpucoll/dispatch.py", "gpucoll/engines/direct.py",
+        assert walk == ["gpucoll/api/comm.py", "gpucoll/dispatch/dispatcher.py", "gpucoll/engines/direct.py",
                         "cython_src/direct.pyx"], walk
         assert len(set(walk)) == len(walk) <= 4
         assert res[rank]["result"] == [4.0] * 4

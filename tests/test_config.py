@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from gpucoll import config
-from gpucoll.errors import ConfigError
+from gpucoll.base import config
+from gpucoll.base.errors import ConfigError
 
 BIN = os.path.dirname(sys.executable)
 

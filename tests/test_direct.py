@@ -16,7 +16,7 @@ import zlib
 import numpy as np
 import pytest
 
-from gpucoll.errors import GpucollError, LostPeerError, TimeoutError
+from gpucoll.base.errors import GpucollError, LostPeerError, TimeoutError
 from gpucoll.transports import shm_direct
 from gpucoll.transports.shm_segment import JobSegments
 

@@ -1,5 +1,5 @@
 """One error path: every native module (core's executor, sock's channels, direct's groups)
-turns a failed GC_ERR_* status into an exception through gpucoll.errors.native_error, so a
+turns a failed GC_ERR_* status into an exception through gpucoll.base.errors.native_error, so a
 lost peer or a timeout reads the same and names the rank, whichever path met it.
 
 The peers here are real: a socket whose far end is closed, a process that has exited."""
@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from gpucoll import errors
+from gpucoll.base import errors
 from gpucoll._native import core, direct, sock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

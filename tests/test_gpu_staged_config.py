@@ -1,9 +1,9 @@
 """GPU calls through host memory read GPUCOLL_GPU_HOST_CHUNK once, when their communicator's
-staging is made, not on every call (gpucoll/gpu/staged.py). No GPU needed: how a call is cut
+staging is made, not on every call (gpucoll/engines/gpu/staged.py). No GPU needed: how a call is cut
 is decided before any copy."""
-from gpucoll import dtypes
-from gpucoll.call import Call
-from gpucoll.gpu.staged import HostStaging
+from gpucoll.base import dtypes
+from gpucoll.base.call import Call
+from gpucoll.engines.gpu.staged import HostStaging
 
 
 def test_the_chunk_size_is_read_once_when_the_staging_is_made(monkeypatch):

@@ -13,7 +13,7 @@ import uuid
 import numpy as np
 import pytest
 
-from gpucoll import errors
+from gpucoll.base import errors
 from gpucoll._native import core
 from gpucoll.transports.shm import ShmChannels
 from gpucoll.transports.shm_segment import SHM_DIR, JobSegments

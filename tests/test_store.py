@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpucoll import errors
+from gpucoll.base import errors
 from gpucoll.bootstrap import store_protocol as wire
 from gpucoll.bootstrap.store import PrefixStore, StoreClient, StoreUnreachableError
 from gpucoll.bootstrap.store_server import StoreServer

@@ -16,7 +16,7 @@ import traceback
 import numpy as np
 import pytest
 
-from gpucoll.errors import ConfigError, InvalidUsageError, LostPeerError, TimeoutError
+from gpucoll.base.errors import ConfigError, InvalidUsageError, LostPeerError, TimeoutError
 from gpucoll.transports import ifaces
 from gpucoll.transports.ifaces import Interface
 from gpucoll.transports.tcp import TcpEndpoint

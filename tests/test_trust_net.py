@@ -17,7 +17,7 @@ import time
 import pytest
 
 from conftest import GPURUN, SCRIPTS, _SCRUB
-from gpucoll import log
+from gpucoll.base import log
 from gpucoll.transports import handshake
 from gpucoll.transports.handshake import Claim, HandshakeError, PeerListener, Purpose
 

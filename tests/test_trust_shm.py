@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from gpucoll._native import direct
-from gpucoll.errors import SharedMemoryError
+from gpucoll.base.errors import SharedMemoryError
 from gpucoll.transports import shm_direct
 from gpucoll.transports.shm import ShmChannels
 from gpucoll.transports.shm_segment import SHM_DIR, JobSegments, create, open_checked

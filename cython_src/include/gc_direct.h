@@ -129,7 +129,7 @@ typedef struct {
 } gc_direct_line;
 typedef char gc__line_is_64_bytes[sizeof(gc_direct_line) == GC_DIRECT_LINE ? 1 : -1];
 
-/* Collective kinds of a call signature: the numbers of KINDS in gpucoll/call.py (tests/test_call.py
+/* Collective kinds of a call signature: the numbers of KINDS in gpucoll/base/call.py (tests/test_call.py
  * compares the two). */
 enum {
     GC_KIND_ALLREDUCE = 1, GC_KIND_BCAST = 2, GC_KIND_REDUCE = 3, GC_KIND_ALLGATHER = 4,

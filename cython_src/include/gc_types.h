@@ -1,5 +1,5 @@
 /* Shared enums and status codes of gpucoll's native layer.
- * The numeric values are mirrored in gpucoll/dtypes.py and gpucoll/ops.py: change both together. */
+ * The numeric values are mirrored in gpucoll/base/dtypes.py and gpucoll/base/ops.py: change both together. */
 #ifndef GC_TYPES_H
 #define GC_TYPES_H
 #include <stddef.h>

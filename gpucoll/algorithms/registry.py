@@ -5,7 +5,7 @@
 
 Generators are cached (functools.lru_cache), so asking again for the same call is a dict lookup.
 """
-from ..errors import InvalidUsageError
+from ..base.errors import InvalidUsageError
 from . import dissemination, linear, pairwise, rhd, ring, tree
 
 # collective -> {algorithm: generator}. Order is the order `gpucoll info` lists them.

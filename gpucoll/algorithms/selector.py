@@ -26,8 +26,8 @@ import operator
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .. import config, log
-from ..errors import InvalidUsageError
+from ..base import config, log
+from ..base.errors import InvalidUsageError
 from .registry import canonical
 
 
@@ -67,7 +67,7 @@ class Entry:
 # channels: 22 us and 187 us), so per byte of the call it moves at about 20 GB/s.
 _MEMORY = dict(alpha=0.5e-6, beta=1 / 20e9)
 
-# GPU collectives of the ranks of one host (gpucoll/gpu/dispatch.py): CUDA IPC kernels over
+# GPU collectives of the ranks of one host (gpucoll/engines/gpu/engine.py): CUDA IPC kernels over
 # NVLink (or PCIe P2P). A step is one flag exchange between all ranks; the volume counts the bytes
 # each rank moves over its links. "staged" algorithms go through the communicator's IPC staging
 # slots (one-shot and two-shot for allreduce), "direct" ones between the callers' buffers, which

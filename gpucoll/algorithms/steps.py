@@ -15,7 +15,7 @@ Generators build schedules with :class:`StepBuilder`, which keeps the column lay
 """
 import numpy as np
 
-from ..errors import InvalidUsageError
+from ..base.errors import InvalidUsageError
 
 # Step flags (column FLAGS).
 SEND = 1

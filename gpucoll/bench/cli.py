@@ -84,7 +84,7 @@ def _dtype(ctx, param, value):
 @click.option("--group", "group", type=click.IntRange(min=0), default=0, show_default=True,
               help="Issue K calls in one group (gpucoll's `with comm.group()`, NCCL's groupStart/groupEnd) "
                    "and report the time per call (GPU buffers only).")
-@click.option("-g/-H", "--gpu/--no-gpu", "gpu", default=None,
+@click.option("-g/-H", "--engines/gpu/--no-gpu", "gpu", default=None,
               help="GPU buffers (CuPy arrays; the default where CuPy and a GPU are present) or host buffers.")
 @click.option("--rows-out", "rows_out", default=None, hidden=True,
               help="Rank 0 writes the records here and prints nothing (used when gpucoll-bench starts itself).")

@@ -10,12 +10,12 @@ import struct
 import sys
 import time
 
-from .. import config, log
-from ..errors import BootstrapError, StoreError
-from ..ranks import ranges
+from ..base import config, log
+from ..base.errors import BootstrapError, StoreError
+from ..base.ranks import ranges
 from ..transports.ifaces import server_address
-from ..errors import TimeoutError as GpucollTimeout
-from .environment import LaunchInfo, detect
+from ..base.errors import TimeoutError as GpucollTimeout
+from .detect import LaunchInfo, detect
 
 
 class Bootstrap:

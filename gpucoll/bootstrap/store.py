@@ -25,9 +25,9 @@ import socket
 import threading
 import time
 
-from .. import config, log
-from ..errors import AuthenticationError, ConfigError, InvalidUsageError, StoreError
-from ..errors import TimeoutError as GpucollTimeout
+from ..base import config, log
+from ..base.errors import AuthenticationError, ConfigError, InvalidUsageError, StoreError
+from ..base.errors import TimeoutError as GpucollTimeout
 from ..transports.handshake import recv_exact
 from . import store_protocol as wire
 
@@ -317,7 +317,7 @@ class StoreClient:
 
     def get(self, key, timeout=None):
         """The value of `key`, waiting up to `timeout` seconds (default: the client's
-        timeout) for someone to set it; gpucoll.errors.TimeoutError after that."""
+        timeout) for someone to set it; gpucoll.base.errors.TimeoutError after that."""
         raw, timeout = self._key(key), self._deadline(timeout)
         result = self._request(wire.frame(wire.GET, wire.key(raw), wire.f64(timeout)), wire.VALUE,
                                wire.Fields.value, wait=timeout)
@@ -345,7 +345,7 @@ class StoreClient:
 
     def wait(self, keys, timeout=None):
         """Block until every key in `keys` exists, up to `timeout` seconds (default: the
-        client's timeout); gpucoll.errors.TimeoutError names the missing ones."""
+        client's timeout); gpucoll.base.errors.TimeoutError names the missing ones."""
         if isinstance(keys, (str, bytes)):
             keys = [keys]
         raws, timeout = [self._key(k) for k in keys], self._deadline(timeout)

@@ -18,7 +18,7 @@ import errno
 import os
 import traceback
 
-from .. import log
+from ..base import log
 
 #: A real client answers the server's hello within a round trip; a pending connection
 #: older than this may be closed to make room for a new one.

@@ -13,8 +13,8 @@ import math
 import socket
 import threading
 
-from .. import config, log
-from ..errors import ConfigError, StoreError
+from ..base import config, log
+from ..base.errors import ConfigError, StoreError
 from . import store_protocol as wire
 from .store import DEFAULT_MAX_VALUE_SIZE, as_secret, format_address
 from .store_gate import Gate

@@ -1,10 +1,10 @@
-"""Engines: what runs a numbered, validated Call (gpucoll/call.py).
+"""Engines: what runs a numbered, validated Call (gpucoll/base/call.py).
 
 One module per engine; each states the cost-table rows it serves (`rows`, the selector's
 algorithm names in gpucoll/algorithms/selector.py), says whether it can run a call
 (`can_run(call)`), runs it (`run(call, algorithm)`) and may offer a packed fast path. It
 gets a narrow Handle of its communicator (handle.py), never the Communicator, and raises
-gpucoll errors that the dispatcher routes to gpucoll/diagnosis.py.
+gpucoll errors that the dispatcher routes to gpucoll/dispatch/diagnosis.py.
 
     direct.py         host buffers, one host: one shared segment, one native call ("direct")
     schedules.py      host buffers: schedules over the peer channels (every schedule row)
@@ -12,6 +12,6 @@ gpucoll errors that the dispatcher routes to gpucoll/diagnosis.py.
     ../gpu/dispatch.py  GPU buffers: IPC kernels on the staging buffers ("one-shot", "two-shot",
                       "staged") or on registered user buffers ("direct"), host-staged without P2P
 
-The dispatcher (gpucoll/dispatch.py) picks the row by the cost table and runs the engine
+The dispatcher (gpucoll/dispatch/dispatcher.py) picks the row by the cost table and runs the engine
 that serves it.
 """

@@ -6,8 +6,8 @@ Packed fast path: once a call of a kind that has one ran here, `fast_path()` bui
 communicator's HostFast (cython_src/direct.pyx), which the communicator's Allreduce, Bcast,
 Reduce and Allgather try first on NumPy arrays.
 """
-from .. import dtypes
-from ..call import IN_PLACE, KINDS, addresses
+from ..base import dtypes
+from ..base.call import IN_PLACE, KINDS, addresses
 
 ROWS = ("direct",)
 FAST_KINDS = frozenset({"allreduce", "bcast", "reduce", "allgather"})
@@ -75,7 +75,7 @@ class DirectEngine:
         hooks: the dispatcher's public face for it (see HostFast)."""
         import numpy as np
 
-        from .. import ops
+        from ..base import ops
         from .._native.direct import HostFast
 
         return HostFast(self.group(), hooks, IN_PLACE, np.ndarray, ops.Op, dtypes.CODES)

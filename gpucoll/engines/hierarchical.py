@@ -15,9 +15,9 @@ bitwise identical on every rank.
 """
 from functools import lru_cache
 
-from .. import ops as _ops
+from ..base import ops as _ops
 from ..algorithms.hierarchical import costs
-from ..call import Call
+from ..base.call import Call
 
 ROWS = ("hierarchical",)
 

@@ -7,10 +7,10 @@ import functools
 
 import numpy as np
 
-from .. import dtypes
-from .. import ops as _ops
+from ..base import dtypes
+from ..base import ops as _ops
 from ..algorithms import schedule as build_schedule
-from ..call import ROOTED, addresses
+from ..base.call import ROOTED, addresses
 
 
 @functools.lru_cache(maxsize=1024)

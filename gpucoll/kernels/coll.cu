@@ -1,10 +1,10 @@
 // gpucoll's collective kernels for the ranks of one host (CUDA IPC over NVLink or PCIe P2P).
 //
-// Compiled with NVRTC for the device's own architecture (gpucoll/gpu/kernels.py), once per
+// Compiled with NVRTC for the device's own architecture (gpucoll/engines/gpu/kernels.py), once per
 // element type: -DGC_T=<type> builds the reducing kernels for that type, -DGC_COPY the
 // byte-copying ones. No header is included, so NVRTC needs nothing but this file.
 //
-// Memory every rank owns and every other rank maps (gpucoll/gpu/team.py):
+// Memory every rank owns and every other rank maps (gpucoll/engines/gpu/team.py):
 //   flags  [src rank][block]  u64, written by rank `src` with st.release.sys, read here with
 //                             ld.acquire.sys; a value is op * 4 + phase, so flags never need
 //                             resetting and only grow;
@@ -735,7 +735,7 @@ KERNEL sc_staged(Team t, Args a)
     op_end(t, op);
 }
 
-// ---- point to point through outboxes (gpucoll/gpu/slots.py) -------------------------------
+// ---- point to point through outboxes (gpucoll/engines/p2p/outboxes.py) -------------------------------
 // A rank's outbox for one peer is `nslots` slots in the sender's own memory: a header of
 // SLOT_BLOCKS ready words and SLOT_BLOCKS free words, then room for a small message's bytes.
 // Message n (numbered per pair) uses slot n % nslots, whatever its size. Each launch entry

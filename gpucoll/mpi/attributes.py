@@ -7,8 +7,8 @@ printed and raised as MPI.Exception(ERR_OTHER), as mpi4py does.
 """
 import traceback
 
-from ..errors import GpucollError, InvalidUsageError
-from .constants import INTEGERS as _C
+from ..base.errors import GpucollError, InvalidUsageError
+from ..base.mpi_constants import INTEGERS as _C
 
 KEYVAL_INVALID, ERR_KEYVAL, ERR_OTHER = _C["KEYVAL_INVALID"], _C["ERR_KEYVAL"], _C["ERR_OTHER"]
 

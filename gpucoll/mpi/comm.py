@@ -14,14 +14,14 @@ import threading
 import warnings
 import zlib
 
-from .. import comm as _core
-from .. import world as _world
-from ..errors import InvalidUsageError
+from ..api import comm as _core
+from ..api import world as _world
+from ..base.errors import InvalidUsageError
 from . import attributes as _attrs
 from . import errhandler as _eh
 from .collectives import Collectives, check_root
 from .composite import done
-from .constants import INTEGERS as _C
+from ..base.mpi_constants import INTEGERS as _C
 from .group import Group
 from .handle import Handle
 from .info import Info
@@ -481,7 +481,7 @@ def _reduce_objects(items, op):
 
 
 def _last_used_code():
-    from .exception import added_classes, added_strings
+    from ..base.mpi_errors import added_classes, added_strings
 
     return max([_C["ERR_LASTCODE"], *added_classes, *added_strings])
 

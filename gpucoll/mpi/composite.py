@@ -7,7 +7,7 @@ reduction, copying a block out). Its parts are gpucoll requests; their errors ar
 """
 import threading
 
-from ..request import CompletedRequest
+from ..base.request import CompletedRequest
 
 VCOLL_TAG = -1101  # point-to-point messages of gpucoll.MPI's composite collectives (below user tags)
 

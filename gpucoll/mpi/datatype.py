@@ -12,11 +12,11 @@ import weakref
 
 import numpy as np
 
-from .. import dtypes as _dtypes
-from ..errors import InvalidUsageError
+from ..base import dtypes as _dtypes
+from ..base.errors import InvalidUsageError
 from . import derived as _derived
 from .attributes import copy_attrs, create_keyval, delete_all, delete_attr, free_keyval, get_attr, set_attr
-from .constants import INTEGERS as _C
+from ..base.mpi_constants import INTEGERS as _C
 from .memory import Msg, as_array
 
 ERR_TYPE, ERR_ARG, ERR_KEYVAL = _C["ERR_TYPE"], _C["ERR_ARG"], _C["ERR_KEYVAL"]
@@ -267,7 +267,7 @@ class Datatype:
             t = t.base
         if t is None or t.code is None or t.contents is not None:
             return None
-        from ..buffers import Datatype as CoreDatatype
+        from ..calls.buffers import Datatype as CoreDatatype
 
         return CoreDatatype(_dtypes.name(t.code))
 

@@ -9,8 +9,8 @@ them). Typemaps (byte offset, basic type) are built only when a buffer is packed
 """
 import numpy as np
 
-from ..errors import InvalidUsageError
-from .constants import INTEGERS as _C
+from ..base.errors import InvalidUsageError
+from ..base.mpi_constants import INTEGERS as _C
 
 ERR_TYPE, ERR_ARG, ERR_COUNT = _C["ERR_TYPE"], _C["ERR_ARG"], _C["ERR_COUNT"]
 COMBINER = {v: k[len("COMBINER_"):] for k, v in _C.items() if k.startswith("COMBINER_") and k != "COMBINER_VALUE_INDEX"}

@@ -6,11 +6,11 @@ import time
 
 from .. import __version__
 from .._native.exporter import AddressConstant
-from .. import world as _world
-from ..errors import GpucollError, InvalidUsageError
-from . import exception as _exc
+from ..api import world as _world
+from ..base.errors import GpucollError, InvalidUsageError
+from ..base import mpi_errors as _exc
 from .buffer import buffer
-from .constants import INTEGERS as _C
+from ..base.mpi_constants import INTEGERS as _C
 
 __all__ = ["Init", "Init_thread", "Finalize", "Is_initialized", "Is_finalized", "Query_thread", "Is_thread_main",
            "Get_version", "Get_library_version", "get_vendor", "Get_processor_name", "Wtime", "Wtick", "Pcontrol",

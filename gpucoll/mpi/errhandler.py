@@ -3,8 +3,8 @@ policy, ERRORS_RETURN turned into exceptions); a handler is called only by Call_
 import os
 import sys
 
-from ..errors import InvalidUsageError
-from .constants import INTEGERS as _C
+from ..base.errors import InvalidUsageError
+from ..base.mpi_constants import INTEGERS as _C
 from .handle import Handle
 
 MAX_USER_HANDLERS = 32  # live user-defined error handlers at a time, as in mpi4py

@@ -14,10 +14,10 @@ import os
 
 import numpy as np
 
-from ..errors import InvalidUsageError
+from ..base.errors import InvalidUsageError
 from . import errhandler as _eh
 from . import message as _m
-from .constants import INTEGERS as _C
+from ..base.mpi_constants import INTEGERS as _C
 from .group import Group
 from .handle import Handle
 from .info import Info

@@ -3,8 +3,8 @@
 Groups are local objects: nothing here communicates. A communicator's group lists its world
 ranks; Comm.Create / Create_group turn a group back into a communicator.
 """
-from ..errors import InvalidUsageError
-from .constants import INTEGERS as _C
+from ..base.errors import InvalidUsageError
+from ..base.mpi_constants import INTEGERS as _C
 from .handle import Handle
 
 UNDEFINED, PROC_NULL = _C["UNDEFINED"], _C["PROC_NULL"]
@@ -21,7 +21,7 @@ class _GroupState:
     @property
     def me(self):
         """This process's world rank."""
-        from ..world import init
+        from ..api.world import init
 
         return init().rank
 

@@ -2,8 +2,8 @@
 programs set and read them as they do under MPI."""
 import sys
 
-from ..errors import InvalidUsageError
-from .constants import INTEGERS as _C
+from ..base.errors import InvalidUsageError
+from ..base.mpi_constants import INTEGERS as _C
 from .handle import Handle
 
 ERR_INFO, ERR_INFO_KEY, ERR_INFO_NOKEY = _C["ERR_INFO"], _C["ERR_INFO_KEY"], _C["ERR_INFO_NOKEY"]

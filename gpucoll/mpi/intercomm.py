@@ -13,13 +13,13 @@ rank order.
 """
 import numpy as np
 
-from .. import comm as _core
-from ..errors import InvalidUsageError
+from ..api import comm as _core
+from ..base.errors import InvalidUsageError
 from . import attributes as _attrs
 from .collectives import _fold, _no_gpu, _wait_if, _wblocks
 from .comm import Comm, Intracomm, comm_error, name_count
 from .composite import VCOLL_TAG, Composite, done
-from .constants import INTEGERS as _C
+from ..base.mpi_constants import INTEGERS as _C
 from .group import Group
 from .kinds import register
 from . import message as _m

@@ -7,10 +7,10 @@ import pickle
 
 import numpy as np
 
-from ..errors import InvalidUsageError
-from ..p2p import truncated
-from ..request import CompletedRequest
-from .constants import INTEGERS as _C
+from ..base.errors import InvalidUsageError
+from ..engines.p2p.host import truncated
+from ..base.request import CompletedRequest
+from ..base.mpi_constants import INTEGERS as _C
 from .handle import Handle
 from .status import reset
 

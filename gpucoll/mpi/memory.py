@@ -4,8 +4,8 @@ order). A leaf of gpucoll.MPI's datatypes: Datatype.Pack/Unpack and message.py b
 reads a datatype only through its record (`datatype._t`)."""
 import numpy as np
 
-from ..errors import InvalidUsageError
-from .constants import INTEGERS as _C
+from ..base.errors import InvalidUsageError
+from ..base.mpi_constants import INTEGERS as _C
 
 ERR_TYPE = _C["ERR_TYPE"]
 

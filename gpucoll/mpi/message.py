@@ -19,11 +19,11 @@ import operator
 import numpy as np
 
 from .._native.exporter import AddressConstant
-from ..buffers import maybe_gpu_buffer
-from ..comm import IN_PLACE
-from ..p2p import PROC_NULL
+from ..calls.buffers import maybe_gpu_buffer
+from ..api.comm import IN_PLACE
+from ..engines.p2p.host import PROC_NULL
 from . import datatype as _dt
-from .constants import INTEGERS as _C
+from ..base.mpi_constants import INTEGERS as _C
 from .memory import Msg, as_array  # noqa: F401 - the message layer's names, for its users
 
 
@@ -75,7 +75,7 @@ def _gpu_buffer(obj, what):
         ptr = data[0] if isinstance(data, tuple) and data and isinstance(data[0], int) else 0
         if not (ptr and _is_device_pointer(ptr)):
             return None
-        from ..gpu.buffers import _from_cai
+        from ..calls.gpu_buffers import _from_cai
 
         return maybe_gpu_buffer(obj, what) or _from_cai(obj, what)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):

@@ -10,7 +10,7 @@ and receives nothing; its block of the receive buffer is left as it is.
 from .collectives import _no_gpu, _wait_if, _wblocks
 from . import message as _m
 from .composite import VCOLL_TAG, Composite
-from .constants import INTEGERS as _C
+from ..base.mpi_constants import INTEGERS as _C
 from .request import Prequest, Request
 
 PROC_NULL = _C["PROC_NULL"]

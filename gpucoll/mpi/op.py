@@ -9,9 +9,9 @@ non-commutative operations.
 """
 import numpy as np
 
-from .. import ops as _core
-from ..errors import InvalidUsageError
-from .constants import INTEGERS as _C
+from ..base import ops as _core
+from ..base.errors import InvalidUsageError
+from ..base.mpi_constants import INTEGERS as _C
 
 ERR_OP = _C["ERR_OP"]
 MAX_USER_OPS = 32  # live user-defined operations at a time, as in mpi4py

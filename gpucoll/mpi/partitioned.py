@@ -5,8 +5,8 @@ gpucoll's point to point moves whole messages, so a partition does not travel be
 others; Parrived reports the whole message's arrival (true for every partition at once). The
 message matches like any other with the same tag.
 """
-from ..errors import InvalidUsageError
-from .constants import INTEGERS as _C
+from ..base.errors import InvalidUsageError
+from ..base.mpi_constants import INTEGERS as _C
 from .request import Prequest, request_error
 
 

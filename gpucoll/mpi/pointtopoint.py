@@ -4,7 +4,7 @@ Messages travel as their packed bytes (a view of the buffer when its layout is c
 gpucoll's small sends are eager (complete once their bytes are in the channel), large ones wait
 for their receive, as MPI allows; buffered (Bsend) and ready (Rsend) sends are sends. A
 synchronous send (Ssend) completes only when the receiver has matched the message: it travels
-marked, and the receiver's engine answers the match (gpucoll/p2p.py, SYNC). Probe, Iprobe,
+marked, and the receiver's engine answers the match (gpucoll/engines/p2p/host.py, SYNC). Probe, Iprobe,
 Mprobe and Improbe look at the messages that arrived; a matched probe takes the message (and
 answers a synchronous one). A message from GPU memory arrives as an envelope: Probe and Iprobe
 report the size it announces; a matched probe of one is not supported.
@@ -13,13 +13,13 @@ import time
 
 import numpy as np
 
-from .. import config
-from .. import p2p as _p2p
-from ..errors import GpucollError, InvalidUsageError
-from ..errors import TimeoutError as GpucollTimeout
+from ..base import config
+from ..engines.p2p import host as _p2p
+from ..base.errors import GpucollError, InvalidUsageError
+from ..base.errors import TimeoutError as GpucollTimeout
 from . import message as _m
 from .composite import Composite
-from .constants import INTEGERS as _C
+from ..base.mpi_constants import INTEGERS as _C
 from .matched import Message
 from .request import Prequest, Request
 from .status import reset
@@ -68,14 +68,14 @@ def _check_tag(tag, what, wildcard=False):
 
 def _plain(buf):
     """Whether buf is a message as it is (most messages): a NumPy array of a basic datatype,
-    for the communicator's point-to-point short paths (gpucoll/comm.py), which may still
+    for the communicator's point-to-point short paths (gpucoll/api/comm.py), which may still
     decline it; then the general path reads the message specification and checks everything."""
     return type(buf) is np.ndarray and buf.dtype in _m.BASIC_DTYPES
 
 
 def issend_state(core, payload, dest, tag, what):
     """A synchronous send of payload (bytes) started: complete once dest has matched it."""
-    from ..request import CompletedRequest
+    from ..base.request import CompletedRequest
 
     if dest == PROC_NULL:
         return CompletedRequest(what)
@@ -83,7 +83,7 @@ def issend_state(core, payload, dest, tag, what):
 
 
 def _core_p2p_tag(tag):
-    from ..comm import _user_tag
+    from ..api.comm import _user_tag
 
     return _user_tag(tag)
 
@@ -259,7 +259,7 @@ class PointToPoint:
             if take:
                 raise NotImplementedError(f"{what}: a matched probe of a message sent from GPU memory (use "
                                           "Probe or Iprobe, then Recv)")
-            from ..gpu.slots import message_size
+            from ..engines.p2p.outboxes import message_size
             envelope = core._p2p.peek(found[0], found[1])
             if envelope is None:
                 return None  # still arriving

@@ -14,10 +14,10 @@ import os
 import socket
 import struct
 
-from .. import comm as _core
-from .. import world as _world
-from ..errors import InvalidUsageError
-from .constants import INTEGERS as _C
+from ..api import comm as _core
+from ..api import world as _world
+from ..base.errors import InvalidUsageError
+from ..base.mpi_constants import INTEGERS as _C
 from .kinds import kind
 from .unsupported import Unsupported
 

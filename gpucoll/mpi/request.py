@@ -9,10 +9,10 @@ deadline (GPUCOLL_TIMEOUT).
 """
 import time
 
-from .. import config
-from ..errors import InvalidUsageError
-from ..errors import TimeoutError as GpucollTimeout
-from .constants import INTEGERS as _C
+from ..base import config
+from ..base.errors import InvalidUsageError
+from ..base.errors import TimeoutError as GpucollTimeout
+from ..base.mpi_constants import INTEGERS as _C
 from .status import reset
 
 UNDEFINED = _C["UNDEFINED"]

@@ -5,10 +5,10 @@ the job) and "mpi://SELF" (this process). A session is a local object that names
 group of a process set becomes a communicator with Intracomm.Create_from_group, collective over
 the group's processes, which tell their communicators apart by the string tag.
 """
-from .. import world as _world
-from ..errors import InvalidUsageError
+from ..api import world as _world
+from ..base.errors import InvalidUsageError
 from . import errhandler as _eh
-from .constants import INTEGERS as _C
+from ..base.mpi_constants import INTEGERS as _C
 from .group import Group
 from .handle import Handle
 from .info import Info

@@ -5,10 +5,10 @@ gpucoll's point to point fills `source`, `tag` and `nbytes` (it is a gpucoll.Sta
 """
 import numpy as np
 
-from ..errors import InvalidUsageError
-from ..p2p import ANY_SOURCE, ANY_TAG
-from ..p2p import Status as _CoreStatus
-from .constants import INTEGERS as _C
+from ..base.errors import InvalidUsageError
+from ..engines.p2p.host import ANY_SOURCE, ANY_TAG
+from ..engines.p2p.host import Status as _CoreStatus
+from ..base.mpi_constants import INTEGERS as _C
 
 _SOURCE, _TAG, _ERROR, _CANCELLED, _COUNT_LO, _COUNT_HI = range(6)
 

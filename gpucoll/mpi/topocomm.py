@@ -5,7 +5,7 @@ collectives are mixed in from neighbor.py. A handle of one of these classes acce
 communicator of its topology (MPI.Cartcomm(graph) raises TypeError, as in mpi4py).
 """
 from .comm import Intracomm, comm_error
-from .constants import INTEGERS as _C
+from ..base.mpi_constants import INTEGERS as _C
 from .kinds import register
 from .neighbor import Neighborhood
 from .topology import CartTopology, DistGraphTopology, GraphTopology

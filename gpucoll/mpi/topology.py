@@ -9,8 +9,8 @@ are; topocomm.py has the communicator classes and neighbor.py the neighbourhood 
 """
 import operator
 
-from ..errors import InvalidUsageError
-from .constants import INTEGERS as _C
+from ..base.errors import InvalidUsageError
+from ..base.mpi_constants import INTEGERS as _C
 from .kinds import kind as communicator_kind
 
 UNDEFINED, PROC_NULL = _C["UNDEFINED"], _C["PROC_NULL"]

@@ -24,7 +24,7 @@ def _band(values):
 def _agreement(comm):
     """The communicator Iagree runs on: its own, so that an agreement in progress does not take the
     place of the collectives the program calls meanwhile (made on first use, with no exchange)."""
-    from .. import comm as _core
+    from ..api import comm as _core
 
     attrs = comm._s.attrs
     if "_agree" not in attrs:

@@ -6,8 +6,8 @@ NotImplementedError work); nothing is refused at attribute access. A name is "Cl
 or a module-level function; "Class.member=" is a property. Stubs are installed where the class
 does not define the member itself (an inherited one is replaced: Intercomm's reduce-scatter).
 """
-from ..errors import GpucollError
-from .constants import INTEGERS as _C
+from ..base.errors import GpucollError
+from ..base.mpi_constants import INTEGERS as _C
 
 
 class Unsupported(GpucollError, NotImplementedError):

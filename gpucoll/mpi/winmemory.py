@@ -26,10 +26,10 @@ import time
 
 import numpy as np
 
-from .. import config
-from ..errors import InvalidUsageError
-from ..errors import TimeoutError as GpucollTimeout
-from .constants import INTEGERS as _C
+from ..base import config
+from ..base.errors import InvalidUsageError
+from ..base.errors import TimeoutError as GpucollTimeout
+from ..base.mpi_constants import INTEGERS as _C
 from .op import PREDEFINED as _OPS
 
 IOV_MAX = 1024           # iovecs one process_vm_* call takes (Linux's UIO_MAXIOV)

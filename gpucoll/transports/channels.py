@@ -6,7 +6,7 @@ indexed by peer rank; this object keeps the channel objects alive behind it.
 """
 import numpy as np
 
-from .. import config, log
+from ..base import config, log
 
 
 class ChannelSet:

@@ -39,7 +39,7 @@ import threading
 import time
 from typing import NamedTuple
 
-from .. import log
+from ..base import log
 
 NONCE_SIZE = 32
 MAC_SIZE = 32

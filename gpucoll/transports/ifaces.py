@@ -20,8 +20,8 @@ import socket
 import struct
 from typing import List, NamedTuple, Optional
 
-from .. import config
-from ..errors import ConfigError
+from ..base import config
+from ..base.errors import ConfigError
 
 _SIOCGIFFLAGS = 0x8913
 _SIOCGIFADDR = 0x8915

@@ -20,9 +20,9 @@ import socket
 import threading
 import time
 
-from .. import config, log
-from ..errors import GpucollError, LostPeerError
-from ..errors import TimeoutError as GpucollTimeout
+from ..base import config, log
+from ..base.errors import GpucollError, LostPeerError
+from ..base.errors import TimeoutError as GpucollTimeout
 from . import handshake
 from .handshake import Claim, HandshakeError, Purpose
 

@@ -30,7 +30,7 @@ chosen by the creator and read from the segment by the attacher, so the two alwa
 import os
 import time
 
-from .. import config, errors, log
+from ..base import config, errors, log
 from .._native import core
 from .._native import direct as _direct
 from . import shm_segment

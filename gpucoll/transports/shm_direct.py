@@ -31,8 +31,8 @@ import mmap
 import os
 import time
 
-from .. import config
-from ..errors import InvalidUsageError, LostPeerError, TimeoutError
+from ..base import config
+from ..base.errors import InvalidUsageError, LostPeerError, TimeoutError
 from .._native import direct as _direct
 from . import shm_segment
 

@@ -27,8 +27,8 @@ import hmac
 import os
 import stat
 
-from .. import log
-from ..errors import SharedMemoryError
+from ..base import log
+from ..base.errors import SharedMemoryError
 from .._native import core
 
 SHM_DIR = "/dev/shm"

@@ -19,9 +19,9 @@ import socket
 import threading
 import time
 
-from .. import config, log
+from ..base import config, log
 from .._native import sock as _sock
-from ..errors import ConfigError, InvalidUsageError, LostPeerError, TimeoutError
+from ..base.errors import ConfigError, InvalidUsageError, LostPeerError, TimeoutError
 from . import handshake, ifaces
 from .handshake import Claim, HandshakeError, Purpose
 

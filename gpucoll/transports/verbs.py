@@ -12,7 +12,7 @@ this module settles is what the logs and `gpucoll info` say: the devices found u
 import os
 from typing import List, NamedTuple
 
-from .. import config, log
+from ..base import config, log
 
 SYSFS = "/sys/class/infiniband"
 

@@ -33,7 +33,7 @@ import traceback
 import numpy as np
 
 import gpucoll
-from gpucoll.buffers import Datatype
+from gpucoll.calls.buffers import Datatype
 
 BF16 = Datatype("bfloat16")
 INT_DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")

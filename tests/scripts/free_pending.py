@@ -1,7 +1,7 @@
 """Free() with a receive still pending: the receive fails at once, and Dup/Free cycles leave
 no matching state behind."""
 import gpucoll
-import gpucoll.world as world
+import gpucoll.api.world as world
 
 comm = gpucoll.COMM_WORLD
 engine = world.world()._ctx.p2p.native

@@ -29,7 +29,7 @@ import cupy as cp
 import gpucoll
 from gpu_device import one_gpu_per_rank
 from gpucoll import IN_PLACE
-from gpucoll.errors import InvalidUsageError
+from gpucoll.base.errors import InvalidUsageError
 
 try:
     import torch

@@ -20,7 +20,7 @@ import cupy as cp
 import gpucoll
 from gpu_device import one_gpu_per_rank
 from gpucoll import ANY_SOURCE, ANY_TAG, MPI, Status
-from gpucoll.gpu import ipc
+from gpucoll.engines.gpu import ipc
 
 try:
     import torch

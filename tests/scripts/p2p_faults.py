@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 import gpucoll
-from gpucoll import p2p
+from gpucoll.engines.p2p import host as p2p
 
 mode = sys.argv[1]
 comm = gpucoll.COMM_WORLD

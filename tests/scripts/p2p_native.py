@@ -21,7 +21,7 @@
   stray-ack, stray-cts, stray-data  rank 0 writes an answer (ACK, CTS or DATA frame) naming a send
              rank 1 never made: rank 1's pending receive from rank 0 raises LostPeerError saying so
   huge       (opt-in) a message of 2^31 + 4099 bytes arrives intact
-  envelope   rank 0 sends envelopes of GPU messages (gpucoll/gpu/slots.py) that nothing can map;
+  envelope   rank 0 sends envelopes of GPU messages (gpucoll/engines/p2p/outboxes.py) that nothing can map;
              rank 1 receives into host buffers with Recv, Irecv and Recv with a status: each raises
              saying why, never hands the envelope over as the message; MPI Probe reports the size
              an envelope announces, Iprobe of an OFFER message that is no envelope raises
@@ -184,7 +184,7 @@ elif mode.startswith("stray-"):
         out = {"error": error_of(req.Wait), "seconds": time.monotonic() - t0}
     else:
         comm.Barrier()
-        from gpucoll import p2p
+        from gpucoll.engines.p2p import host as p2p
 
         comm._ctx.p2p.native.raw(1, p2p.FRAME.pack(0, 0, kind, 8, 424242, 0, 0) + bytes(8 if kind == 4 else 0))
     comm.Barrier()
@@ -209,8 +209,8 @@ elif mode == "envelope":
     # map: every host receive path (the blocking short path included) must raise, never hand
     # the envelope over as the message; a plain message behind them still arrives.
     from gpucoll import MPI
-    from gpucoll.gpu.slots import LARGE, LARGE_KIND, SMALL, SMALL_KIND
-    from gpucoll.p2p import OFFER_FLAG
+    from gpucoll.engines.p2p.outboxes import LARGE, LARGE_KIND, SMALL, SMALL_KIND
+    from gpucoll.engines.p2p.host import OFFER_FLAG
 
     if rank == 0:
         p = comm._p2p

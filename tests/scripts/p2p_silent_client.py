@@ -5,7 +5,7 @@ import socket
 import time
 
 import gpucoll
-import gpucoll.world as world
+import gpucoll.api.world as world
 
 comm = gpucoll.COMM_WORLD
 if comm.rank == 0:

@@ -57,8 +57,8 @@ def host(a):
 def call(comm, kind, n, root):
     """Run one rooted collective; return what MPI says this rank ends up with (None: nothing)."""
     if AGREE:
-        from gpucoll import dtypes
-        from gpucoll.call import Call
+        from gpucoll.base import dtypes
+        from gpucoll.base.call import Call
 
         op = gpucoll.SUM if kind == "reduce" else None
         dispatch = comm._dispatch

@@ -18,7 +18,7 @@ import struct
 import sys
 import time
 
-from gpucoll.p2p import EAGER, FRAME, comm_key
+from gpucoll.engines.p2p.host import EAGER, FRAME, comm_key
 
 
 def host_port(text):

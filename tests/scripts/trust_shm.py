@@ -35,7 +35,7 @@ import numpy as np
 import gpucoll
 from gpucoll import IN_PLACE
 from gpucoll._native import core, direct
-from gpucoll.errors import GpucollError, InvalidUsageError
+from gpucoll.base.errors import GpucollError, InvalidUsageError
 from gpucoll.transports import shm_direct, shm_segment
 from gpucoll.transports.shm import ShmChannels
 from gpucoll.transports.shm_segment import JobSegments

@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 import gpucoll
-import gpucoll.world as world
+import gpucoll.api.world as world
 
 mode, where = sys.argv[1], sys.argv[2]
 comm = gpucoll.COMM_WORLD

@@ -1,0 +1,1 @@
+"""gpucoll's own API: the Communicator and the process's world."""

@@ -1,0 +1,751 @@
+"""The communicator: mpi4py's names and argument order, NCCL's speed.
+
+Every method checks its arguments on the calling rank before anything is sent, then
+hands a validated `Call` (gpucoll/base/call.py) to the dispatcher (gpucoll/dispatch/dispatcher.py), which
+numbers it and picks the engine. Blocking methods return when the result is in place;
+`I*` methods return a `Request`.
+
+    import numpy as np, gpucoll
+    comm = gpucoll.COMM_WORLD
+    x = np.full(4, comm.rank, dtype=np.float32)
+    comm.Allreduce(gpucoll.IN_PLACE, x, op=gpucoll.SUM)
+"""
+import operator
+import os
+import pickle
+import weakref
+
+import numpy as np
+
+from ..base import ops as _ops
+from ..calls.buffers import host_buffer
+from ..base.call import IN_PLACE, Call, check_host_stream
+from ..base.counters import PathCounters
+from ..dispatch.dispatcher import Dispatcher
+from ..engines.comm_view import FastPaths, Handle
+from ..base.errors import GpucollError, InvalidUsageError
+from ..base.request import CompletedRequest
+from ..engines.p2p import host as _p2p
+
+
+UNDEFINED = -32766  # Split colour that leaves a rank out of every new communicator
+
+# A forked child inherits its parent's communicators: their shared memory, sockets and call
+# numbers, not their threads. Were it to call a collective it would take part in the parent's
+# (both get wrong results), so the child marks every inherited communicator unusable as it
+# starts; the per-call check is the one `_check_alive` already makes, and the fast paths are
+# dropped, so they cost nothing more.
+_LIVE = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    for comm in list(_LIVE):
+        comm._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class Communicator:
+    """A group of ranks that run collectives together.
+
+    Attributes: `rank`, `size`, `local_rank` (rank among this host's ranks of the
+    communicator), `local_size`, `host`, `name`."""
+
+    def __init__(self, context, comm_id, world_ranks):
+        self._ctx = context
+        self._id = comm_id
+        self._world_ranks = tuple(world_ranks)
+        self.size = len(world_ranks)
+        self.rank = self._world_ranks.index(context.rank)
+        self.host = context.hosts[context.rank]
+        same_host = [r for r in self._world_ranks if context.hosts[r] == self.host]
+        self.local_rank = same_host.index(context.rank)
+        self.local_size = len(same_host)
+        self.name = comm_id
+        self._pid = os.getpid()
+        self._freed = False     # freed, or inherited by a forked child: every call raises _unusable
+        self._unusable = None
+        self._stats = PathCounters()  # which path each call took (stats())
+        self._fast = FastPaths()  # the packed fast paths (host, gpu) the engines install
+        self._handle = Handle(context, comm_id, self.rank, self.size, self.local_size, self._world_ranks,
+                              self._stats, self._fast, exchange=self.allgather, exchange_into=self.Allgather,
+                              barrier=self.Barrier, run=self._run, free=self.Free, subgroup=self._subgroup)
+        self._dispatch = Dispatcher(self._handle)
+        self._p2p = _p2p.PointToPoint(self)
+        self._short = self._p2p.short
+        self._children = 0  # Split/Dup counter: names children identically on every rank
+        self._group = None     # inside comm.group(): the _Group collecting deferred operations
+        _LIVE.add(self)
+
+    # --- identity ---------------------------------------------------------------
+    def Get_rank(self):
+        return self.rank
+
+    def Get_size(self):
+        return self.size
+
+    def Get_name(self):
+        return self.name
+
+    @property
+    def world_ranks(self):
+        """The world rank of each rank of this communicator."""
+        return self._world_ranks
+
+    def __repr__(self):
+        return f"<gpucoll.Communicator {self._id} rank {self.rank} of {self.size}>"
+
+    def stats(self):
+        """How many calls of this communicator took each path, as a dict (README, "Errors,
+        timeouts and debugging"): `host_fast` (host all-reduces, bcasts, reduces and all-gathers run by the native fast paths), `host`
+        (algorithm -> host collectives run by the general path), `gpu_fast` (repeated GPU
+        all-reduces launched from their packed launch), `gpu` (algorithm -> GPU collectives;
+        `host-staged` / `host-pipelined` when they went through host memory), `groups`, `group_deferred`,
+        `group_p2p`, `fused_launches` and `fused_calls`."""
+        fast = self._fast.host
+        return self._stats.snapshot(fast.calls if fast is not None else 0)
+
+    def _check_alive(self):
+        if self._freed:
+            raise InvalidUsageError(self._unusable)
+
+    def _forked(self):
+        """In a forked child: every later call raises; the transports stay as they are (they are
+        the parent's, so even Free leaves them alone)."""
+        self._freed = True
+        self._fast.host = self._fast.gpu = None
+        self._unusable = (
+            f"communicator {self._id} belongs to process {self._pid}, which created it; this process "
+            f"({os.getpid()}) is a fork of it and cannot use it: its calls would take part in the parent's "
+            "collectives and corrupt both results. Use gpucoll only in the process that initialised it and "
+            "pass data to and from child processes yourself, or start the children with multiprocessing's "
+            "'spawn' start method, which inherits no communicator.")
+        self._dispatch.engine.abandon(InvalidUsageError(self._unusable))  # requests the parent had pending
+
+    def _check_root(self, root):
+        if not isinstance(root, (int, np.integer)) or isinstance(root, bool):
+            raise InvalidUsageError(f"root must be an integer rank, not {root!r} ({type(root).__name__})")
+        if not 0 <= root < self.size:
+            raise InvalidUsageError(f"root {root!r} is out of range for a communicator of size {self.size}")
+        return int(root)
+
+    # --- communicator management ------------------------------------------------
+    def Dup(self):
+        """A new communicator with the same ranks, isolated from this one."""
+        self._check_alive()
+        self._children += 1
+        return Communicator(self._ctx, f"{self._id}.d{self._children}", self._world_ranks)
+
+    def Split(self, color=0, key=0):
+        """Ranks with the same color form a new communicator, ordered by (key, rank).
+        A color of UNDEFINED (any negative one, or None) gives None."""
+        self._check_alive()
+        self._children += 1
+        tag = self._children
+        # Checked after the exchange, so that a bad argument on one rank raises on all of them.
+        mine = (UNDEFINED if color is None else _integer(color), _integer(key))
+        table = self.allgather(mine)
+        bad = [r for r, (c, k) in enumerate(table) if c is None or k is None]
+        if bad:
+            raise InvalidUsageError(f"Split: rank(s) {', '.join(map(str, bad))} passed a color or key that is "
+                                    "not an integer; pass integers (UNDEFINED to stay out)")
+        color = mine[0]
+        if color < 0:
+            return None
+        members = sorted((k, r) for r, (c, k) in enumerate(table) if c == color)
+        world = [self._world_ranks[r] for _, r in members]
+        return Communicator(self._ctx, f"{self._id}.s{tag}c{color}", world)
+
+    def Free(self):
+        """Release the communicator's transports; using it afterwards raises."""
+        if self._freed:
+            return
+        self._fast.host = self._fast.gpu = None
+        self._unusable = f"communicator {self._id} was freed; create a new one with Dup() or Split()"
+        error = None
+        try:  # no peer may still be using our IPC memory when it is unmapped
+            self._dispatch.quiesce()
+        except GpucollError as exc:
+            error = exc
+        try:  # waits for our GPU messages to be read; raises a timeout the device recorded
+            self._p2p.close()
+        except GpucollError as exc:
+            error = error or exc
+        self._dispatch.close()
+        self._freed = True
+        if error is not None:
+            raise error
+
+    # --- groups ---------------------------------------------------------------------
+    def group(self):
+        """Issue the operations of a `with` block together, as NCCL's group calls do::
+
+            with comm.group():
+                for grad in grads:                     # 100 small all-reduces, one launch
+                    comm.Allreduce(gpucoll.IN_PLACE, grad)
+                comm.Isend(a, 1); comm.Irecv(b, 1)     # no deadlock between the pair
+
+        GPU collectives inside are deferred to the end of the outermost block and then issued in
+        order, the small all-reduces of one dtype fused into one kernel launch (across streams:
+        the streams are joined around it). Send/Recv (GPU or host buffers) start at once without
+        blocking and complete at the end of the block. Host-buffer collectives run at once.
+        Requests of operations issued inside can be waited on after the block."""
+        return _Group(self)
+
+    # --- the buffer collectives ---------------------------------------------------
+    def _blocking(self, call, stream=None):
+        call.stream = stream
+        self._dispatch.submit(call, self._group)
+
+    def _nonblocking(self, call, stream=None):
+        call.stream = stream
+        return self._dispatch.submit_nonblocking(call, self._group)
+
+    def _run(self, call):
+        """A blocking call built by an engine (the phases of a hierarchical all-reduce)."""
+        self._check_alive()
+        self._dispatch.submit(call)
+
+    def _subgroup(self, comm_id, world_ranks):
+        """The engines' handle of a new communicator of these world ranks, made locally."""
+        return Communicator(self._ctx, comm_id, world_ranks)._handle
+
+    def _allreduce_call(self, sendbuf, recvbuf, op):
+        self._check_alive()
+        op = _ops.as_op(op)
+        recv = host_buffer(recvbuf, "recvbuf", writable=True)
+        send = recv if sendbuf is IN_PLACE else host_buffer(sendbuf, "sendbuf")
+        _same_shape(send, recv, "sendbuf", "recvbuf", "Allreduce")
+        _overlap(send, recv, 0, "Allreduce")
+        op.check(recv.code)
+        return Call("allreduce", send, recv, recv.count, recv.code, op)
+
+    def Allreduce(self, sendbuf, recvbuf, op=_ops.SUM, stream=None):
+        """recvbuf = op over every rank's sendbuf (IN_PLACE: recvbuf is also the input)."""
+        fast = self._fast.host  # NumPy arrays on one host: the native fast path (cython_src/direct.pyx)
+        if fast is not None and stream is None and fast.allreduce(sendbuf, recvbuf, op):
+            return
+        fast = self._fast.gpu  # a repeated GPU all-reduce: one packed launch (gpucoll/engines/gpu/engine.py)
+        if fast is not None and self._group is None and fast(sendbuf, recvbuf, op, stream):
+            return
+        self._blocking(self._allreduce_call(sendbuf, recvbuf, op), stream)
+
+    def Iallreduce(self, sendbuf, recvbuf, op=_ops.SUM, stream=None):
+        return self._nonblocking(self._allreduce_call(sendbuf, recvbuf, op), stream)
+
+    def _bcast_call(self, buf, root):
+        self._check_alive()
+        root = self._check_root(root)
+        b = host_buffer(buf, "buf", writable=self.rank != root)
+        return Call("bcast", b, b, b.count, b.code, root=root)
+
+    def Bcast(self, buf, root=0, stream=None):
+        """Copy root's buf into every rank's buf."""
+        fast = self._fast.host
+        if fast is not None and stream is None and fast.bcast(buf, root):
+            return
+        self._blocking(self._bcast_call(buf, root), stream)
+
+    def Ibcast(self, buf, root=0, stream=None):
+        return self._nonblocking(self._bcast_call(buf, root), stream)
+
+    def _reduce_call(self, sendbuf, recvbuf, op, root):
+        self._check_alive()
+        op = _ops.as_op(op)
+        root = self._check_root(root)
+        if self.rank == root:
+            recv = host_buffer(recvbuf, "recvbuf", writable=True)
+            send = recv if sendbuf is IN_PLACE else host_buffer(sendbuf, "sendbuf")
+            _same_shape(send, recv, "sendbuf", "recvbuf", "Reduce")
+            _overlap(send, recv, 0, "Reduce")
+        else:
+            if sendbuf is IN_PLACE:
+                raise InvalidUsageError("Reduce: IN_PLACE is only allowed on the root")
+            send = host_buffer(sendbuf, "sendbuf")
+            recv = None
+        op.check(send.code)
+        return Call("reduce", send, recv, send.count, send.code, op, root)
+
+    def Reduce(self, sendbuf, recvbuf, op=_ops.SUM, root=0, stream=None):
+        """root's recvbuf = op over every rank's sendbuf; recvbuf is ignored elsewhere."""
+        fast = self._fast.host
+        if fast is not None and stream is None and fast.reduce(sendbuf, recvbuf, op, root):
+            return
+        self._blocking(self._reduce_call(sendbuf, recvbuf, op, root), stream)
+
+    def Ireduce(self, sendbuf, recvbuf, op=_ops.SUM, root=0, stream=None):
+        return self._nonblocking(self._reduce_call(sendbuf, recvbuf, op, root), stream)
+
+    def _allgather_call(self, sendbuf, recvbuf):
+        self._check_alive()
+        recv = host_buffer(recvbuf, "recvbuf", writable=True, blocks=self.size)
+        _divisible(recv, self.size, "Allgather", "recvbuf")
+        block = recv.count // self.size
+        if sendbuf is IN_PLACE:
+            send = None
+        else:
+            send = host_buffer(sendbuf, "sendbuf")
+            _block_fits(send, recv, block, self.size, "Allgather", "sendbuf", "recvbuf")
+            _overlap(send, recv, self.rank * send.nbytes, "Allgather")
+        return Call("allgather", send, recv, block, recv.code)
+
+    def Allgather(self, sendbuf, recvbuf, stream=None):
+        """recvbuf = every rank's sendbuf, concatenated in rank order."""
+        fast = self._fast.host
+        if fast is not None and stream is None and fast.allgather(sendbuf, recvbuf):
+            return
+        self._blocking(self._allgather_call(sendbuf, recvbuf), stream)
+
+    def Iallgather(self, sendbuf, recvbuf, stream=None):
+        return self._nonblocking(self._allgather_call(sendbuf, recvbuf), stream)
+
+    def _reduce_scatter_call(self, sendbuf, recvbuf, op):
+        self._check_alive()
+        op = _ops.as_op(op)
+        # MPI: with IN_PLACE the input is the whole recvbuf, the result lands in its first block.
+        blocks = self.size if sendbuf is IN_PLACE else 1
+        recv = host_buffer(recvbuf, "recvbuf", writable=True, blocks=blocks)
+        if sendbuf is IN_PLACE:
+            _divisible(recv, self.size, "Reduce_scatter_block", "recvbuf")
+            block = recv.count // self.size
+            send = None
+        else:
+            send = host_buffer(sendbuf, "sendbuf", blocks=self.size)
+            block = recv.count
+            _block_fits(recv, send, block, self.size, "Reduce_scatter_block", "recvbuf", "sendbuf")
+            _overlap(recv, send, 0, "Reduce_scatter_block")
+        op.check(recv.code)
+        return Call("reduce_scatter", send, recv, block, recv.code, op)
+
+    def Reduce_scatter_block(self, sendbuf, recvbuf, op=_ops.SUM, stream=None):
+        """Rank i's recvbuf = op over every rank's block i of sendbuf."""
+        self._blocking(self._reduce_scatter_call(sendbuf, recvbuf, op), stream)
+
+    def Ireduce_scatter_block(self, sendbuf, recvbuf, op=_ops.SUM, stream=None):
+        return self._nonblocking(self._reduce_scatter_call(sendbuf, recvbuf, op), stream)
+
+    def _alltoall_call(self, sendbuf, recvbuf):
+        self._check_alive()
+        recv = host_buffer(recvbuf, "recvbuf", writable=True, blocks=self.size)
+        _divisible(recv, self.size, "Alltoall", "recvbuf")
+        if sendbuf is IN_PLACE:
+            send = None
+        else:
+            send = host_buffer(sendbuf, "sendbuf", blocks=self.size)
+            _same_shape(send, recv, "sendbuf", "recvbuf", "Alltoall")
+            _overlap(send, recv, 0, "Alltoall")
+        return Call("alltoall", send, recv, recv.count // self.size, recv.code)
+
+    def Alltoall(self, sendbuf, recvbuf, stream=None):
+        """Block j of rank i's sendbuf becomes block i of rank j's recvbuf."""
+        self._blocking(self._alltoall_call(sendbuf, recvbuf), stream)
+
+    def Ialltoall(self, sendbuf, recvbuf, stream=None):
+        return self._nonblocking(self._alltoall_call(sendbuf, recvbuf), stream)
+
+    def _gather_call(self, sendbuf, recvbuf, root):
+        self._check_alive()
+        root = self._check_root(root)
+        if self.rank == root:
+            recv = host_buffer(recvbuf, "recvbuf", writable=True, blocks=self.size)
+            _divisible(recv, self.size, "Gather", "recvbuf")
+            block = recv.count // self.size
+            send = None if sendbuf is IN_PLACE else host_buffer(sendbuf, "sendbuf")
+            if send is not None:
+                _block_fits(send, recv, block, self.size, "Gather", "sendbuf", "recvbuf")
+                _overlap(send, recv, root * send.nbytes, "Gather")
+            code = recv.code
+        else:
+            if sendbuf is IN_PLACE:
+                raise InvalidUsageError("Gather: IN_PLACE is only allowed on the root")
+            send, recv = host_buffer(sendbuf, "sendbuf"), None
+            block, code = send.count, send.code
+        return Call("gather", send, recv, block, code, root=root)
+
+    def Gather(self, sendbuf, recvbuf, root=0, stream=None):
+        """root's recvbuf = every rank's sendbuf in rank order."""
+        self._blocking(self._gather_call(sendbuf, recvbuf, root), stream)
+
+    def Igather(self, sendbuf, recvbuf, root=0, stream=None):
+        return self._nonblocking(self._gather_call(sendbuf, recvbuf, root), stream)
+
+    def _scatter_call(self, sendbuf, recvbuf, root):
+        self._check_alive()
+        root = self._check_root(root)
+        if self.rank == root:
+            send = host_buffer(sendbuf, "sendbuf", blocks=self.size)
+            _divisible(send, self.size, "Scatter", "sendbuf")
+            block = send.count // self.size
+            recv = None if recvbuf is IN_PLACE else host_buffer(recvbuf, "recvbuf", writable=True)
+            if recv is not None:
+                _block_fits(recv, send, block, self.size, "Scatter", "recvbuf", "sendbuf")
+                _overlap(recv, send, root * recv.nbytes, "Scatter")
+            code = send.code
+        else:
+            if recvbuf is IN_PLACE:
+                raise InvalidUsageError("Scatter: IN_PLACE is only allowed on the root")
+            send, recv = None, host_buffer(recvbuf, "recvbuf", writable=True)
+            block, code = recv.count, recv.code
+        return Call("scatter", send, recv, block, code, root=root)
+
+    def Scatter(self, sendbuf, recvbuf, root=0, stream=None):
+        """Block i of root's sendbuf goes to rank i's recvbuf."""
+        self._blocking(self._scatter_call(sendbuf, recvbuf, root), stream)
+
+    def Iscatter(self, sendbuf, recvbuf, root=0, stream=None):
+        return self._nonblocking(self._scatter_call(sendbuf, recvbuf, root), stream)
+
+    def _barrier_call(self):
+        self._check_alive()
+        return Call("barrier", None, None, 0, 0)
+
+    def Barrier(self):
+        """Return once every rank has entered the barrier."""
+        self._blocking(self._barrier_call())
+
+    def Ibarrier(self):
+        return self._nonblocking(self._barrier_call())
+
+    barrier = Barrier
+
+    # --- point to point -------------------------------------------------------------
+    # Host buffers go through gpucoll/engines/p2p/host.py; GPU buffers through gpucoll/engines/p2p/gpu.py, in the
+    # order of `stream=` (default: the caller's current stream), matched by the same engine.
+    # Send and Recv of a plain NumPy array try p2p's short path first (every call's path).
+    def _gpu_p2p(self):
+        """The GPU side of this communicator's point to point, made for the first GPU buffer."""
+        gpu = self._p2p.gpu
+        if gpu is None:
+            from ..engines.p2p.gpu import GpuPointToPoint
+
+            gpu = self._p2p.gpu = GpuPointToPoint(self._p2p)
+        return gpu
+
+    def _send(self, buf, dest, tag, stream, nonblocking, what="buf"):
+        self._check_alive()
+        b, tag = host_buffer(buf, what), _user_tag(tag)
+        if dest == _p2p.PROC_NULL:
+            return CompletedRequest("Isend") if nonblocking else None
+        grouped = not nonblocking and self._group is not None  # starts now, completes with the group
+        if b.is_gpu:
+            req = self._gpu_p2p().send(b, dest, tag, stream, nonblocking or grouped, self._group is not None)
+        else:
+            _host_stream(stream)
+            req = self._p2p.isend(b, dest, tag) if nonblocking or grouped else self._p2p.send(b, dest, tag)
+        if grouped:
+            self._group.waits.append(req)
+            return None
+        return req
+
+    def _irecv(self, buf, source, tag, status, stream, what="buf"):
+        self._check_alive()
+        b = host_buffer(buf, what, writable=True)
+        if b.is_gpu:
+            return self._gpu_p2p().recv(b, source, tag, status, stream, nonblocking=True,
+                                        in_group=self._group is not None)
+        _host_stream(stream)
+        return self._p2p.irecv(b, source, tag, status)
+
+    def _enqueued(self, req, status=None):
+        """Wait as a blocking receive does: GPU data enqueued on its stream, host data in place
+        (in a group: when the group ends)."""
+        if self._group is not None:
+            self._group.waits.append(req)
+            return
+        _wait_enqueued(req, status)
+
+    # The short paths of host point to point: a contiguous NumPy array of plain values, plain
+    # in-range rank and tag, a live communicator (and no open group for the blocking ones). They
+    # answer done (True, or the request) or decline (False, None): the caller then takes its
+    # general path, which checks everything. gpucoll.MPI's point to point tries them first too.
+    def _send_short(self, buf, dest, tag):
+        return self._group is None and not self._freed and self._short.send(buf, dest, tag)
+
+    def _isend_short(self, buf, dest, tag):
+        return None if self._freed else self._short.isend(buf, dest, tag)
+
+    def _recv_short(self, buf, source, tag, status):
+        return self._group is None and not self._freed and self._short.recv(buf, source, tag, status)
+
+    def _irecv_short(self, buf, source, tag):
+        return None if self._freed else self._short.irecv(buf, source, tag)
+
+    def Send(self, buf, dest, tag=0, stream=None):
+        if stream is None and self._send_short(buf, dest, tag):
+            return
+        self._send(buf, dest, tag, stream, False)
+
+    def Isend(self, buf, dest, tag=0, stream=None):
+        req = self._isend_short(buf, dest, tag) if stream is None else None
+        return req if req is not None else self._send(buf, dest, tag, stream, True)
+
+    def Recv(self, buf, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG, status=None, stream=None):
+        if stream is None and self._recv_short(buf, source, tag, status):
+            return
+        self._enqueued(self._irecv(buf, source, tag, status, stream))
+
+    def Irecv(self, buf, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG, stream=None):
+        req = self._irecv_short(buf, source, tag) if stream is None else None
+        return req if req is not None else self._irecv(buf, source, tag, None, stream)
+
+    def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=_p2p.ANY_SOURCE,
+                 recvtag=_p2p.ANY_TAG, status=None, stream=None):
+        req = self._irecv(recvbuf, source, recvtag, status, stream, "recvbuf")
+        self._send(sendbuf, dest, sendtag, stream, False, "sendbuf")
+        self._enqueued(req)
+
+    # --- object methods (pickle) ---------------------------------------------------
+    def send(self, obj, dest, tag=0):
+        self._check_alive()
+        self._p2p.send_object(obj, dest, _user_tag(tag))
+
+    def isend(self, obj, dest, tag=0):
+        self._check_alive()
+        return self._p2p.isend_object(obj, dest, _user_tag(tag))
+
+    def recv(self, buf=None, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG, status=None):
+        self._check_alive()
+        return self._p2p.irecv_object(source, tag, status).wait()
+
+    def irecv(self, buf=None, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG):
+        self._check_alive()
+        return self._p2p.irecv_object(source, tag)
+
+    def sendrecv(self, sendobj, dest, sendtag=0, recvbuf=None, source=_p2p.ANY_SOURCE,
+                 recvtag=_p2p.ANY_TAG, status=None):
+        req = self.irecv(None, source, recvtag)
+        self.send(sendobj, dest, sendtag)
+        return req.wait(status)
+
+    def bcast(self, obj, root=0):
+        """root's Python object, on every rank."""
+        self._check_alive()
+        root = self._check_root(root)
+        data, problem = b"", None
+        if self.rank == root:
+            try:
+                data = _dumps(obj)
+            except Exception as exc:
+                problem = exc
+        # A length of -1 tells the others that the root gave up, so that they raise too.
+        length = np.array([len(data) if problem is None else -1], dtype=np.int64)
+        self.Bcast(length, root)
+        if length[0] < 0:
+            why = f": {type(problem).__name__}: {problem}" if problem is not None else ""
+            raise InvalidUsageError(f"bcast: the root (rank {root}) cannot pickle its object{why}")
+        buf = np.frombuffer(data, np.uint8).copy() if self.rank == root else np.empty(length[0], np.uint8)
+        self.Bcast(buf, root)
+        return obj if self.rank == root else pickle.loads(buf.tobytes())
+
+    def allgather(self, obj):
+        """Every rank's object, in rank order."""
+        return self._allgather_objects(obj, "allgather")
+
+    def _allgather_objects(self, obj, what, problem=None):
+        """allgather, raising on every rank when a rank's input is wrong (`problem`) or cannot
+        be pickled: no rank is left waiting for a rank that gave up."""
+        if problem is None:
+            try:
+                data = _dumps(obj)
+            except Exception as exc:
+                problem = f"{what}: rank {self.rank} cannot pickle its object: {type(exc).__name__}: {exc}"
+        if problem is not None:
+            data = _dumps(_ScatterFailed(problem))
+        items = [pickle.loads(b) for b in self._allgather_bytes(data)]
+        failed = next((item for item in items if isinstance(item, _ScatterFailed)), None)
+        if failed is not None:
+            raise InvalidUsageError(failed.problem)
+        return items
+
+    def _allgather_bytes(self, data):
+        lengths = np.empty(self.size, np.int64)
+        self.Allgather(np.array([len(data)], np.int64), lengths)
+        width = int(lengths.max()) if self.size else 0
+        mine = np.zeros(width, np.uint8)
+        mine[:len(data)] = np.frombuffer(data, np.uint8)
+        table = np.empty(width * self.size, np.uint8)
+        self.Allgather(mine, table)
+        return [table[r * width:r * width + int(lengths[r])].tobytes() for r in range(self.size)]
+
+    def gather(self, obj, root=0):
+        """On root: every rank's object in rank order; None elsewhere."""
+        self._check_alive()
+        root = self._check_root(root)
+        items = self._allgather_objects(obj, "gather") if self.size <= 64 else self._gather_via_root(obj, root)
+        return items if self.rank == root else None
+
+    def _gather_via_root(self, obj, root):
+        if self.rank != root:
+            self._p2p.send_object(obj, root, _p2p.OBJECT_GATHER_TAG)
+            return None
+        return [obj if r == root else self._p2p.irecv_object(r, _p2p.OBJECT_GATHER_TAG).wait()
+                for r in range(self.size)]
+
+    def scatter(self, sendobj, root=0):
+        """Rank i gets root's sendobj[i]."""
+        self._check_alive()
+        root = self._check_root(root)
+        if self.rank == root:
+            if sendobj is None or not hasattr(sendobj, "__len__") or len(sendobj) != self.size:
+                problem = (f"scatter: the root (rank {root}) must pass a sequence of {self.size} objects, "
+                           f"not {type(sendobj).__name__}"
+                           + (f" of length {len(sendobj)}" if hasattr(sendobj, "__len__") else ""))
+                # Tell the waiting ranks too, so that no rank hangs on the root's mistake.
+                for r in range(self.size):
+                    if r != root:
+                        self._p2p.send_object(_ScatterFailed(problem), r, _p2p.OBJECT_SCATTER_TAG)
+                raise InvalidUsageError(problem)
+            for r in range(self.size):
+                if r != root:
+                    self._p2p.send_object(sendobj[r], r, _p2p.OBJECT_SCATTER_TAG)
+            return sendobj[root]
+        item = self._p2p.irecv_object(root, _p2p.OBJECT_SCATTER_TAG).wait()
+        if isinstance(item, _ScatterFailed):
+            raise InvalidUsageError(item.problem)
+        return item
+
+    def allreduce(self, obj, op=_ops.SUM):
+        """op over every rank's object, combined in rank order (same result everywhere)."""
+        op = _ops.as_op(op)
+        items = self._allgather_objects(obj, "allreduce")
+        if op is _ops.AVG:
+            total = items[0]
+            for item in items[1:]:
+                total = total + item
+            return total / self.size
+        result = items[0]
+        for item in items[1:]:
+            result = op.py(result, item)
+        return result
+
+    def reduce(self, obj, op=_ops.SUM, root=0):
+        result = self.allreduce(obj, op)
+        return result if self.rank == self._check_root(root) else None
+
+    def alltoall(self, sendobj):
+        """Item j of rank i's sendobj becomes item i of rank j's result."""
+        problem = None
+        if sendobj is None or not hasattr(sendobj, "__len__") or len(sendobj) != self.size:
+            problem = (f"alltoall: every rank must pass a sequence of {self.size} objects; rank {self.rank} "
+                       f"passed {type(sendobj).__name__}"
+                       + (f" of length {len(sendobj)}" if hasattr(sendobj, "__len__") else ""))
+        table = self._allgather_objects(None if problem else list(sendobj), "alltoall", problem)
+        return [table[r][self.rank] for r in range(self.size)]
+
+
+class _Group:
+    """The context manager of Communicator.group(); nested blocks join the outermost one."""
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.calls = []   # (Call, GpuRequest or None) of deferred GPU collectives, in order
+        self.waits = []   # requests of Send/Recv started in the group, completed at its end
+        self.outer = None
+
+    def __enter__(self):
+        comm = self.comm
+        comm._check_alive()
+        self.outer = comm._group
+        if self.outer is None:
+            comm._group = self
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        comm = self.comm
+        if self.outer is not None:
+            return False
+        comm._group = None
+        if kind is not None:  # the block raised: what it deferred is dropped with it
+            if comm._p2p.gpu is not None:
+                comm._p2p.gpu.drop_group()
+            return False
+        stats = comm._stats
+        stats.groups += 1
+        stats.group_deferred += len(self.calls)
+        stats.group_p2p += len(self.waits)
+        if self.calls:
+            comm._dispatch.run_group([call for call, _ in self.calls])
+            for call, req in self.calls:
+                if req is not None:
+                    req.record(call.stream)
+        if comm._p2p.gpu is not None:
+            comm._p2p.gpu.end_group()
+        for req in self.waits:
+            _wait_enqueued(req)
+        return False
+
+
+def _wait_enqueued(req, status=None):
+    target = getattr(req, "target", None)  # a GPU receive: enqueued on its stream is enough
+    if target is None:
+        req.Wait(status)
+    else:
+        req.Wait(status, stream=target.stream)
+
+
+class _ScatterFailed:
+    """What a rank sends instead of data when its input to an object collective is wrong."""
+
+    def __init__(self, problem):
+        self.problem = problem
+
+
+_host_stream = check_host_stream  # point to point refuses a stream on host buffers the same way
+
+
+def _integer(value):
+    """value as an int when it is an integer (NumPy's included), else None."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def _user_tag(tag):
+    """Tags of user messages are integers from 0 to TAG_UB, as in MPI (negative ones are gpucoll's own)."""
+    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not 0 <= tag <= _p2p.TAG_UB:
+        raise InvalidUsageError(f"message tag {tag!r} is not allowed: use an integer from 0 to {_p2p.TAG_UB}")
+    return int(tag)
+
+
+def _dumps(obj):
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _same_shape(a, b, an, bn, what):
+    if a.count != b.count or a.code != b.code:
+        raise InvalidUsageError(
+            f"{what}: {an} ({a.count} x {_tn(a)}) and {bn} ({b.count} x {_tn(b)}) must have the same "
+            "number of elements and the same dtype")
+
+
+def _overlap(part, whole, offset, what):
+    """Overlapping send and receive buffers are an error, except in the one layout that
+    means IN_PLACE: `part` starting exactly `offset` bytes into `whole`."""
+    if part is whole or part.addr == whole.addr + offset:
+        return
+    if part.addr < whole.addr + whole.nbytes and whole.addr < part.addr + part.nbytes and part.nbytes:
+        raise InvalidUsageError(f"{what}: sendbuf and recvbuf overlap in memory; pass gpucoll.IN_PLACE as "
+                                "sendbuf to reuse the receive buffer, or use separate buffers")
+
+
+def _divisible(buf, size, what, name):
+    if buf.count % size:
+        raise InvalidUsageError(f"{what}: {name} has {buf.count} elements, not a multiple of the "
+                                f"communicator size {size}")
+
+
+def _block_fits(block_buf, whole_buf, block, size, what, bn, wn):
+    if block_buf.code != whole_buf.code:
+        raise InvalidUsageError(f"{what}: {bn} is {_tn(block_buf)} but {wn} is {_tn(whole_buf)}")
+    if block_buf.count * size != whole_buf.count or block_buf.count != block:
+        raise InvalidUsageError(
+            f"{what}: {wn} must hold size x {bn} = {size} x {block_buf.count} elements, "
+            f"it holds {whole_buf.count}")
+
+
+def _tn(buf):
+    from ..base.dtypes import name
+
+    return name(buf.code)

@@ -1,0 +1,1 @@
+"""The leaves every layer uses: settings, logs, errors, dtypes, ops, the Call, requests."""

@@ -1,0 +1,233 @@
+"""Every GPUCOLL_* variable, declared once: name, type, default and meaning.
+
+There is no other way to read gpucoll's settings from the environment. A value that
+does not parse raises ConfigError naming the variable and what it accepts::
+
+    from gpucoll.base import config
+    timeout = config.TIMEOUT.get()      # float seconds
+    for var in config.ALL: print(var.name, var.get(), var.help)
+"""
+import os
+import re
+
+from .errors import ConfigError
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text):
+    """'4M', '512KiB', '1048576' -> bytes (binary units)."""
+    m = _SIZE_RE.match(str(text))
+    if not m:
+        raise ValueError(text)
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+class Var:
+    """One GPUCOLL_* setting. `kind` is bool, int, float, size, str, choice or choices."""
+
+    def __init__(self, name, kind, default, help, choices=None, minimum=None, secret=False):
+        self.name = name
+        self.kind = kind
+        self.default = default
+        self.help = help
+        self.choices = tuple(choices) if choices else None
+        self.minimum = minimum
+        self.secret = secret   # never shown: `gpucoll info` and errors say only that it is set
+
+    def shown(self, value):
+        """How a value of this variable may be printed: its repr, or a mask if secret."""
+        return f"<set, {len(str(value))} chars>" if self.secret else repr(value)
+
+    def allowed(self):
+        """A short human description of what the variable accepts."""
+        if self.kind == "bool":
+            return "0 or 1"
+        if self.kind in ("choice", "choices"):
+            joined = ", ".join(self.choices)
+            return joined if self.kind == "choice" else f"a comma-separated list of {joined}"
+        if self.kind == "size":
+            return "a byte count such as 4194304, 512K or 4M"
+        if self.kind in ("int", "float"):
+            low = "" if self.minimum is None else f" >= {self.minimum}"
+            return f"{'an integer' if self.kind == 'int' else 'a number'}{low}"
+        return "any text"
+
+    def is_set(self, environ=None):
+        env = os.environ if environ is None else environ
+        return self.name in env
+
+    def raw(self, environ=None):
+        env = os.environ if environ is None else environ
+        return env.get(self.name)
+
+    def get(self, environ=None):
+        """The parsed value, or the default when the variable is unset."""
+        text = self.raw(environ)
+        if text is None:
+            return self.default
+        try:
+            value = self._parse(text.strip())
+        except ValueError:
+            raise ConfigError(
+                f"{self.name}={self.shown(text)} is not valid: expected {self.allowed()}. "
+                f"Unset it or fix the value. ({self.help})"
+            ) from None
+        return value
+
+    def _parse(self, text):
+        kind = self.kind
+        if kind == "bool":
+            low = text.lower()
+            if low in _TRUE:
+                return True
+            if low in _FALSE:
+                return False
+            raise ValueError(text)
+        if kind == "int" or kind == "float" or kind == "size":
+            value = {"int": int, "float": float, "size": parse_size}[kind](text)
+            if self.minimum is not None and value < self.minimum:
+                raise ValueError(text)
+            return value
+        if kind == "choice":
+            low = text.lower()
+            if low not in self.choices:
+                raise ValueError(text)
+            return low
+        if kind == "choices":
+            items = [t.strip().upper() for t in text.split(",") if t.strip()]
+            if any(item not in self.choices for item in items):
+                raise ValueError(text)
+            return tuple(items)
+        return text
+
+
+ALL = []
+
+
+def declare(name, kind, default, help, **kw):
+    var = Var(name, kind, default, help, **kw)
+    ALL.append(var)
+    return var
+
+
+def by_name(name):
+    for var in ALL:
+        if var.name == name:
+            return var
+    raise KeyError(name)
+
+
+def check_all(environ=None):
+    """Parse every declared variable; raise on the first invalid one. Also flags
+    GPUCOLL_* names that nothing declares (usually a typo)."""
+    env = os.environ if environ is None else environ
+    for var in ALL:
+        var.get(env)
+    known = {var.name for var in ALL}
+    return sorted(k for k in env if k.startswith("GPUCOLL_") and k not in known)
+
+
+# --- logging ---------------------------------------------------------------------
+SUBSYSTEMS = ("INIT", "BOOTSTRAP", "COLL", "P2P", "NET", "SHM", "TUNING", "ENV", "ALL")
+DEBUG = declare("GPUCOLL_DEBUG", "choice", "warn",
+                "Log level: NONE, WARN, INFO or TRACE.", choices=("none", "warn", "info", "trace"))
+DEBUG_SUBSYS = declare("GPUCOLL_DEBUG_SUBSYS", "choices", ("ALL",),
+                       "Subsystems to log at INFO/TRACE, e.g. INIT,COLL.", choices=SUBSYSTEMS)
+DEBUG_FILE = declare("GPUCOLL_DEBUG_FILE", "str", None,
+                     "Write logs to this file instead of stderr; %h is the host, %p the pid, %r the rank.")
+DEBUG_CHECKS = declare("GPUCOLL_DEBUG_CHECKS", "bool", False,
+                       "Cross-check op, dtype, count and root of every collective across ranks.")
+
+# --- bootstrap -------------------------------------------------------------------
+BOOTSTRAP = declare("GPUCOLL_BOOTSTRAP", "choice", "auto",
+                    "Force how ranks find each other: auto, gpurun, mpi, slurm, torchrun or singleton.",
+                    choices=("auto", "gpurun", "mpi", "slurm", "torchrun", "singleton"))
+RANK = declare("GPUCOLL_RANK", "int", None, "This process's rank (set by gpurun).", minimum=0)
+SIZE = declare("GPUCOLL_SIZE", "int", None, "Number of ranks in the job (set by gpurun).", minimum=1)
+LOCAL_RANK = declare("GPUCOLL_LOCAL_RANK", "int", None, "Rank among the ranks of this host (set by gpurun).",
+                     minimum=0)
+LOCAL_SIZE = declare("GPUCOLL_LOCAL_SIZE", "int", None, "Number of ranks on this host (set by gpurun).",
+                     minimum=1)
+STORE = declare("GPUCOLL_STORE", "str", None, "host:port of the rendezvous store.")
+STORE_SECRET = declare("GPUCOLL_STORE_SECRET", "str", None,
+                       "Per-job secret (hex) that authenticates clients to the store (set by gpurun).",
+                       secret=True)
+INIT_TIMEOUT = declare("GPUCOLL_INIT_TIMEOUT", "float", 120.0,
+                       "Seconds to wait for every rank to join at start-up (not the set-up in a communicator's "
+                       "first collective, which waits GPUCOLL_TIMEOUT).", minimum=0.001)
+JOB_ID = declare("GPUCOLL_JOB_ID", "str", None, "Identifier of the job (set by gpurun), used in names.")
+
+# --- collectives -----------------------------------------------------------------
+TIMEOUT = declare("GPUCOLL_TIMEOUT", "float", 300.0,
+                  "Seconds any blocking wait in a collective may last before it raises, the set-up of a "
+                  "communicator's first collective included.", minimum=0.001)
+ALGO = declare("GPUCOLL_ALGO", "choice", "auto",
+               "Force an algorithm: auto, direct, ring, tree, rhd (recursive halving/doubling), "
+               "one-shot, two-shot or staged (GPU: through the IPC staging buffers).",
+               choices=("auto", "direct", "ring", "tree", "rhd", "one-shot", "two-shot", "staged"))
+BUFFSIZE = declare("GPUCOLL_BUFFSIZE", "size", 4 << 20,
+                   "Bytes of staging buffer per peer and channel (shared memory, sockets).", minimum=4096)
+
+# --- transports ------------------------------------------------------------------
+SHM_DISABLE = declare("GPUCOLL_SHM_DISABLE", "bool", False,
+                      "Do not use shared memory between ranks of one host (use sockets).")
+P2P_DISABLE = declare("GPUCOLL_P2P_DISABLE", "bool", False,
+                      "Do not use direct GPU peer access / CUDA IPC; stage through host memory.")
+RMA_DIRECT = declare("GPUCOLL_RMA_DIRECT", "bool", True,
+                     "One-sided operations (MPI.Win) between processes of one host read and write the target's "
+                     "memory directly (process_vm_readv/writev, record locks); 0: through the target's "
+                     "service thread, as between hosts.")
+P2P_SHARED_COPY = declare("GPUCOLL_P2P_SHARED_COPY", "bool", True,
+                          "Within a host, the sender of a large point-to-point message writes chunks of it "
+                          "into the receiver's memory (process_vm_writev) while the receiver reads the others; "
+                          "0: the receiver copies alone.")
+IB_DISABLE = declare("GPUCOLL_IB_DISABLE", "bool", False, "Do not use RDMA verbs devices; use sockets.")
+SOCKET_IFNAME = declare("GPUCOLL_SOCKET_IFNAME", "str", None,
+                        "Interfaces for sockets: prefixes separated by commas, ^ to exclude, = for an exact name. "
+                        "Unset: loopback for a one-host job, else the interface that reaches the store.")
+NSOCKS = declare("GPUCOLL_NSOCKS", "int", 2, "TCP sockets per peer between hosts.", minimum=1)
+DEVICE = declare("GPUCOLL_DEVICE", "int", None,
+                 "Pins this rank's GPU collectives to this GPU: a buffer on another GPU is refused. Unset: "
+                 "each communicator uses the GPU of its first GPU buffer.", minimum=0)
+CACHE_DIR = declare("GPUCOLL_CACHE_DIR", "str", None,
+                    "Folder for compiled kernels; default ~/.cache/gpucoll.")
+
+# --- GPU collectives (within a host) ----------------------------------------------
+GPU_ONESHOT_MAX = declare("GPUCOLL_GPU_ONESHOT_MAX", "size", None,
+                          "GPU all-reduce: one-shot kernel up to this many bytes and never above; unset: the "
+                          "cost table decides (gpucoll info shows its crossovers).")
+GPU_STAGE_MAX = declare("GPUCOLL_GPU_STAGE_MAX", "size", 64 << 20,
+                        "GPU collectives up to this many bytes go through the IPC staging buffers; larger "
+                        "ones register the caller's buffers with CUDA IPC and move data directly.",
+                        minimum=4096)
+GPU_BLOCKS = declare("GPUCOLL_GPU_BLOCKS", "int", 0,
+                     "Most thread blocks per GPU collective kernel; 0 picks by size (8 KiB per block, up to 64, "
+                     "through staging; on registered buffers up to one per SM).",
+                     minimum=0)
+GPU_SHARED_IPC = declare("GPUCOLL_GPU_SHARED_IPC", "bool", False,
+                         "Ranks that share a GPU still use CUDA IPC and gpucoll's kernels instead of staging "
+                         "through host memory. Kernels of different processes on one GPU take turns (about 2 ms "
+                         "per synchronisation on an H200): for testing the IPC path on a one-GPU machine.")
+GPU_HOST_CHUNK = declare("GPUCOLL_GPU_HOST_CHUNK", "size", 4 << 20,
+                         "GPU collectives that go through host memory (no P2P between the GPUs, ranks sharing a "
+                         "GPU, ranks on other hosts): all-reduce, broadcast and reduce move in chunks of this many "
+                         "bytes through pinned buffers, the copies overlapped with the host collectives; 0: the "
+                         "whole buffer at once through pageable memory.", minimum=0)
+GPU_COPY = declare("GPUCOLL_GPU_COPY", "choice", "ce",
+                   "How large GPU broadcasts and all-gathers move registered data: ce (copy engines, "
+                   "cuMemcpyAsync between mapped buffers) or sm (copy kernels).", choices=("ce", "sm"))
+
+# --- testing --------------------------------------------------------------------------
+TEST_HOST = declare("GPUCOLL_TEST_HOST", "str", None,
+                    "Testing only: the host name gpucoll uses for this rank instead of the machine's (%r: the "
+                    "rank), so that ranks of one machine act as ranks of different hosts: no shared memory or "
+                    "CUDA IPC between them, TCP, GPU data through host memory. Never set it for real work.")
+
+# --- the test suite (read by tests/conftest.py, never by gpucoll) ------------------
+TEST_REQUIRE = declare("GPUCOLL_TEST_REQUIRE", "str", None,
+                       "Tests only: a comma list of pieces (gpu, mpi4py, mpich, slurm, pmix, multihost, sshd, "
+                       "torch) whose absence fails the tests that need them instead of skipping them.")

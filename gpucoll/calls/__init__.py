@@ -1,0 +1,1 @@
+"""From a user's arguments to a checked Call: buffer reading (host and GPU) and argument checks."""

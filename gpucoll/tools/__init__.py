@@ -1,0 +1,1 @@
+"""Commands over the API: `gpucoll info`."""

@@ -1,0 +1,59 @@
+"""The `gpucoll` command: `gpucoll info` shows settings, GPUs and the transports in use."""
+import os
+import socket
+
+import click
+
+from ..base import config
+
+
+@click.group()
+def main():
+    """gpucoll utilities."""
+
+
+@main.command()
+def info():
+    """Print every GPUCOLL_* variable with its value, this host's GPUs and links,
+    and the transports and algorithms gpucoll would choose."""
+    from ..transports import gpu_topology as topology
+
+    click.echo(f"gpucoll {__import__('gpucoll').__version__} on {socket.gethostname()}")
+    click.echo("\nVariables (value; default; meaning):")
+    for var in config.ALL:
+        try:
+            value = var.get()
+            shown = "(unset)" if not var.is_set() else var.shown(value)
+        except config.ConfigError as exc:
+            shown = f"INVALID: {exc}"
+        click.echo(f"  {var.name:24s} {shown:14s} default {var.default!r}; {var.help}")
+    unknown = sorted(k for k in os.environ if k.startswith("GPUCOLL_") and
+                     k not in {v.name for v in config.ALL})
+    for name in unknown:
+        click.echo(f"  {name:24s} UNKNOWN: nothing reads this variable (a typo?)")
+    click.echo("\nGPUs:")
+    for line in topology.describe():
+        click.echo(f"  {line}")
+    click.echo("\nTransports:")
+    click.echo(f"  same host, host buffers : {'sockets (GPUCOLL_SHM_DISABLE=1)' if config.SHM_DISABLE.get() else 'shared memory'}")
+    click.echo("  between hosts           : TCP sockets (no verbs device support in this build)")
+    try:
+        from ..transports import ifaces
+
+        chosen = ifaces.select_interface()
+        click.echo(f"  socket interface        : {chosen.describe()} (between hosts; a one-host job listens on "
+                   f"{'it' if config.SOCKET_IFNAME.get() else 'loopback'})")
+    except Exception as exc:  # shown, not raised: info must always print
+        click.echo(f"  socket interface        : {exc}")
+    try:
+        from ..algorithms import selector
+
+        click.echo("\nAlgorithm cost table:")
+        for line in selector.describe():
+            click.echo(f"  {line}")
+    except ImportError:
+        pass
+
+
+if __name__ == "__main__":
+    main()
