@@ -437,14 +437,14 @@ cdef class HostFast:
     of the general path in C (exact ndarray types, a dtype gpucoll moves, the same dtype and
     size, contiguous in C or Fortran order (the bytes in memory order, as MPI reads them),
     writable where the result lands, no overlap, an op the dtype supports, a root in range, a
-    non-empty call whose algorithm is "direct"), claims the communicator's ordered engine
-    (hooks.engine.enter(): only when nothing is queued), takes the next sequence number
+    non-empty call whose algorithm is "direct"), claims the communicator's ordered queue
+    (hooks.queue.enter(): only when nothing is queued), takes the next sequence number
     (hooks.next_seq()) and makes the native call. It returns False, having done nothing,
     whenever a check fails, so that the general path runs the call and raises its usual
     errors. A failed native call raises through hooks.fast_failed() (gpucoll/dispatch/diagnosis.py),
     as the general path's failures do.
 
-    hooks: the dispatcher's public face: engine, next_seq(), choices (the cost table's cached
+    hooks: the dispatcher's public face: queue, next_seq(), choices (the cost table's cached
     answers, (kind, table bytes) -> algorithm), choose(call), diagnosis (.broken), timeout,
     fast_failed(kind, count, code, op, root, seq, exc).
     """
@@ -460,7 +460,7 @@ cdef class HostFast:
         from gpucoll.base.call import Call
 
         self.group, self.hooks = group, hooks
-        self.enter, self.leave = hooks.engine.enter, hooks.engine.leave
+        self.enter, self.leave = hooks.queue.enter, hooks.queue.leave
         self.next_seq, self.choose, self.diagnosis = hooks.next_seq, hooks.choose, hooks.diagnosis
         self.choices = hooks.choices
         self.in_place, self.ndarray, self.op_type, self.codes = in_place, ndarray, op_type, codes

@@ -1,12 +1,12 @@
 # cython: language_level=3
-"""Thin binding of gc_p2p.h: the process's point-to-point engine and its requests.
+"""Thin binding of gc_p2p.h: the process's point-to-point core (matching, progress) and its requests.
 
 The policy (which channel reaches which peer, error texts, objects, communicators) lives in
 gpucoll/engines/p2p/host.py; here every call only crosses into C, with the GIL released where it may wait.
 The requests the caller holds (P2PRequest) and the short paths of plain arrays (ShortPaths)
 are here too: a short call, and the wait of its request, that succeed stay in C::
 
-    eng = Engine(rank, size, max_message)
+    eng = P2PCore(rank, size, max_message)
     eng.set_peer(1, pid, cma=True, eager_max=16384); eng.set_channel(1, shm_channel.ptr)
     req = eng.isend(comm_key, 1, tag, buf, 0)        # any contiguous buffer
     req = eng.irecv(comm_key, ANY, ANY, out)         # out=None: into a buffer of the message's size
@@ -122,7 +122,7 @@ cdef class Req:
     `test()` makes one progress pass first."""
     cdef gc_p2p_req *r
     cdef gc_p2p *e
-    cdef Engine eng
+    cdef P2PCore eng
     cdef Py_buffer view
     cdef bint has_view
 
@@ -200,7 +200,7 @@ cdef int _plain(object buf, Py_buffer *view, int flags):
     return 1
 
 
-cdef Req _start(Engine eng, bint send, uint64_t comm, int peer, int32_t tag, Py_buffer *view):
+cdef Req _start(P2PCore eng, bint send, uint64_t comm, int peer, int32_t tag, Py_buffer *view):
     """Start a send of, or a receive into, the buffer of view (its Req takes the view)."""
     cdef gc_p2p_req *r
     with nogil:
@@ -211,7 +211,7 @@ cdef Req _start(Engine eng, bint send, uint64_t comm, int peer, int32_t tag, Py_
     return _req(eng, r, view)
 
 
-cdef Req _req(Engine eng, gc_p2p_req *r, Py_buffer *view):
+cdef Req _req(P2PCore eng, gc_p2p_req *r, Py_buffer *view):
     if r == NULL:
         if view != NULL:
             PyBuffer_Release(view)
@@ -223,7 +223,7 @@ cdef Req _req(Engine eng, gc_p2p_req *r, Py_buffer *view):
     return q
 
 
-cdef class Engine:
+cdef class P2PCore:
     """The process's engine; ranks are world ranks."""
     cdef gc_p2p *e
     cdef readonly int rank, size
@@ -559,14 +559,14 @@ cdef class ShortPaths:
     `ndarray` whose contiguous memory holds plain values, rank and tag plain in-range ints, and
     (sends) a channel that exists. Each answers done (True, or the request) or declines (False,
     None): the communicator's general path then checks everything and says what is wrong."""
-    cdef Engine eng
+    cdef P2PCore eng
     cdef uint64_t key
     cdef list world
     cdef object ready, p2p, ndarray
     cdef long long size
     cdef double timeout
 
-    def __cinit__(self, Engine eng, uint64_t key, list world, ready, p2p, ndarray, double timeout):
+    def __cinit__(self, P2PCore eng, uint64_t key, list world, ready, p2p, ndarray, double timeout):
         self.eng, self.key, self.world, self.ready = eng, key, world, ready
         self.p2p, self.ndarray, self.size, self.timeout = p2p, ndarray, len(world), timeout
 

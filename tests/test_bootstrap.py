@@ -15,7 +15,7 @@ HELLO = "import gpucoll; c = gpucoll.COMM_WORLD; print(c.rank, c.size, c.local_r
 EXCHANGE = """
 import gpucoll, gpucoll.api.world as w
 c = gpucoll.COMM_WORLD
-boot = w.world()._ctx.boot
+boot = w.world().seam.context.boot
 got = boot.allgather(b"r%d" % c.rank)
 boot.barrier()
 print(c.rank, b",".join(got).decode(), flush=True)

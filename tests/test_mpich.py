@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HELLO = ("import numpy as np, gpucoll; from mpi4py import MPI; c = gpucoll.COMM_WORLD; "
          "x = np.arange(100, dtype=np.int64) * (c.rank + 1); c.Allreduce(gpucoll.IN_PLACE, x); "
          "ok = bool((x == np.arange(100) * c.size * (c.size + 1) // 2).all()); "
-         "import os; os.write(1, ('HELLO %d %d %s %s %s\\n' % (c.rank, c.size, c._ctx.boot.method, ok, "
+         "import os; os.write(1, ('HELLO %d %d %s %s %s\\n' % (c.rank, c.size, c.seam.context.boot.method, ok, "
          "MPI.Get_library_version().split()[0])).encode())")
 # One write per line: MPICH's launcher relays output as it arrives, so a line printed in
 # pieces can interleave with another rank's.

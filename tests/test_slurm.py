@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPURUN = os.path.join(os.path.dirname(sys.executable), "gpurun")
 HELLO = ("import numpy as np, gpucoll; c = gpucoll.COMM_WORLD; x = np.arange(100, dtype=np.int64) * (c.rank + 1); "
          "c.Allreduce(gpucoll.IN_PLACE, x); ok = bool((x == np.arange(100) * c.size * (c.size + 1) // 2).all()); "
-         "print('HELLO', c.rank, c.size, c.local_rank, c._ctx.boot.method, ok, flush=True)")
+         "print('HELLO', c.rank, c.size, c.local_rank, c.seam.context.boot.method, ok, flush=True)")
 
 
 def _slurm_ready():
@@ -42,6 +42,12 @@ def _env():
     env = {k: v for k, v in os.environ.items() if k not in _SCRUB and not k.startswith("SLURM_")}
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
+
+
+def _activated(env):
+    """env with this interpreter's folder first on PATH, as an activated environment has it: the
+    sbatch example runs the gpurun and python3 it finds there."""
+    return dict(env, PATH=os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")]))
 
 
 def _hellos(stdout):
@@ -79,7 +85,7 @@ def test_sbatch_example_script(tmp_path):
     out = tmp_path / "job.out"
     proc = subprocess.run(["sbatch", "--wait", "-n", "4", f"--output={out}", "--time=2",
                            os.path.join(ROOT, "examples", "slurm", "allreduce.sbatch")],
-                          capture_output=True, text=True, timeout=180, env=dict(_env(), GPUCOLL_PYTHON=sys.executable),
+                          capture_output=True, text=True, timeout=180, env=_activated(_env()),
                           cwd=ROOT)
     text = out.read_text() if out.exists() else ""
     assert proc.returncode == 0, proc.stderr + text

@@ -10,7 +10,6 @@ numbers it and picks the engine. Blocking methods return when the result is in p
     x = np.full(4, comm.rank, dtype=np.float32)
     comm.Allreduce(gpucoll.IN_PLACE, x, op=gpucoll.SUM)
 """
-import operator
 import os
 import pickle
 import weakref
@@ -18,13 +17,14 @@ import weakref
 import numpy as np
 
 from ..base import ops as _ops
-from ..calls.buffers import host_buffer
-from ..base.call import IN_PLACE, Call, check_host_stream
+from ..base.call import IN_PLACE, check_host_stream  # noqa: F401 - IN_PLACE: also gpucoll.IN_PLACE
 from ..base.counters import PathCounters
-from ..dispatch.dispatcher import Dispatcher
-from ..engines.comm_view import FastPaths, Handle
 from ..base.errors import GpucollError, InvalidUsageError
 from ..base.request import CompletedRequest
+from ..calls import build
+from ..calls.buffers import host_buffer
+from ..dispatch.dispatcher import Dispatcher
+from ..engines.comm_view import CommView, FastPaths
 from ..engines.p2p import host as _p2p
 
 
@@ -68,14 +68,15 @@ class Communicator:
         self._unusable = None
         self._stats = PathCounters()  # which path each call took (stats())
         self._fast = FastPaths()  # the packed fast paths (host, gpu) the engines install
-        self._handle = Handle(context, comm_id, self.rank, self.size, self.local_size, self._world_ranks,
+        self._view = CommView(context, comm_id, self.rank, self.size, self.local_size, self._world_ranks,
                               self._stats, self._fast, exchange=self.allgather, exchange_into=self.Allgather,
                               barrier=self.Barrier, run=self._run, free=self.Free, subgroup=self._subgroup)
-        self._dispatch = Dispatcher(self._handle)
-        self._p2p = _p2p.PointToPoint(self)
+        self._dispatch = Dispatcher(self._view)
+        self._p2p = _p2p.PointToPoint(self._view, _gpu_point_to_point)
         self._short = self._p2p.short
         self._children = 0  # Split/Dup counter: names children identically on every rank
         self._group = None     # inside comm.group(): the _Group collecting deferred operations
+        self.seam = CommSeam(self)
         _LIVE.add(self)
 
     # --- identity ---------------------------------------------------------------
@@ -121,14 +122,10 @@ class Communicator:
             "collectives and corrupt both results. Use gpucoll only in the process that initialised it and "
             "pass data to and from child processes yourself, or start the children with multiprocessing's "
             "'spawn' start method, which inherits no communicator.")
-        self._dispatch.engine.abandon(InvalidUsageError(self._unusable))  # requests the parent had pending
+        self._dispatch.queue.abandon(InvalidUsageError(self._unusable))  # requests the parent had pending
 
-    def _check_root(self, root):
-        if not isinstance(root, (int, np.integer)) or isinstance(root, bool):
-            raise InvalidUsageError(f"root must be an integer rank, not {root!r} ({type(root).__name__})")
-        if not 0 <= root < self.size:
-            raise InvalidUsageError(f"root {root!r} is out of range for a communicator of size {self.size}")
-        return int(root)
+    def _root(self, root):
+        return build.checked_root(root, self.size)
 
     # --- communicator management ------------------------------------------------
     def Dup(self):
@@ -144,7 +141,7 @@ class Communicator:
         self._children += 1
         tag = self._children
         # Checked after the exchange, so that a bad argument on one rank raises on all of them.
-        mine = (UNDEFINED if color is None else _integer(color), _integer(key))
+        mine = (UNDEFINED if color is None else build.integer(color), build.integer(key))
         table = self.allgather(mine)
         bad = [r for r, (c, k) in enumerate(table) if c is None or k is None]
         if bad:
@@ -209,17 +206,13 @@ class Communicator:
 
     def _subgroup(self, comm_id, world_ranks):
         """The engines' handle of a new communicator of these world ranks, made locally."""
-        return Communicator(self._ctx, comm_id, world_ranks)._handle
+        return Communicator(self._ctx, comm_id, world_ranks)._view
 
-    def _allreduce_call(self, sendbuf, recvbuf, op):
+    def _call(self, builder, *args):
+        """builder's Call (gpucoll/calls/build.py) for these arguments, once this communicator
+        is known to be usable."""
         self._check_alive()
-        op = _ops.as_op(op)
-        recv = host_buffer(recvbuf, "recvbuf", writable=True)
-        send = recv if sendbuf is IN_PLACE else host_buffer(sendbuf, "sendbuf")
-        _same_shape(send, recv, "sendbuf", "recvbuf", "Allreduce")
-        _overlap(send, recv, 0, "Allreduce")
-        op.check(recv.code)
-        return Call("allreduce", send, recv, recv.count, recv.code, op)
+        return builder(self.rank, self.size, *args)
 
     def Allreduce(self, sendbuf, recvbuf, op=_ops.SUM, stream=None):
         """recvbuf = op over every rank's sendbuf (IN_PLACE: recvbuf is also the input)."""
@@ -229,183 +222,75 @@ class Communicator:
         fast = self._fast.gpu  # a repeated GPU all-reduce: one packed launch (gpucoll/engines/gpu/engine.py)
         if fast is not None and self._group is None and fast(sendbuf, recvbuf, op, stream):
             return
-        self._blocking(self._allreduce_call(sendbuf, recvbuf, op), stream)
+        self._blocking(self._call(build.allreduce, sendbuf, recvbuf, op), stream)
 
     def Iallreduce(self, sendbuf, recvbuf, op=_ops.SUM, stream=None):
-        return self._nonblocking(self._allreduce_call(sendbuf, recvbuf, op), stream)
-
-    def _bcast_call(self, buf, root):
-        self._check_alive()
-        root = self._check_root(root)
-        b = host_buffer(buf, "buf", writable=self.rank != root)
-        return Call("bcast", b, b, b.count, b.code, root=root)
+        return self._nonblocking(self._call(build.allreduce, sendbuf, recvbuf, op), stream)
 
     def Bcast(self, buf, root=0, stream=None):
         """Copy root's buf into every rank's buf."""
         fast = self._fast.host
         if fast is not None and stream is None and fast.bcast(buf, root):
             return
-        self._blocking(self._bcast_call(buf, root), stream)
+        self._blocking(self._call(build.bcast, buf, root), stream)
 
     def Ibcast(self, buf, root=0, stream=None):
-        return self._nonblocking(self._bcast_call(buf, root), stream)
-
-    def _reduce_call(self, sendbuf, recvbuf, op, root):
-        self._check_alive()
-        op = _ops.as_op(op)
-        root = self._check_root(root)
-        if self.rank == root:
-            recv = host_buffer(recvbuf, "recvbuf", writable=True)
-            send = recv if sendbuf is IN_PLACE else host_buffer(sendbuf, "sendbuf")
-            _same_shape(send, recv, "sendbuf", "recvbuf", "Reduce")
-            _overlap(send, recv, 0, "Reduce")
-        else:
-            if sendbuf is IN_PLACE:
-                raise InvalidUsageError("Reduce: IN_PLACE is only allowed on the root")
-            send = host_buffer(sendbuf, "sendbuf")
-            recv = None
-        op.check(send.code)
-        return Call("reduce", send, recv, send.count, send.code, op, root)
+        return self._nonblocking(self._call(build.bcast, buf, root), stream)
 
     def Reduce(self, sendbuf, recvbuf, op=_ops.SUM, root=0, stream=None):
         """root's recvbuf = op over every rank's sendbuf; recvbuf is ignored elsewhere."""
         fast = self._fast.host
         if fast is not None and stream is None and fast.reduce(sendbuf, recvbuf, op, root):
             return
-        self._blocking(self._reduce_call(sendbuf, recvbuf, op, root), stream)
+        self._blocking(self._call(build.reduce, sendbuf, recvbuf, op, root), stream)
 
     def Ireduce(self, sendbuf, recvbuf, op=_ops.SUM, root=0, stream=None):
-        return self._nonblocking(self._reduce_call(sendbuf, recvbuf, op, root), stream)
-
-    def _allgather_call(self, sendbuf, recvbuf):
-        self._check_alive()
-        recv = host_buffer(recvbuf, "recvbuf", writable=True, blocks=self.size)
-        _divisible(recv, self.size, "Allgather", "recvbuf")
-        block = recv.count // self.size
-        if sendbuf is IN_PLACE:
-            send = None
-        else:
-            send = host_buffer(sendbuf, "sendbuf")
-            _block_fits(send, recv, block, self.size, "Allgather", "sendbuf", "recvbuf")
-            _overlap(send, recv, self.rank * send.nbytes, "Allgather")
-        return Call("allgather", send, recv, block, recv.code)
+        return self._nonblocking(self._call(build.reduce, sendbuf, recvbuf, op, root), stream)
 
     def Allgather(self, sendbuf, recvbuf, stream=None):
         """recvbuf = every rank's sendbuf, concatenated in rank order."""
         fast = self._fast.host
         if fast is not None and stream is None and fast.allgather(sendbuf, recvbuf):
             return
-        self._blocking(self._allgather_call(sendbuf, recvbuf), stream)
+        self._blocking(self._call(build.allgather, sendbuf, recvbuf), stream)
 
     def Iallgather(self, sendbuf, recvbuf, stream=None):
-        return self._nonblocking(self._allgather_call(sendbuf, recvbuf), stream)
-
-    def _reduce_scatter_call(self, sendbuf, recvbuf, op):
-        self._check_alive()
-        op = _ops.as_op(op)
-        # MPI: with IN_PLACE the input is the whole recvbuf, the result lands in its first block.
-        blocks = self.size if sendbuf is IN_PLACE else 1
-        recv = host_buffer(recvbuf, "recvbuf", writable=True, blocks=blocks)
-        if sendbuf is IN_PLACE:
-            _divisible(recv, self.size, "Reduce_scatter_block", "recvbuf")
-            block = recv.count // self.size
-            send = None
-        else:
-            send = host_buffer(sendbuf, "sendbuf", blocks=self.size)
-            block = recv.count
-            _block_fits(recv, send, block, self.size, "Reduce_scatter_block", "recvbuf", "sendbuf")
-            _overlap(recv, send, 0, "Reduce_scatter_block")
-        op.check(recv.code)
-        return Call("reduce_scatter", send, recv, block, recv.code, op)
+        return self._nonblocking(self._call(build.allgather, sendbuf, recvbuf), stream)
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=_ops.SUM, stream=None):
         """Rank i's recvbuf = op over every rank's block i of sendbuf."""
-        self._blocking(self._reduce_scatter_call(sendbuf, recvbuf, op), stream)
+        self._blocking(self._call(build.reduce_scatter_block, sendbuf, recvbuf, op), stream)
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op=_ops.SUM, stream=None):
-        return self._nonblocking(self._reduce_scatter_call(sendbuf, recvbuf, op), stream)
-
-    def _alltoall_call(self, sendbuf, recvbuf):
-        self._check_alive()
-        recv = host_buffer(recvbuf, "recvbuf", writable=True, blocks=self.size)
-        _divisible(recv, self.size, "Alltoall", "recvbuf")
-        if sendbuf is IN_PLACE:
-            send = None
-        else:
-            send = host_buffer(sendbuf, "sendbuf", blocks=self.size)
-            _same_shape(send, recv, "sendbuf", "recvbuf", "Alltoall")
-            _overlap(send, recv, 0, "Alltoall")
-        return Call("alltoall", send, recv, recv.count // self.size, recv.code)
+        return self._nonblocking(self._call(build.reduce_scatter_block, sendbuf, recvbuf, op), stream)
 
     def Alltoall(self, sendbuf, recvbuf, stream=None):
         """Block j of rank i's sendbuf becomes block i of rank j's recvbuf."""
-        self._blocking(self._alltoall_call(sendbuf, recvbuf), stream)
+        self._blocking(self._call(build.alltoall, sendbuf, recvbuf), stream)
 
     def Ialltoall(self, sendbuf, recvbuf, stream=None):
-        return self._nonblocking(self._alltoall_call(sendbuf, recvbuf), stream)
-
-    def _gather_call(self, sendbuf, recvbuf, root):
-        self._check_alive()
-        root = self._check_root(root)
-        if self.rank == root:
-            recv = host_buffer(recvbuf, "recvbuf", writable=True, blocks=self.size)
-            _divisible(recv, self.size, "Gather", "recvbuf")
-            block = recv.count // self.size
-            send = None if sendbuf is IN_PLACE else host_buffer(sendbuf, "sendbuf")
-            if send is not None:
-                _block_fits(send, recv, block, self.size, "Gather", "sendbuf", "recvbuf")
-                _overlap(send, recv, root * send.nbytes, "Gather")
-            code = recv.code
-        else:
-            if sendbuf is IN_PLACE:
-                raise InvalidUsageError("Gather: IN_PLACE is only allowed on the root")
-            send, recv = host_buffer(sendbuf, "sendbuf"), None
-            block, code = send.count, send.code
-        return Call("gather", send, recv, block, code, root=root)
+        return self._nonblocking(self._call(build.alltoall, sendbuf, recvbuf), stream)
 
     def Gather(self, sendbuf, recvbuf, root=0, stream=None):
         """root's recvbuf = every rank's sendbuf in rank order."""
-        self._blocking(self._gather_call(sendbuf, recvbuf, root), stream)
+        self._blocking(self._call(build.gather, sendbuf, recvbuf, root), stream)
 
     def Igather(self, sendbuf, recvbuf, root=0, stream=None):
-        return self._nonblocking(self._gather_call(sendbuf, recvbuf, root), stream)
-
-    def _scatter_call(self, sendbuf, recvbuf, root):
-        self._check_alive()
-        root = self._check_root(root)
-        if self.rank == root:
-            send = host_buffer(sendbuf, "sendbuf", blocks=self.size)
-            _divisible(send, self.size, "Scatter", "sendbuf")
-            block = send.count // self.size
-            recv = None if recvbuf is IN_PLACE else host_buffer(recvbuf, "recvbuf", writable=True)
-            if recv is not None:
-                _block_fits(recv, send, block, self.size, "Scatter", "recvbuf", "sendbuf")
-                _overlap(recv, send, root * recv.nbytes, "Scatter")
-            code = send.code
-        else:
-            if recvbuf is IN_PLACE:
-                raise InvalidUsageError("Scatter: IN_PLACE is only allowed on the root")
-            send, recv = None, host_buffer(recvbuf, "recvbuf", writable=True)
-            block, code = recv.count, recv.code
-        return Call("scatter", send, recv, block, code, root=root)
+        return self._nonblocking(self._call(build.gather, sendbuf, recvbuf, root), stream)
 
     def Scatter(self, sendbuf, recvbuf, root=0, stream=None):
         """Block i of root's sendbuf goes to rank i's recvbuf."""
-        self._blocking(self._scatter_call(sendbuf, recvbuf, root), stream)
+        self._blocking(self._call(build.scatter, sendbuf, recvbuf, root), stream)
 
     def Iscatter(self, sendbuf, recvbuf, root=0, stream=None):
-        return self._nonblocking(self._scatter_call(sendbuf, recvbuf, root), stream)
-
-    def _barrier_call(self):
-        self._check_alive()
-        return Call("barrier", None, None, 0, 0)
+        return self._nonblocking(self._call(build.scatter, sendbuf, recvbuf, root), stream)
 
     def Barrier(self):
         """Return once every rank has entered the barrier."""
-        self._blocking(self._barrier_call())
+        self._blocking(self._call(build.barrier))
 
     def Ibarrier(self):
-        return self._nonblocking(self._barrier_call())
+        return self._nonblocking(self._call(build.barrier))
 
     barrier = Barrier
 
@@ -413,23 +298,14 @@ class Communicator:
     # Host buffers go through gpucoll/engines/p2p/host.py; GPU buffers through gpucoll/engines/p2p/gpu.py, in the
     # order of `stream=` (default: the caller's current stream), matched by the same engine.
     # Send and Recv of a plain NumPy array try p2p's short path first (every call's path).
-    def _gpu_p2p(self):
-        """The GPU side of this communicator's point to point, made for the first GPU buffer."""
-        gpu = self._p2p.gpu
-        if gpu is None:
-            from ..engines.p2p.gpu import GpuPointToPoint
-
-            gpu = self._p2p.gpu = GpuPointToPoint(self._p2p)
-        return gpu
-
     def _send(self, buf, dest, tag, stream, nonblocking, what="buf"):
         self._check_alive()
-        b, tag = host_buffer(buf, what), _user_tag(tag)
+        b, tag = host_buffer(buf, what), build.user_tag(tag)
         if dest == _p2p.PROC_NULL:
             return CompletedRequest("Isend") if nonblocking else None
         grouped = not nonblocking and self._group is not None  # starts now, completes with the group
         if b.is_gpu:
-            req = self._gpu_p2p().send(b, dest, tag, stream, nonblocking or grouped, self._group is not None)
+            req = self._p2p.gpu_side().send(b, dest, tag, stream, nonblocking or grouped, self._group is not None)
         else:
             _host_stream(stream)
             req = self._p2p.isend(b, dest, tag) if nonblocking or grouped else self._p2p.send(b, dest, tag)
@@ -442,7 +318,7 @@ class Communicator:
         self._check_alive()
         b = host_buffer(buf, what, writable=True)
         if b.is_gpu:
-            return self._gpu_p2p().recv(b, source, tag, status, stream, nonblocking=True,
+            return self._p2p.gpu_side().recv(b, source, tag, status, stream, nonblocking=True,
                                         in_group=self._group is not None)
         _host_stream(stream)
         return self._p2p.irecv(b, source, tag, status)
@@ -498,11 +374,11 @@ class Communicator:
     # --- object methods (pickle) ---------------------------------------------------
     def send(self, obj, dest, tag=0):
         self._check_alive()
-        self._p2p.send_object(obj, dest, _user_tag(tag))
+        self._p2p.send_object(obj, dest, build.user_tag(tag))
 
     def isend(self, obj, dest, tag=0):
         self._check_alive()
-        return self._p2p.isend_object(obj, dest, _user_tag(tag))
+        return self._p2p.isend_object(obj, dest, build.user_tag(tag))
 
     def recv(self, buf=None, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG, status=None):
         self._check_alive()
@@ -521,7 +397,7 @@ class Communicator:
     def bcast(self, obj, root=0):
         """root's Python object, on every rank."""
         self._check_alive()
-        root = self._check_root(root)
+        root = self._root(root)
         data, problem = b"", None
         if self.rank == root:
             try:
@@ -571,7 +447,7 @@ class Communicator:
     def gather(self, obj, root=0):
         """On root: every rank's object in rank order; None elsewhere."""
         self._check_alive()
-        root = self._check_root(root)
+        root = self._root(root)
         items = self._allgather_objects(obj, "gather") if self.size <= 64 else self._gather_via_root(obj, root)
         return items if self.rank == root else None
 
@@ -585,7 +461,7 @@ class Communicator:
     def scatter(self, sendobj, root=0):
         """Rank i gets root's sendobj[i]."""
         self._check_alive()
-        root = self._check_root(root)
+        root = self._root(root)
         if self.rank == root:
             if sendobj is None or not hasattr(sendobj, "__len__") or len(sendobj) != self.size:
                 problem = (f"scatter: the root (rank {root}) must pass a sequence of {self.size} objects, "
@@ -621,7 +497,7 @@ class Communicator:
 
     def reduce(self, obj, op=_ops.SUM, root=0):
         result = self.allreduce(obj, op)
-        return result if self.rank == self._check_root(root) else None
+        return result if self.rank == self._root(root) else None
 
     def alltoall(self, sendobj):
         """Item j of rank i's sendobj becomes item i of rank j's result."""
@@ -632,6 +508,33 @@ class Communicator:
                        + (f" of length {len(sendobj)}" if hasattr(sendobj, "__len__") else ""))
         table = self._allgather_objects(None if problem else list(sendobj), "alltoall", problem)
         return [table[r][self.rank] for r in range(self.size)]
+
+
+class CommSeam:
+    """What gpucoll.MPI (gpucoll/mpi/) uses of a communicator beyond its public API, and all of
+    it: no module but this one reads a Communicator's underscored state (tests/test_seam.py).
+
+    - `context`: the process's bootstrap context (hosts, ranks, job id) that communicators are
+      made from: `Communicator(seam.context, comm_id, world_ranks)`;
+    - `id`: the communicator's id; a child's id extends it, the same on every rank;
+    - `child_id(letter)`: the next child's id, `{id}.{letter}{n}`, counted with Dup and Split;
+    - `p2p`: its point-to-point engine (gpucoll/engines/p2p/host.py: object messages, probes,
+      synchronous sends);
+    - `send_short`, `isend_short`, `recv_short`, `irecv_short`: the short paths of host point to
+      point (see Communicator._send_short): done, or declined with nothing done.
+    """
+
+    __slots__ = ("context", "id", "p2p", "send_short", "isend_short", "recv_short", "irecv_short", "_comm")
+
+    def __init__(self, comm):
+        self.context, self.id, self.p2p, self._comm = comm._ctx, comm._id, comm._p2p, comm
+        self.send_short, self.isend_short = comm._send_short, comm._isend_short
+        self.recv_short, self.irecv_short = comm._recv_short, comm._irecv_short
+
+    def child_id(self, letter):
+        comm = self._comm
+        comm._children += 1
+        return f"{self.id}.{letter}{comm._children}"
 
 
 class _Group:
@@ -694,58 +597,11 @@ class _ScatterFailed:
 _host_stream = check_host_stream  # point to point refuses a stream on host buffers the same way
 
 
-def _integer(value):
-    """value as an int when it is an integer (NumPy's included), else None."""
-    try:
-        return operator.index(value)
-    except TypeError:
-        return None
+def _gpu_point_to_point(p2p):
+    from ..engines.p2p.gpu import GpuPointToPoint  # CUDA is loaded for the first GPU buffer only
 
-
-def _user_tag(tag):
-    """Tags of user messages are integers from 0 to TAG_UB, as in MPI (negative ones are gpucoll's own)."""
-    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not 0 <= tag <= _p2p.TAG_UB:
-        raise InvalidUsageError(f"message tag {tag!r} is not allowed: use an integer from 0 to {_p2p.TAG_UB}")
-    return int(tag)
+    return GpuPointToPoint(p2p)
 
 
 def _dumps(obj):
     return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _same_shape(a, b, an, bn, what):
-    if a.count != b.count or a.code != b.code:
-        raise InvalidUsageError(
-            f"{what}: {an} ({a.count} x {_tn(a)}) and {bn} ({b.count} x {_tn(b)}) must have the same "
-            "number of elements and the same dtype")
-
-
-def _overlap(part, whole, offset, what):
-    """Overlapping send and receive buffers are an error, except in the one layout that
-    means IN_PLACE: `part` starting exactly `offset` bytes into `whole`."""
-    if part is whole or part.addr == whole.addr + offset:
-        return
-    if part.addr < whole.addr + whole.nbytes and whole.addr < part.addr + part.nbytes and part.nbytes:
-        raise InvalidUsageError(f"{what}: sendbuf and recvbuf overlap in memory; pass gpucoll.IN_PLACE as "
-                                "sendbuf to reuse the receive buffer, or use separate buffers")
-
-
-def _divisible(buf, size, what, name):
-    if buf.count % size:
-        raise InvalidUsageError(f"{what}: {name} has {buf.count} elements, not a multiple of the "
-                                f"communicator size {size}")
-
-
-def _block_fits(block_buf, whole_buf, block, size, what, bn, wn):
-    if block_buf.code != whole_buf.code:
-        raise InvalidUsageError(f"{what}: {bn} is {_tn(block_buf)} but {wn} is {_tn(whole_buf)}")
-    if block_buf.count * size != whole_buf.count or block_buf.count != block:
-        raise InvalidUsageError(
-            f"{what}: {wn} must hold size x {bn} = {size} x {block_buf.count} elements, "
-            f"it holds {whole_buf.count}")
-
-
-def _tn(buf):
-    from ..base.dtypes import name
-
-    return name(buf.code)

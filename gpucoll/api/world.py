@@ -37,9 +37,9 @@ class Context:
         self._watchable = [t.get("pidns") == mine["pidns"] != 0 and h == self.hosts[self.rank]
                            for t, h in zip(table, self.hosts)]
         self.tcp_addresses = [t.get("tcp") for t in table]
-        from ..engines.p2p.host import Engine
+        from ..engines.p2p.host import ProcessP2P
 
-        self.p2p = Engine(self)  # point to point of every communicator (after the table: links need it)
+        self.p2p = ProcessP2P(self)  # point to point of every communicator (after the table: links need it)
 
     def watch_pid(self, world_rank):
         """The pid of `world_rank` when this process can tell whether it lives (same host, same
@@ -88,11 +88,12 @@ def _listen_interface(boot):
 
 _lock = threading.Lock()
 _world = None
+_owner_pid = None  # the process that made _world (a forked child inherits it, not its job)
 
 
 def init():
     """Join the job (idempotent) and return COMM_WORLD."""
-    global _world
+    global _world, _owner_pid
     with _lock:
         if _world is None:
             bad = config.check_all()
@@ -102,6 +103,7 @@ def init():
 
             ctx = Context(connect())
             _world = Communicator(ctx, "world", range(ctx.size))
+            _owner_pid = os.getpid()
             atexit.register(_finalize)
         return _world
 
@@ -115,10 +117,10 @@ def _finalize():
     raised is reported); rank 0 of a job whose store lives in rank 0 waits until the others are
     done with it, so no rank loses the store while still shutting down."""
     world = _world
-    if world is None or world._pid != os.getpid():  # a forked child: the job's store is the parent's
+    if world is None or _owner_pid != os.getpid():  # a forked child: the job's store is the parent's
         return
     _settle_gpu_messages()
-    boot = world._ctx.boot
+    boot = world.seam.context.boot
     if not getattr(boot, "info", None) or not boot.info.host_store or world.size == 1:
         return
     try:

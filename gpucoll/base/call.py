@@ -77,7 +77,7 @@ class Call:
         self.stream = stream
         self.seq = None
         buf = recv if recv is not None else send
-        self.gpu = buf is not None and buf.is_gpu  # gpucoll/gpu runs the call
+        self.gpu = buf is not None and buf.is_gpu  # the GPU engine (gpucoll/engines/gpu) runs the call
 
     @property
     def nbytes(self):

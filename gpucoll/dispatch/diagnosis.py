@@ -24,27 +24,27 @@ _FIELDS = ("operation", "count", "dtype", "op", "root")
 
 
 class Diagnosis:
-    def __init__(self, handle, timeout, on_broken=None):
-        self.handle = handle
+    def __init__(self, view, timeout, on_broken=None):
+        self.view = view
         self.timeout = timeout
         self.broken = None          # why this communicator cannot run collectives any more
         self._on_broken = on_broken  # closes what a mismatch leaves out of step (the schedules' channels)
 
     def _store(self):
-        return getattr(self.handle.ctx.boot, "store", None)
+        return getattr(self.view.ctx.boot, "store", None)
 
     def check_alive(self):
         """Raise LostPeerError naming the ranks of this communicator whose process is known
         to have ended (of this host: see Context.has_ended): every collective needs every
         rank, so a wait for set-up need not go on."""
-        dead = self.handle.dead_ranks()
+        dead = self.view.dead_ranks()
         if dead:
             raise LostPeerError(f"the process of rank(s) {ranges(dead)} has ended", ranks=dead)
 
     def failed(self, call, algo, exc):
         """Raise what call #call.seq's failure `exc` means (algo: the algorithm that ran it,
         None when it failed before one was chosen)."""
-        h = self.handle
+        h = self.view
         err = exc
         if algo not in (None, "hierarchical"):
             err = self._call_failed(exc)
@@ -64,7 +64,7 @@ class Diagnosis:
     # channels: the ranks waiting for it then fail at once (lost peer), or at their deadline, and
     # report the mismatch it found instead. The communicator is unusable afterwards.
     def _mismatch_key(self):
-        return f"gpucoll/mismatch/{self.handle.id}/report"
+        return f"gpucoll/mismatch/{self.view.id}/report"
 
     def _call_failed(self, exc):
         """The error to raise for `exc`: a mismatch is told to the others; a timeout or a lost
@@ -88,7 +88,7 @@ class Diagnosis:
 
     def tell_mismatch(self, exc, store=True):
         """Mark the communicator unusable after mismatch `exc`; tell the other ranks (store)."""
-        h = self.handle
+        h = self.view
         message = exc.args[0] if exc.args else str(exc)
         self.broken = f"rank {h.rank} found mismatched calls: {message}"
         st = self._store() if store else None
@@ -105,7 +105,7 @@ class Diagnosis:
         """A schedule notices a lost peer through the neighbour it talks to, which may only
         have left the call because it saw the failure first. Name the ranks of this host whose
         process is really gone."""
-        dead = self.handle.dead_ranks()
+        dead = self.view.dead_ranks()
         if dead and set(dead) != set(getattr(exc, "ranks", ())):
             exc.ranks = tuple(dead)
             exc.args = (f"{exc.args[0] if exc.args else exc}; the process of rank(s) "
@@ -118,7 +118,7 @@ class Diagnosis:
         reached the call (or are stuck before it), and are named in the error and in
         `exc.ranks`. When ranks that did time out called it differently (a bcast whose ranks
         all wait for a different root), the error returned is that MismatchError instead."""
-        h = self.handle
+        h = self.view
         store = self._store()
         if store is None or h.size == 1:
             return exc

@@ -3,8 +3,8 @@
 The dispatcher of a communicator takes each validated Call (gpucoll/base/call.py) from the API:
 it resolves the call's stream (host buffers take none), gives the call the communicator's
 next sequence number (the order in which every rank issues its calls), and runs it in that
-order: GPU calls on the caller's stream (gpucoll/gpu), host calls inline or on the ordered
-engine's worker (gpucoll/engines/queue.py). A host call's algorithm is the cost model's
+order: GPU calls on the caller's stream (gpucoll/engines/gpu), host calls inline or on the ordered
+queue's worker (gpucoll/engines/queue.py). A host call's algorithm is the cost model's
 (gpucoll.algorithms.selector, or GPUCOLL_ALGO) among the rows the engines serve
 (gpucoll/engines); every failure goes to gpucoll/dispatch/diagnosis.py, whose errors name the
 operation, its sequence number and the ranks involved.
@@ -15,7 +15,7 @@ from ..base import config, dtypes, log
 from ..algorithms import selector
 from ..base.call import ROOTED, Call, check_host_stream
 from .diagnosis import Diagnosis, compare_signatures
-from ..engines.queue import OrderedEngine
+from ..engines.queue import OrderedQueue
 from ..engines.direct import FAST_KINDS, DirectEngine
 from ..engines.hierarchical import HierarchicalEngine
 from ..engines.schedules import ScheduleEngine
@@ -25,21 +25,21 @@ _VIA = {"direct": "SHM/direct", "hierarchical": "SHM+TCP"}
 
 
 class Dispatcher:
-    def __init__(self, handle):
-        self.handle = handle
+    def __init__(self, view):
+        self.view = view
         self.seq = 0                # the next call's sequence number (next_seq() hands them out)
         self.timeout = config.TIMEOUT.get()
         self.checks = config.DEBUG_CHECKS.get()
         self.forced = config.ALGO.get()
-        self.engine = OrderedEngine(handle.id)
+        self.queue = OrderedQueue(view.id)
         self.choices = {}           # (kind, table bytes) -> algorithm: the cost table's answers, cached
-        single_host = handle.local_size == handle.size
+        single_host = view.local_size == view.size
         self.shm = single_host and not config.SHM_DISABLE.get()
         self.transport = "shm" if self.shm else "tcp"
-        self.schedules = ScheduleEngine(handle, self.shm, self.timeout, self.check_alive)
-        self.diagnosis = Diagnosis(handle, self.timeout, on_broken=self.schedules.close_channels)
-        self.direct = DirectEngine(handle, self.timeout, self.check_alive) if self.shm and handle.size > 1 else None
-        self.hierarchical = None if self.shm else HierarchicalEngine(handle)
+        self.schedules = ScheduleEngine(view, self.shm, self.timeout, self.check_alive)
+        self.diagnosis = Diagnosis(view, self.timeout, on_broken=self.schedules.close_channels)
+        self.direct = DirectEngine(view, self.timeout, self.check_alive) if self.shm and view.size > 1 else None
+        self.hierarchical = None if self.shm else HierarchicalEngine(view)
         self._rows = {}             # cost-table row -> engine (the schedule engine serves the rest)
         for engine in (self.direct, self.hierarchical):
             if engine is not None:
@@ -69,9 +69,9 @@ class Dispatcher:
     def gpu(self):
         """The GPU engine of this communicator (gpucoll/engines/gpu/engine.py), made on first use."""
         if self._gpu is None:
-            from ..engines.gpu.engine import GpuDispatcher
+            from ..engines.gpu.engine import GpuEngine
 
-            self._gpu = GpuDispatcher(self.handle, self)
+            self._gpu = GpuEngine(self.view, self)
         return self._gpu
 
     def quiesce(self):
@@ -80,7 +80,7 @@ class Dispatcher:
             self._gpu.quiesce()
 
     def close(self):
-        self.engine.close()
+        self.queue.close()
         if self._gpu is not None:
             self._gpu.close()
         for engine in (self.direct, self.schedules, self.hierarchical):
@@ -110,14 +110,14 @@ class Dispatcher:
             else:
                 self.gpu().execute(call, call.seq)
             return
-        engine = self.engine
-        if engine.enter():  # nothing pending: inline, in the caller's thread
+        queue = self.queue
+        if queue.enter():  # nothing pending: inline, in the caller's thread
             try:
                 self.execute(call)
             finally:
-                engine.leave()
+                queue.leave()
         else:
-            engine.submit(functools.partial(self.execute, call), "blocking").wait()
+            queue.submit(functools.partial(self.execute, call), "blocking").wait()
 
     def submit_nonblocking(self, call, group=None):
         """Start a call; return its Request."""
@@ -132,17 +132,17 @@ class Dispatcher:
                 return req
             self.gpu().execute(call, call.seq)
             return GpuRequest(call.kind, call.stream, self.gpu())
-        return self.engine.submit(functools.partial(self.execute, call), call.kind)
+        return self.queue.submit(functools.partial(self.execute, call), call.kind)
 
     def run_group(self, calls):
-        """The GPU calls a comm.group() deferred, in order (gpucoll/gpu fuses what it can)."""
+        """The GPU calls a comm.group() deferred, in order (the GPU engine fuses what it can)."""
         self.gpu().execute_group(calls)
 
     # --- host calls ----------------------------------------------------------------------------------
     def choose(self, call):
         """The algorithm for this call; the same (collective, size) always gets the same
         answer on a communicator, so it is worked out once."""
-        nbytes = call.table_bytes(self.handle.size)
+        nbytes = call.table_bytes(self.view.size)
         key = (call.kind, nbytes)
         algo = self.choices.get(key)
         if algo is None:
@@ -153,14 +153,14 @@ class Dispatcher:
                     and hier.prefer(nbytes)):
                 algo = "hierarchical"
             else:
-                algo = selector.select(call.kind, nbytes, self.handle.size, self.transport, forced=self.forced,
+                algo = selector.select(call.kind, nbytes, self.view.size, self.transport, forced=self.forced,
                                        available=self.available)
             self.choices[key] = algo
         return algo
 
     def execute(self, call):
         """Run numbered host call `call` with the engine of its algorithm."""
-        h = self.handle
+        h = self.view
         algo = None
         try:
             if self.diagnosis.broken:

@@ -3,7 +3,7 @@
 One module per engine; each states the cost-table rows it serves (`rows`, the selector's
 algorithm names in gpucoll/algorithms/selector.py), says whether it can run a call
 (`can_run(call)`), runs it (`run(call, algorithm)`) and may offer a packed fast path. It
-gets a narrow Handle of its communicator (handle.py), never the Communicator, and raises
+gets a narrow CommView of its communicator (comm_view.py), never the Communicator, and raises
 gpucoll errors that the dispatcher routes to gpucoll/dispatch/diagnosis.py.
 
     direct.py         host buffers, one host: one shared segment, one native call ("direct")

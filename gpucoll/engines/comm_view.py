@@ -1,14 +1,14 @@
-"""What an engine may use of its communicator: a narrow handle, never the Communicator.
+"""What an engine may use of its communicator: a narrow view, never the Communicator.
 
-The communicator makes one Handle and gives it to its dispatcher, which gives it to the
+The communicator makes one CommView and gives it to its dispatcher, which gives it to the
 engines. Identity (ids, ranks, the bootstrap context for segment names, the store and
 liveness), the path counters, the fast-path slots that the communicator's methods try first,
 and a few collective services that the engines need for their own set-up, as callables::
 
-    handle.exchange(obj)                 # every rank's object, in rank order (pickled)
-    handle.exchange_into(row, table)     # host all-gather of arrays (fixed size)
-    handle.barrier()
-    sub = handle.subgroup(name, world_ranks)   # the handle of a new communicator
+    view.exchange(obj)                 # every rank's object, in rank order (pickled)
+    view.exchange_into(row, table)     # host all-gather of arrays (fixed size)
+    view.barrier()
+    sub = view.subgroup(name, world_ranks)   # the view of a new communicator
     sub.run(call); sub.free()
 """
 
@@ -25,7 +25,7 @@ class FastPaths:
         self.host = self.gpu = None
 
 
-class Handle:
+class CommView:
     """A communicator as its engines see it (see the module docstring)."""
 
     __slots__ = ("ctx", "id", "name", "rank", "size", "local_size", "world_ranks", "stats", "fast",
@@ -41,7 +41,7 @@ class Handle:
         self._subgroup = subgroup
 
     def subgroup(self, comm_id, world_ranks):
-        """The handle of a new communicator `comm_id` of these world ranks, made locally (every
+        """The view of a new communicator `comm_id` of these world ranks, made locally (every
         member must make it with the same name; nothing is exchanged)."""
         return self._subgroup(comm_id, world_ranks)
 

@@ -35,8 +35,8 @@ assert set(_RUN) == set(KINDS)
 class DirectEngine:
     rows = ROWS
 
-    def __init__(self, handle, timeout, check_alive):
-        self.handle = handle
+    def __init__(self, view, timeout, check_alive):
+        self.view = view
         self.timeout = timeout
         self._check_alive = check_alive
         self._group = None
@@ -49,7 +49,7 @@ class DirectEngine:
             from ..transports.shm_direct import create_or_attach
             from ..transports.shm_segment import JobSegments
 
-            h, ctx = self.handle, self.handle.ctx
+            h, ctx = self.view, self.view.ctx
             group = create_or_attach(JobSegments(ctx.job_id, ctx.secret), h.id, h.rank, h.size,
                                      creator_pid=ctx.pids[h.world_ranks[0]], timeout=self.timeout,
                                      check=self._check_alive)
@@ -61,7 +61,7 @@ class DirectEngine:
         return not call.gpu
 
     def run(self, call, algo):
-        send, recv = addresses(call, self.handle.rank)
+        send, recv = addresses(call, self.view.rank)
         _RUN[call.kind](self.group(), call, send, recv, self.timeout)
 
     def announce(self, call):

@@ -9,7 +9,7 @@ transport that suits it:
     3. bcast from the leader inside each host: shared memory, `direct`
 
 The sub-communicators need no exchange: every rank knows every rank's host from the
-bootstrap, so each makes them locally with the same names (handle.subgroup). Every element
+bootstrap, so each makes them locally with the same names (view.subgroup). Every element
 is still combined in one fixed order (inside hosts, then across leaders), so results are
 bitwise identical on every rank.
 """
@@ -27,21 +27,21 @@ class HierarchicalEngine:
 
     rows = ROWS
 
-    def __init__(self, handle):
-        hosts = [handle.ctx.hosts[w] for w in handle.world_ranks]
+    def __init__(self, view):
+        hosts = [view.ctx.hosts[w] for w in view.world_ranks]
         self.order = list(dict.fromkeys(hosts))            # hosts in order of first rank
         self.nhosts = len(self.order)
         counts = [hosts.count(h) for h in self.order]
         self.local_max = max(counts)
         self.applies = self.nhosts > 1 and self.local_max > 1
         self.via = "SHM+TCP"
-        self.handle = handle
+        self.view = view
         self._hosts = hosts
         self._local = self._leaders = None
         self._prefer = lru_cache(maxsize=256)(self._decide)
 
     def _decide(self, nbytes):
-        flat, hier = costs(nbytes, self.handle.size, self.local_max, self.nhosts)
+        flat, hier = costs(nbytes, self.view.size, self.local_max, self.nhosts)
         return hier < flat
 
     def can_run(self, call):
@@ -53,7 +53,7 @@ class HierarchicalEngine:
 
     def _subgroups(self):
         if self._local is None:
-            h = self.handle
+            h = self.view
             me = self._hosts[h.rank]
             index = self.order.index(me)
             mine = [w for w, host in zip(h.world_ranks, self._hosts) if host == me]
@@ -78,7 +78,7 @@ class HierarchicalEngine:
         if avg:
             from .._native import core
 
-            core.scale_avg(call.recv.array[:n], code, self.handle.size)
+            core.scale_avg(call.recv.array[:n], code, self.view.size)
 
     def close(self):
         for sub in (self._local, self._leaders):

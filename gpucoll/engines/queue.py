@@ -12,7 +12,7 @@ import threading
 from ..base.request import Request
 
 
-class OrderedEngine:
+class OrderedQueue:
     def __init__(self, name):
         self._name = name
         self._lock = threading.Lock()

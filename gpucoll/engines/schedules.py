@@ -23,8 +23,8 @@ def _peers_of(sched):
 class ScheduleEngine:
     rows = None  # every algorithm of the selector that is not a native engine's
 
-    def __init__(self, handle, use_shm, timeout, check_alive):
-        self.handle = handle
+    def __init__(self, view, use_shm, timeout, check_alive):
+        self.view = view
         self.use_shm = use_shm
         self.timeout = timeout
         self._check_alive = check_alive
@@ -35,7 +35,7 @@ class ScheduleEngine:
         if self._channels is None:
             from ..transports.channels import ChannelSet
 
-            self._channels = ChannelSet(self.handle, "coll", use_shm=self.use_shm, timeout=self.timeout,
+            self._channels = ChannelSet(self.view, "coll", use_shm=self.use_shm, timeout=self.timeout,
                                         check=self._check_alive)
         return self._channels
 
@@ -50,7 +50,7 @@ class ScheduleEngine:
     def run(self, call, algo):
         from .._native import core
 
-        h = self.handle
+        h = self.view
         isz = dtypes.ITEMSIZE[call.code]
         send, recv = addresses(call, h.rank)
         sched = build_schedule(call.kind, algo, h.rank, h.size, call.count, root=call.root,
@@ -79,7 +79,7 @@ class ScheduleEngine:
         """Every rank's Call.signature(), in rank order (an all-gather over the channels)."""
         from .._native import core
 
-        h = self.handle
+        h = self.view
         mine = np.array(call.signature(), dtype=np.int64)
         table = np.empty(h.size * mine.size, dtype=np.int64)
         sched = build_schedule("allgather", "ring", h.rank, h.size, mine.size)

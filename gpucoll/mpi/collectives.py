@@ -539,7 +539,7 @@ class Collectives:
         """Post every send and receive of a vector collective; local() runs the rank's own block now.
         sends: [(dest, packed bytes)], recvs: [(source, Msg)]."""
         core = self._c(what)
-        p2p = core._p2p
+        p2p = core.seam.p2p
         parts, landings = [], []
         for source, msg in recvs:
             land = _Landing(msg)

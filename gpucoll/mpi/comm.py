@@ -94,7 +94,7 @@ class Comm(Collectives, PointToPoint, Partitioned, FaultTolerance, Handle):
     def __repr__(self):
         if self._s is None:
             return f"<gpucoll.MPI.{type(self).__name__} COMM_NULL>"
-        return f"<gpucoll.MPI.{type(self).__name__} {self.Get_name() or self._s.core._id} size {self.size}>"
+        return f"<gpucoll.MPI.{type(self).__name__} {self.Get_name() or self._s.core.seam.id} size {self.size}>"
 
     # --- identity -----------------------------------------------------------------------------
     def Get_rank(self):
@@ -225,7 +225,7 @@ class Comm(Collectives, PointToPoint, Partitioned, FaultTolerance, Handle):
             split_type = UNDEFINED
         color = None
         if split_type == _C["COMM_TYPE_SHARED"]:
-            hosts = sorted({core._ctx.hosts[w] for w in core.world_ranks})
+            hosts = sorted({core.seam.context.hosts[w] for w in core.world_ranks})
             color = hosts.index(core.host)
         return Intracomm._wrap(core.Split(color, key))
 
@@ -237,10 +237,10 @@ class Comm(Collectives, PointToPoint, Partitioned, FaultTolerance, Handle):
         if missing:
             raise comm_error(f"Create: world ranks {missing} of the group are not in the communicator",
                              _C["ERR_GROUP"])
-        core._children += 1
-        if core._ctx.rank not in ranks:
+        comm_id = core.seam.child_id("c")  # counted on every rank, members or not
+        if core.seam.context.rank not in ranks:
             return Intracomm()
-        return Intracomm._wrap(_core.Communicator(core._ctx, f"{core._id}.c{core._children}", ranks))
+        return Intracomm._wrap(_core.Communicator(core.seam.context, comm_id, ranks))
 
     # --- info, error handlers, attributes -------------------------------------------------------
     def Get_info(self):
@@ -502,7 +502,7 @@ class Intracomm(TopologyMaker, Ports, Comm):
             raise InvalidUsageError("Create_from_group: this process is not in the group",
                                     error_class=_C["ERR_GROUP"])
         name = f"fromgroup[{stringtag}]"
-        comm = Intracomm._wrap(_core.Communicator(world._ctx, f"{name}{name_count(name, ranks)}", ranks))
+        comm = Intracomm._wrap(_core.Communicator(world.seam.context, f"{name}{name_count(name, ranks)}", ranks))
         if info:
             comm._s.info = dict(info.items())
         if errhandler is not None:
@@ -522,12 +522,12 @@ class Intracomm(TopologyMaker, Ports, Comm):
         """The communicator of `group` (collective over the group's processes only)."""
         core = self._c("Create_group")
         ranks = tuple(group._st("Create_group").ranks)
-        if core._ctx.rank not in ranks:
+        if core.seam.context.rank not in ranks:
             raise comm_error("Create_group: this process is not in the group", _C["ERR_GROUP"])
         key = (ranks, tag)
         n = self._s.children[key] = self._s.children.get(key, 0) + 1
         digest = zlib.crc32(repr(ranks).encode())
-        return Intracomm._wrap(_core.Communicator(core._ctx, f"{core._id}.g{digest:x}t{tag}n{n}", ranks))
+        return Intracomm._wrap(_core.Communicator(core.seam.context, f"{core.seam.id}.g{digest:x}t{tag}n{n}", ranks))
 
 
 _WORLD = [None]
@@ -553,6 +553,6 @@ def comm_self():
     """MPI.COMM_SELF: a communicator of this process alone (one object, as in mpi4py)."""
     if _SELF[0] is None:
         world = _world.init()
-        _SELF[0] = Intracomm._wrap(_core.Communicator(world._ctx, f"self{world.rank}", [world.rank]),
+        _SELF[0] = Intracomm._wrap(_core.Communicator(world.seam.context, f"self{world.rank}", [world.rank]),
                                    "MPI_COMM_SELF")
     return _SELF[0]

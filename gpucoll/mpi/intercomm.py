@@ -50,7 +50,7 @@ def make(local_core, remote, my_key, their_key, cls=None):
     """The Intercomm of local_core with the remote group (world ranks); the bridge is named by
     both sides' keys, lower group first, so that both sides give it the same name."""
     keys = sorted([my_key, their_key], key=lambda k: int(k.rsplit("@", 1)[1]))
-    bridge = _bridge(local_core._ctx, f"ic[{keys[0]}|{keys[1]}]", local_core.world_ranks, remote)
+    bridge = _bridge(local_core.seam.context, f"ic[{keys[0]}|{keys[1]}]", local_core.world_ranks, remote)
     handle = (cls or Intercomm)._wrap(local_core)
     handle._s.inter = InterSide(remote, bridge)
     return handle
@@ -64,7 +64,7 @@ def create_intercomm(intra, local_leader, peer_comm, remote_leader, tag):
         raise comm_error(f"Create_intercomm: local leader {local_leader} is out of range for a group of "
                          f"{core.size}", ERR_RANK)
     n = intra._s.children[("inter",)] = intra._s.children.get(("inter",), 0) + 1
-    mine = (core.world_ranks, side_key(core.world_ranks, core._id, n))
+    mine = (core.world_ranks, side_key(core.world_ranks, core.seam.id, n))
     theirs = None
     if core.rank == local_leader:
         peer = peer_comm._c("Create_intercomm")
@@ -167,9 +167,9 @@ class Intercomm(Comm):
 
     def _derived(self, local_core, remote, suffix):
         """A new intercomm of local_core with `remote`, its bridge named after this one's."""
-        bridge_name = f"{self._s.inter.bridge._id}.{suffix}"
+        bridge_name = f"{self._s.inter.bridge.seam.id}.{suffix}"
         handle = type(self)._wrap(local_core)
-        handle._s.inter = InterSide(remote, _bridge(local_core._ctx, bridge_name, local_core.world_ranks, remote))
+        handle._s.inter = InterSide(remote, _bridge(local_core.seam.context, bridge_name, local_core.world_ranks, remote))
         return handle
 
     def Dup(self, info=None):
@@ -199,8 +199,8 @@ class Intercomm(Comm):
         local = core.allgather(mine)
         remote = None
         if core.rank == 0:
-            req = bridge._p2p.irecv_object(0, VCOLL_TAG)
-            bridge._p2p.send_object(local, 0, VCOLL_TAG)
+            req = bridge.seam.p2p.irecv_object(0, VCOLL_TAG)
+            bridge.seam.p2p.send_object(local, 0, VCOLL_TAG)
             remote = req.wait()
         return local, core.bcast(remote, 0)
 
@@ -226,7 +226,7 @@ class Intercomm(Comm):
         core = self._local("Split_type")
         color = UNDEFINED
         if split_type == _C["COMM_TYPE_SHARED"]:
-            hosts = sorted(set(core._ctx.hosts))
+            hosts = sorted(set(core.seam.context.hosts))
             color = hosts.index(core.host)
         return self.Split(color, key)
 
@@ -240,7 +240,7 @@ class Intercomm(Comm):
         inter = self._s.inter
         first_local = (not mine and theirs) or (mine == theirs and min(core.world_ranks) < min(inter.remote))
         worlds = core.world_ranks + inter.remote if first_local else inter.remote + core.world_ranks
-        return Intracomm._wrap(_core.Communicator(core._ctx, f"{inter.bridge._id}.m{n}", worlds))
+        return Intracomm._wrap(_core.Communicator(core.seam.context, f"{inter.bridge.seam.id}.m{n}", worlds))
 
     @classmethod
     def Create_from_groups(cls, local_group, local_leader, remote_group, remote_leader, stringtag="org.mpi4py",
@@ -252,12 +252,12 @@ class Intercomm(Comm):
         world = comm_world()._s.core
         lranks = tuple(local_group._st("Create_from_groups").ranks)
         rranks = tuple(remote_group._st("Create_from_groups").ranks)
-        if world._ctx.rank not in lranks:
+        if world.seam.context.rank not in lranks:
             raise comm_error("Create_from_groups: this process is not in the local group", _C["ERR_GROUP"])
         if set(lranks) & set(rranks):
             raise comm_error("Create_from_groups: the two groups overlap", _C["ERR_GROUP"])
         name = f"fg[{stringtag}]"
-        local = _core.Communicator(world._ctx, f"{name}{name_count(name, lranks)}@{min(lranks)}", lranks)
+        local = _core.Communicator(world.seam.context, f"{name}{name_count(name, lranks)}@{min(lranks)}", lranks)
         handle = make(local, rranks, f"{name}{name_count(name, lranks + rranks)}@{min(lranks)}",
                       f"{name}{name_count(name, lranks + rranks)}@{min(rranks)}", cls)
         if errhandler is not None:
@@ -422,7 +422,7 @@ class Intercomm(Comm):
     # --- Python objects ----------------------------------------------------------------------------
     def _objects(self, what, sends, sources):
         """Send (dest, obj) pairs and receive one object from each of sources, over the bridge."""
-        p2p = self._c(what)._p2p
+        p2p = self._c(what).seam.p2p
         recvs = [p2p.irecv_object(j, VCOLL_TAG) for j in sources]
         Composite([p2p.isend_object(obj, j, VCOLL_TAG) for j, obj in sends]).Wait()
         return [r.wait() for r in recvs]

@@ -123,7 +123,7 @@ class Neighborhood:
     # --- Python objects -------------------------------------------------------------------------
     def _neighbor_objects(self, what, objs):
         sources, dests = self._edges(what)
-        p2p = self._c(what)._p2p
+        p2p = self._c(what).seam.p2p
         recvs = [None if s == PROC_NULL else p2p.irecv_object(s, VCOLL_TAG) for s in sources]
         sends = [p2p.isend_object(obj, d, VCOLL_TAG) for d, obj in zip(dests, objs) if d != PROC_NULL]
         Composite(sends).Wait()

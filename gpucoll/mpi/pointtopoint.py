@@ -17,6 +17,7 @@ from ..base import config
 from ..engines.p2p import host as _p2p
 from ..base.errors import GpucollError, InvalidUsageError
 from ..base.errors import TimeoutError as GpucollTimeout
+from ..calls.build import user_tag
 from . import message as _m
 from .composite import Composite
 from ..base.mpi_constants import INTEGERS as _C
@@ -79,13 +80,7 @@ def issend_state(core, payload, dest, tag, what):
 
     if dest == PROC_NULL:
         return CompletedRequest(what)
-    return core._p2p.issend(payload, dest, _core_p2p_tag(tag), what)
-
-
-def _core_p2p_tag(tag):
-    from ..api.comm import _user_tag
-
-    return _user_tag(tag)
+    return core.seam.p2p.issend(payload, dest, user_tag(tag), what)
 
 
 
@@ -108,7 +103,7 @@ class PointToPoint:
     def Send(self, buf, dest, tag=0):
         """Send buf to dest (returns once the bytes are handed over: sends are eager)."""
         core = self._c("Send")
-        if _plain(buf) and core._send_short(buf, dest, tag):
+        if _plain(buf) and core.seam.send_short(buf, dest, tag):
             return
         dest = _as_rank(dest)
         _check_tag(tag, "Send")
@@ -118,7 +113,7 @@ class PointToPoint:
 
     def Isend(self, buf, dest, tag=0):
         core = self._c("Isend")
-        req = core._isend_short(buf, dest, tag) if _plain(buf) else None
+        req = core.seam.isend_short(buf, dest, tag) if _plain(buf) else None
         if req is not None:
             return Request._of(req)
         dest = _as_rank(dest)
@@ -180,7 +175,7 @@ class PointToPoint:
         if _plain(buf):
             if status is not None:
                 reset(status)
-            if core._recv_short(buf, source, tag, status):
+            if core.seam.recv_short(buf, source, tag, status):
                 return
         if source == PROC_NULL:
             _proc_null_status(status)
@@ -192,7 +187,7 @@ class PointToPoint:
 
     def Irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
         core = self._c("Irecv")
-        req = core._irecv_short(buf, source, tag) if _plain(buf) else None
+        req = core.seam.irecv_short(buf, source, tag) if _plain(buf) else None
         if req is not None:
             return Request._of(req)
         return Request._of(self._irecv_state(buf, source, tag, "Irecv"))
@@ -252,7 +247,7 @@ class PointToPoint:
         off the arrived ones with its payload when `take` (a matched probe, else payload None); None
         when none has arrived."""
         core = self._c(what)
-        found = core._p2p.probe(source, tag, False)
+        found = core.seam.p2p.probe(source, tag, False)
         if found is None:
             return None
         if found[3] & _p2p.OFFER_FLAG:  # a GPU message: its envelope says how large it is
@@ -260,7 +255,7 @@ class PointToPoint:
                 raise NotImplementedError(f"{what}: a matched probe of a message sent from GPU memory (use "
                                           "Probe or Iprobe, then Recv)")
             from ..engines.p2p.outboxes import message_size
-            envelope = core._p2p.peek(found[0], found[1])
+            envelope = core.seam.p2p.peek(found[0], found[1])
             if envelope is None:
                 return None  # still arriving
             nbytes = message_size(envelope)
@@ -270,7 +265,7 @@ class PointToPoint:
             return found[0], found[1], None, nbytes
         if not take:
             return found[0], found[1], None, found[2]
-        src, tg, nbytes, _, req = core._p2p.probe(found[0], found[1], True)
+        src, tg, nbytes, _, req = core.seam.p2p.probe(found[0], found[1], True)
         req.Wait()  # within a host a large message is read from the sender's memory now
         return src, tg, req._native.data(), nbytes
 

@@ -64,7 +64,7 @@ def _meet(intra, port_name, root, accept):
     what = "Accept" if accept else "Connect"
     core = intra._c(what)
     n = intra._s.children[("inter",)] = intra._s.children.get(("inter",), 0) + 1
-    mine = (core.world_ranks, side_key(core.world_ranks, core._id, n))
+    mine = (core.world_ranks, side_key(core.world_ranks, core.seam.id, n))
     theirs = None
     if core.rank == root:
         owner, number = _parse(port_name, what)
@@ -73,11 +73,11 @@ def _meet(intra, port_name, root, accept):
         if accept:
             if owner != world.rank or port_name not in _OPEN:
                 raise _error(f"Accept: the root must be the process that opened {port_name!r} and has not closed it")
-            theirs, client = world._p2p.irecv_object(_C["ANY_SOURCE"], tag).wait()
-            world._p2p.send_object(mine, client, tag)
+            theirs, client = world.seam.p2p.irecv_object(_C["ANY_SOURCE"], tag).wait()
+            world.seam.p2p.send_object(mine, client, tag)
         else:
-            world._p2p.send_object((mine, world.rank), owner, tag)
-            theirs = world._p2p.irecv_object(owner, tag).wait()
+            world.seam.p2p.send_object((mine, world.rank), owner, tag)
+            theirs = world.seam.p2p.irecv_object(owner, tag).wait()
     remote, key = core.bcast(theirs, root)
     return kind("Intercomm")._joined(core.Dup(), remote, mine[1], key)
 
@@ -100,14 +100,14 @@ def join(fd):
     connected socket fd, both of this job (one process on each side)."""
     world = _world.init()
     n = next(_JOINS)
-    job_id = world._ctx.job_id
+    job_id = world.seam.context.job_id
     theirs = _exchange(fd, f"{job_id}|{world.rank}|{n}".encode()).decode(errors="replace")
     job, rank, number = theirs.rsplit("|", 2)
     if job != str(job_id):
         raise Unsupported(f"Join: the other side is a process of another job ({job!r}); gpucoll joins "
                           "processes of one job only")
     rank = int(rank)
-    local = _core.Communicator(world._ctx, f"join{n}@{world.rank}", (world.rank,))
+    local = _core.Communicator(world.seam.context, f"join{n}@{world.rank}", (world.rank,))
     return kind("Intercomm")._joined(local, (rank,), f"join{n}@{world.rank}", f"join{number}@{rank}")
 
 

@@ -29,7 +29,7 @@ def _agreement(comm):
     attrs = comm._s.attrs
     if "_agree" not in attrs:
         core = comm._c("Iagree")
-        attrs["_agree"] = kind("Intracomm")._wrap(_core.Communicator(core._ctx, f"{core._id}.agree", core.world_ranks))
+        attrs["_agree"] = kind("Intracomm")._wrap(_core.Communicator(core.seam.context, f"{core.seam.id}.agree", core.world_ranks))
     return attrs["_agree"]
 
 

@@ -62,7 +62,7 @@ class _Target:
         self.waiting = []             # [(origin, lock type)] not granted yet, in request order
         self.thread = None            # the service thread (none when origins access the memory directly)
         if serve:
-            self.thread = threading.Thread(target=self._serve, name=f"gpucoll-win-{comm._id}", daemon=True)
+            self.thread = threading.Thread(target=self._serve, name=f"gpucoll-win-{comm.seam.id}", daemon=True)
             self.thread.start()
 
     def _where(self, disp, index):
@@ -80,7 +80,7 @@ class _Target:
         return self.memory, index + offset
 
     def _serve(self):
-        p2p = self.comm._p2p
+        p2p = self.comm.seam.p2p
         while True:
             try:
                 request = p2p.irecv_object(ANY_SOURCE, REQUEST_TAG).wait()
@@ -146,13 +146,13 @@ class _Target:
                 self.exclusive = origin
             else:
                 self.shared[origin] = self.shared.get(origin, 0) + 1
-            self.comm._p2p.send_object(("ok",), origin, ANSWER_TAG)
+            self.comm.seam.p2p.send_object(("ok",), origin, ANSWER_TAG)
 
     def stop(self):
         if self.thread is None:
             return
         me = self.comm.rank
-        self.comm._p2p.send_object(("stop", me), me, REQUEST_TAG)
+        self.comm.seam.p2p.send_object(("stop", me), me, REQUEST_TAG)
         self.thread.join()
 
 
@@ -254,7 +254,7 @@ class Win(Handle, BufferExporter):
         comm = _default_comm(comm)
         core = comm._c("Allocate_shared")
         size = _size(size, "Allocate_shared")
-        if len({core._ctx.hosts[w] for w in core.world_ranks}) > 1:
+        if len({core.seam.context.hosts[w] for w in core.world_ranks}) > 1:
             raise win_error("Allocate_shared: the processes of the communicator are on several hosts; split it "
                             "with Split_type(MPI.COMM_TYPE_SHARED) first", _C["ERR_RMA_SHARED"])
         table = core.allgather((size, disp_unit))
@@ -411,7 +411,7 @@ class Win(Handle, BufferExporter):
         """Send a request to target_rank's service thread; the answer is awaited by flushes (answer:
         what to do with it)."""
         s = self._checked(target_rank, what)
-        p2p = s.comm._p2p
+        p2p = s.comm.seam.p2p
         reply = p2p.irecv_object(target_rank, ANSWER_TAG)
         p2p.send_object(request, target_rank, REQUEST_TAG)
         entry = (reply, answer, what)
@@ -660,7 +660,7 @@ class Win(Handle, BufferExporter):
         """Expose this window to group's processes until Wait (they Start, then Complete)."""
         s = self._st("Post")
         ranks = self._ranks(group, "Post")
-        p2p = s.comm._p2p
+        p2p = s.comm.seam.p2p
         s.posted = [p2p.irecv_object(r, COMPLETE_TAG) for r in ranks]
         for r in ranks:
             p2p.send_object(None, r, POST_TAG)
@@ -670,7 +670,7 @@ class Win(Handle, BufferExporter):
         s = self._st("Start")
         ranks = self._ranks(group, "Start")
         for r in ranks:
-            s.comm._p2p.irecv_object(r, POST_TAG).wait()
+            s.comm.seam.p2p.irecv_object(r, POST_TAG).wait()
         s.started = tuple(ranks)
 
     def Complete(self):
@@ -678,7 +678,7 @@ class Win(Handle, BufferExporter):
         s = self._st("Complete")
         for r in s.started:
             self._flush(r)
-            s.comm._p2p.send_object(None, r, COMPLETE_TAG)
+            s.comm.seam.p2p.send_object(None, r, COMPLETE_TAG)
         s.started = ()
 
     def Wait(self):
@@ -714,7 +714,7 @@ def _direct_access(comm, memory, disp_unit, flavor):
     """A winmemory.DirectAccess over every process's window when each can reach the others' memory
     (one host, one pid namespace, cross-memory attach allowed); None otherwise (collective: every
     process decides the same)."""
-    ok, (pid, probe) = winmemory.possible(comm._ctx, comm.world_ranks)
+    ok, (pid, probe) = winmemory.possible(comm.seam.context, comm.world_ranks)
     address = memory.__array_interface__["data"][0] if memory.size else 0
     table = comm.allgather((ok and flavor != _C["WIN_FLAVOR_DYNAMIC"], pid, probe, address, memory.size, disp_unit))
     if not all(entry[0] for entry in table):

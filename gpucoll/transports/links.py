@@ -34,7 +34,7 @@ TCP_EAGER_MAX = 256 << 10   # between hosts, larger messages wait for their rece
 
 
 class Links:
-    """ctx: the process's world.Context; engine: its gpucoll._native.p2p.Engine."""
+    """ctx: the process's world.Context; engine: its gpucoll._native.p2p.P2PCore."""
 
     def __init__(self, ctx, engine):
         self._ctx, self._engine = ctx, engine

@@ -4,7 +4,7 @@ import gpucoll
 import gpucoll.api.world as world
 
 comm = gpucoll.COMM_WORLD
-engine = world.world()._ctx.p2p.native
+engine = world.world().seam.context.p2p.native
 before = sum(engine.counts())  # posted receives and unread messages of every communicator
 comm.Barrier()  # rank 0 sends only after every rank counted
 for i in range(10):

@@ -46,7 +46,7 @@ comm.Alltoall(np.arange(p * 3, dtype=np.int64) + 100 * r, a)
 ok["alltoall"] = bool((a == np.concatenate([100 * s + np.arange(3 * r, 3 * r + 3) for s in range(p)])).all())
 hosts_seen = comm.allgather(socket.gethostname())  # every rank's host name, in rank order (the test compares)
 comm.Barrier()
-ctx = gpucoll.api.world.world()._ctx
+ctx = gpucoll.api.world.world().seam.context
 listen = [ctx.tcp_addresses[r]]  # where this rank's one listener is bound
 print("RESULT " + json.dumps({"rank": r, "size": p, "host": socket.gethostname(), "local_rank": comm.local_rank,
                               "local_size": comm.local_size, "ok": ok, "listen": listen,

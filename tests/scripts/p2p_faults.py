@@ -53,9 +53,9 @@ elif mode == "huge":
     else:
         comm.Barrier()
         if comm.rank == 0:
-            engine = comm._ctx.p2p
+            engine = comm.seam.context.p2p
             engine.links.ensure(1)
-            engine.native.raw(1, p2p.FRAME.pack(comm._p2p._key, 5, p2p.EAGER, 1 << 62, 0, 0, 0))
+            engine.native.raw(1, p2p.FRAME.pack(comm.seam.p2p._key, 5, p2p.EAGER, 1 << 62, 0, 0, 0))
         else:
             comm.send("fine", 1, tag=6)
     comm.Barrier()
@@ -73,8 +73,8 @@ elif mode == "cut":
                                        "elapsed": time.monotonic() - t0}))
     else:
         comm.Barrier()
-        engine = comm._ctx.p2p
+        engine = comm.seam.context.p2p
         engine.links.ensure(1)  # a header for 64 KiB, 100 bytes of it, then the channel ends
-        engine.native.raw(1, p2p.FRAME.pack(comm._p2p._key, 5, p2p.EAGER, 1 << 16, 0, 0, 0) + bytes(100))
+        engine.native.raw(1, p2p.FRAME.pack(comm.seam.p2p._key, 5, p2p.EAGER, 1 << 16, 0, 0, 0) + bytes(100))
         engine.links.close_channel(1)
     comm.Barrier()

@@ -186,7 +186,7 @@ elif mode.startswith("stray-"):
         comm.Barrier()
         from gpucoll.engines.p2p import host as p2p
 
-        comm._ctx.p2p.native.raw(1, p2p.FRAME.pack(0, 0, kind, 8, 424242, 0, 0) + bytes(8 if kind == 4 else 0))
+        comm.seam.context.p2p.native.raw(1, p2p.FRAME.pack(0, 0, kind, 8, 424242, 0, 0) + bytes(8 if kind == 4 else 0))
     comm.Barrier()
 elif mode == "huge":
     n = (1 << 31) + 4099
@@ -213,14 +213,14 @@ elif mode == "envelope":
     from gpucoll.engines.p2p.host import OFFER_FLAG
 
     if rank == 0:
-        p = comm._p2p
+        p = comm.seam.p2p
         for tag in (1, 2, 3):
             p.send_bytes(LARGE.pack(LARGE_KIND, b"h" * 64, 0, 5000, tag, b"b" * 64, 0), 1, tag, "Send",
                          OFFER_FLAG).Wait()
         comm.Send(pattern(5000, 4), 1, tag=4)
         core = MPI.COMM_WORLD._c()  # MPI probes: one envelope, one OFFER message that is none
-        core._p2p.send_bytes(SMALL.pack(SMALL_KIND, b"h" * 64, 0, 3000, 1), 1, 5, "Send", OFFER_FLAG).Wait()
-        core._p2p.send_bytes(b"junk", 1, 6, "Send", OFFER_FLAG).Wait()
+        core.seam.p2p.send_bytes(SMALL.pack(SMALL_KIND, b"h" * 64, 0, 3000, 1), 1, 5, "Send", OFFER_FLAG).Wait()
+        core.seam.p2p.send_bytes(b"junk", 1, 6, "Send", OFFER_FLAG).Wait()
     else:
         got = {}
         for tag in (1, 2, 3):

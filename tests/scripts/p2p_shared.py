@@ -28,7 +28,7 @@ mode = sys.argv[1]
 comm = gpucoll.COMM_WORLD
 mpi = MPI.COMM_WORLD
 rank, peer = comm.rank, 1 - comm.rank
-native = comm._ctx.p2p.native
+native = comm.seam.context.p2p.native
 SIZES = [256 << 10, (256 << 10) + 1, (3 << 20) + 17, (40 << 20) + 5, 8 << 20]
 
 

@@ -9,7 +9,7 @@ import gpucoll.api.world as world
 
 comm = gpucoll.COMM_WORLD
 if comm.rank == 0:
-    host, port = world.world()._ctx.tcp_addresses[1].rsplit(":", 1)
+    host, port = world.world().seam.context.tcp_addresses[1].rsplit(":", 1)
     silent = socket.create_connection((host, int(port)))
     time.sleep(0.2)  # the listener has accepted it by now
 comm.Barrier()

@@ -55,8 +55,8 @@ def error_info(exc, start):
 
 def next_segments():
     """{path: (kind, creator rank)} of the segments the next Dup() of COMM_WORLD will use."""
-    segs = JobSegments(comm._ctx.job_id, comm._ctx.secret)
-    next_id = f"{comm._id}.d{comm._children + 1}"  # the name Dup() gives it
+    segs = JobSegments(comm.seam.context.job_id, comm.seam.context.secret)
+    next_id = f"{comm.seam.id}.d{comm._children + 1}"  # the name Dup() gives it
     if not pairs:
         return {shm_direct.segment_path(segs, next_id): ("direct", 0)}
     return {ShmChannels(segs, f"{next_id}/coll", a).path(b): ("pair", a)
@@ -68,7 +68,7 @@ def image(kind, path, token, creator):
     creator pid is this process's)."""
     if kind == "direct":
         img = bytearray(direct.segment_size(size, 4096))
-        direct.format_segment(img, size, 4096, comm._ctx.pids[creator], token)
+        direct.format_segment(img, size, 4096, comm.seam.context.pids[creator], token)
         return bytes(img)
     fd, tmp = tempfile.mkstemp()
     try:
@@ -83,7 +83,7 @@ def image(kind, path, token, creator):
 
 def plant_as_other_user(python):
     """The squatter process (uid 65534) and what it planted: {path: sha256}."""
-    segs = JobSegments(comm._ctx.job_id, comm._ctx.secret)
+    segs = JobSegments(comm.seam.context.job_id, comm.seam.context.secret)
     images = {path: image(kind, path, segs.token(path), creator).hex()
               for path, (kind, creator) in next_segments().items()}
     squatter = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python,
@@ -98,7 +98,7 @@ def plant_as_other_user(python):
 
 def plant_as_this_user():
     """Files of this user, mode 0600, holding segments with another secret's token."""
-    other = JobSegments(comm._ctx.job_id, b"not this job's secret")
+    other = JobSegments(comm.seam.context.job_id, b"not this job's secret")
     planted = {}
     for path, (kind, creator) in next_segments().items():
         data = image(kind, path, other.token(path), creator)

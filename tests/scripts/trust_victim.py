@@ -26,7 +26,7 @@ import gpucoll.api.world as world
 
 mode, where = sys.argv[1], sys.argv[2]
 comm = gpucoll.COMM_WORLD
-ctx = world.world()._ctx
+ctx = world.world().seam.context
 print(f"PID {os.getpid()}", flush=True)
 if comm.rank == 1:
     print("ADDR " + json.dumps({"p2p": ctx.tcp_addresses[1], "tcp": ctx.tcp_addresses[1]}), flush=True)

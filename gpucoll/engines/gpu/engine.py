@@ -1,6 +1,6 @@
 """From a validated GPU call to kernel launches: algorithm, grid, registration, fallbacks.
 
-One GpuDispatcher per communicator (made by gpucoll.dispatch.dispatcher.Dispatcher on the first GPU
+One GpuEngine per communicator (made by gpucoll.dispatch.dispatcher.Dispatcher on the first GPU
 call). Small and medium messages go through the IPC staging buffers of the communicator's
 Team (one launch per slot-sized piece); messages above GPUCOLL_GPU_STAGE_MAX register the
 caller's buffers and move data directly between them (all-reduce, reduce-scatter,
@@ -31,7 +31,7 @@ from ...base.errors import TimeoutError as GpucollTimeout
 from . import ipc, streams
 from .staged import HostStaging
 
-cuda = None  # gpucoll._native.cuda, imported on first use (GpuDispatcher.__init__)
+cuda = None  # gpucoll._native.cuda, imported on first use (GpuEngine.__init__)
 _FAST_MAX = 1024  # packed launches kept per communicator
 
 _BOOL_OPS = {_ops.SUM.code: _ops.BOR.code, _ops.MAX.code: _ops.BOR.code, _ops.BOR.code: _ops.BOR.code,
@@ -72,13 +72,13 @@ def _native_form(call):
     return code, count, op
 
 
-class GpuDispatcher:
-    """comm: the communicator's engine handle (gpucoll/engines/comm_view.py); host: its
+class GpuEngine:
+    """view: what the engine may use of its communicator (gpucoll/engines/comm_view.py); host: its
     dispatcher (numbering, the ordered host engine, agreement and cross-checks)."""
 
-    def __init__(self, comm, host):
-        self.comm, self.host = comm, host
-        self.stats = comm.stats  # which path each call took (Communicator.stats())
+    def __init__(self, view, host):
+        self.view, self.host = view, host
+        self.stats = view.stats  # which path each call took (Communicator.stats())
         self.device = config.DEVICE.get()
         self.forced = config.ALGO.get()
         blocks = config.GPU_BLOCKS.get()
@@ -94,7 +94,7 @@ class GpuDispatcher:
         self._choices = {}          # (kind, nbytes, direct possible) -> algorithm
         self._join_event = None     # orders the streams of a fused group
         self._staging = HostStaging()  # pinned buffers of the calls that go through host memory
-        self._fast_ok = not host.checks and not self.verbose and comm.size > 1
+        self._fast_ok = not host.checks and not self.verbose and view.size > 1
         global cuda
         if cuda is None:
             from ..._native import cuda as _cuda
@@ -109,7 +109,7 @@ class GpuDispatcher:
         if self._team is None:
             from .team import Team
 
-            self._team = Team(self.comm, self.device)
+            self._team = Team(self.view, self.device)
         return self._team
 
     def kernels(self):
@@ -128,11 +128,11 @@ class GpuDispatcher:
             return
         cuda.set_current(team.ctx)
         cuda.ctx_synchronize()
-        self.comm.barrier()
+        self.view.barrier()
         self.check_error()
 
     def close(self):
-        self.comm.fast.gpu = None
+        self.view.fast.gpu = None
         self._fast.clear()
         if self._team is not None:
             self._team.close()
@@ -152,9 +152,9 @@ class GpuDispatcher:
     def _timeout_error(self, word):
         seq, peer = word >> 8, (word & 0xff) - 1
         kind = self._kinds[seq & 255] if self.host.seq - seq <= 256 else None
-        comm = self.comm
+        view = self.view
         err = GpucollTimeout(
-            f"{kind or 'collective'} #{seq} on communicator {comm.name} (rank {comm.rank} of {comm.size}): a GPU "
+            f"{kind or 'collective'} #{seq} on communicator {view.name} (rank {view.rank} of {view.size}): a GPU "
             f"kernel waited more than {self.host.timeout:g} s (GPUCOLL_TIMEOUT) for rank {peer}, which did not "
             "reach this operation; the GPU collectives of this communicator cannot continue (free it and "
             "create a new one)")
@@ -184,8 +184,8 @@ class GpuDispatcher:
         else:
             why = (f"its GPU collectives run on the GPU of its first GPU buffer; use one GPU per communicator, "
                    f"or Dup() it for GPU {device}")
-        return (f"{call.kind}: {name} is on GPU {device} but this communicator ({self.comm.name}, rank "
-                f"{self.comm.rank}) uses GPU {self.device} ({why}): allocate it on GPU {self.device}")
+        return (f"{call.kind}: {name} is on GPU {device} but this communicator ({self.view.name}, rank "
+                f"{self.view.rank}) uses GPU {self.device} ({why}): allocate it on GPU {self.device}")
 
     # --- execution ------------------------------------------------------------------------------
     def execute(self, call, seq):
@@ -202,11 +202,11 @@ class GpuDispatcher:
             self._ctx = cuda.primary_context(self.device)
         stream = streams.resolve(call.stream, buf)
         call.stream = stream
-        if self.host.checks and self.comm.size > 1:
+        if self.host.checks and self.view.size > 1:
             self.host.cross_check(call)  # GPUCOLL_DEBUG_CHECKS: same signature on every rank
         if call.count == 0:
             return None
-        if self.comm.size == 1:
+        if self.view.size == 1:
             cuda.set_current(self._ctx)
             self._single(call, stream, seq)
             return None
@@ -220,7 +220,7 @@ class GpuDispatcher:
             # compare their calls on the host first and all raise in this call, before any
             # launch (the host threads meet; the GPU streams are not waited for). Through the
             # host engine: after the host collectives still queued, which use the same segment.
-            self.host.engine.run(lambda: self.host.agree(call))
+            self.host.queue.run(lambda: self.host.agree(call))
         return team
 
     def _run(self, team, seq, launch, *args):
@@ -276,7 +276,7 @@ class GpuDispatcher:
         nbytes = count * dtypes.ITEMSIZE[code]
         if self._choose(team, "allreduce", nbytes) != "one-shot":
             return None
-        send, recv = addresses(call, self.comm.rank)
+        send, recv = addresses(call, self.view.rank)
         return code, nbytes, send, recv, count, op
 
     def _launch_fused(self, team, code, items):
@@ -297,7 +297,7 @@ class GpuDispatcher:
             log.info("COLL", "allreduce #%d-#%d (%d fused) %d B %s one-shot fused via P2P/IPC", items[0][1],
                      items[-1][1], len(items), total, dtypes.name(code))
         fn = self.kernels().reduce(code)["ar_oneshot_multi"]
-        team.launcher.launch_fused(fn, self._grid(total), 512, first, entries, self.comm.size)
+        team.launcher.launch_fused(fn, self._grid(total), 512, first, entries, self.view.size)
         for s in others:
             self._join(first, s)
 
@@ -383,7 +383,7 @@ class GpuDispatcher:
         if len(self._fast) >= _FAST_MAX:
             self._fast.clear()
         self._fast[key] = prep
-        self.comm.fast.gpu = self.fast_allreduce
+        self.view.fast.gpu = self.fast_allreduce
 
     def _log(self, call, seq, algo, via="P2P/IPC"):
         """Count the path a call takes (Communicator.stats()) and log it at INFO."""
@@ -397,7 +397,7 @@ class GpuDispatcher:
         from ..._native import cuda
 
         self._log(call, seq, "copy", "local")
-        send, recv = addresses(call, self.comm.rank)
+        send, recv = addresses(call, self.view.rank)
         if send and recv and send != recv:
             cuda.memcpy_async(recv, send, call.nbytes, stream)
 
@@ -405,7 +405,7 @@ class GpuDispatcher:
         """No P2P between the GPUs: host collectives on host copies (engines/gpu/staged.py; blocks)."""
         if cuda.stream_is_capturing(stream):  # a graph would replay the copies without the host collective
             raise InvalidUsageError(
-                f"{call.kind} on communicator {self.comm.name} goes through host memory ({self._team.reason}) and "
+                f"{call.kind} on communicator {self.view.name} goes through host memory ({self._team.reason}) and "
                 "cannot be captured in a CUDA graph; issue it outside the capture, or give each rank its own GPU "
                 "with P2P access")
         chunks = self._staging.chunks(call)
@@ -416,7 +416,7 @@ class GpuDispatcher:
         def run_host(send, recv, count):
             self.host.submit(Call(call.kind, send, recv, count, call.code, call.op, call.root))
 
-        self._staging.run(call, stream, self.comm.rank, run_host)
+        self._staging.run(call, stream, self.view.rank, run_host)
 
     def _grid(self, nbytes, direct=False):
         """Thread blocks for a kernel moving nbytes per rank. Through staging a block takes
@@ -444,14 +444,14 @@ class GpuDispatcher:
             row[base + 64:base + 72] = np.frombuffer(np.uint64(offset).tobytes(), np.uint8)
             row[1 + i] = 1
         row[0] = ok
-        table = np.empty(_REG_ROW * self.comm.size, np.uint8)
-        self.comm.exchange_into(row, table)
-        table = table.reshape(self.comm.size, _REG_ROW)
+        table = np.empty(_REG_ROW * self.view.size, np.uint8)
+        self.view.exchange_into(row, table)
+        table = table.reshape(self.view.size, _REG_ROW)
         if not table[:, 0].all():
             return False
-        r = self.comm.rank
+        r = self.view.rank
         peers = ([], [])
-        for q in range(self.comm.size):
+        for q in range(self.view.size):
             for i, own in enumerate((send, recv)):
                 if q == r:
                     peers[i].append(own)
@@ -503,7 +503,7 @@ class GpuDispatcher:
                 available.add("one-shot")
         if not available:  # above the staging capacity, registration failed: staged in pieces
             available.add("two-shot" if kind == "allreduce" else "staged")
-        algo = selector.select(kind, nbytes, self.comm.size, "nvlink", forced=self.forced, available=available)
+        algo = selector.select(kind, nbytes, self.view.size, "nvlink", forced=self.forced, available=available)
         if len(self._choices) > 4096:
             self._choices.clear()
         self._choices[key] = algo
@@ -517,8 +517,8 @@ class GpuDispatcher:
         return "direct copy-engine" if self.copy_engine and kind in ("allgather", "bcast") else "direct"
 
     def _launch(self, team, call, stream, seq):
-        kind, n = call.kind, self.comm.size
-        send, recv = addresses(call, self.comm.rank)
+        kind, n = call.kind, self.view.size
+        send, recv = addresses(call, self.view.rank)
         code, count, op = _native_form(call)
         isz = dtypes.ITEMSIZE[code]
         block = count * isz  # the per-rank block (the whole vector for allreduce, bcast, reduce): call.nbytes
@@ -564,7 +564,7 @@ class GpuDispatcher:
                 self._pieces(fns["rs_staged"], stream, send, recv, count, isz, slot // isz, count, op, 0)
             return
         fns = self.kernels().copy()
-        r = self.comm.rank
+        r = self.view.rank
         if algo == "direct":
             if kind == "allgather" and self.copy_engine:
                 pairs = [(self._peers[1][p] + r * block, send, block) for p in range(n) if p != r]
@@ -588,7 +588,7 @@ class GpuDispatcher:
     def _pieces(self, fn, stream, send, recv, count, isz, per, stride, op, root):
         """Launch fn over [0, count) in pieces of at most `per` units (one staging slot each)."""
         L = self._team.launcher
-        n = self.comm.size
+        n = self.view.size
         for off in range(0, count, per):
             c = min(per, count - off)
             L.launch(fn, self._grid(c * isz), 512, stream, send + off * isz if send else 0,

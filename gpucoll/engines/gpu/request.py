@@ -54,7 +54,7 @@ class GpuRequest(Request):
 
     def __init__(self, name, stream, gpu=None):
         super().__init__(name)
-        self._gpu = gpu  # the GpuDispatcher, for its error word
+        self._gpu = gpu  # the GpuEngine, for its error word
         self._event = None
         self._done = _EventFlag(None)
         if stream is not None:  # else (an operation of a group) record() once it is issued

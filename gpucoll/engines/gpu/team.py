@@ -28,11 +28,11 @@ class Team:
     """GPU resources of a communicator. `ok` is False when the ranks cannot use P2P/IPC
     (then `reason` says why and the dispatcher stages through host memory)."""
 
-    def __init__(self, comm, device):
+    def __init__(self, view, device):
         from ..._native import cuda
 
-        self.comm, self.device = comm, device
-        self.rank, self.size = comm.rank, comm.size
+        self.view, self.device = view, device
+        self.rank, self.size = view.rank, view.size
         self.ctx = cuda.primary_context(device)
         sm_count = cuda.device_attribute(device, 16)
         self.arch = cuda.device_attribute(device, 75) * 10 + cuda.device_attribute(device, 76)
@@ -45,14 +45,14 @@ class Team:
         if self.size > MAXR:
             self.ok, self.reason = False, f"more than {MAXR} ranks"
 
-        devices = comm.exchange((device, cuda.pci_bus_id(device), sm_count))
+        devices = view.exchange((device, cuda.pci_bus_id(device), sm_count))
         self.devices = [d for d, _, _ in devices]
         # Kernels on registered buffers run one block per SM; every rank must launch the same
         # grid (block b waits for the peers' block b), so the team's smallest GPU sets it.
         self.sms = min(sms for _, _, sms in devices)
-        if self.rank == 0 and comm.local_size == comm.size:
-            _warn_idle_gpus(comm.name, devices, cuda.device_count())
-        if comm.local_size != comm.size:
+        if self.rank == 0 and view.local_size == view.size:
+            _warn_idle_gpus(view.name, devices, cuda.device_count())
+        if view.local_size != view.size:
             mine_ok, why = False, "ranks on other hosts"  # CUDA IPC stops at the host
         elif config.P2P_DISABLE.get():
             mine_ok, why = False, "GPUCOLL_P2P_DISABLE=1"
@@ -72,14 +72,14 @@ class Team:
             cuda.memset_d8(self.base, 0, STAGE_OFFSET)
             cuda.stream_synchronize(0)
             handle = cuda.ipc_get_mem_handle(self.base)
-        table = comm.exchange((mine_ok and self.ok, why, handle))
+        table = view.exchange((mine_ok and self.ok, why, handle))
         failed = [(r, w) for r, (ok, w, _) in enumerate(table) if not ok]
         if failed:
             self.ok = False
             self.reason = "; ".join(f"rank {r}: {w}" for r, w in failed)
             self.close()
             log.info("INIT", "GPU collectives on communicator %s stage through host memory (%s)",
-                     comm.name, self.reason)
+                     view.name, self.reason)
             return
         stage, flags = [], []
         for r, (_, _, h) in enumerate(table):
@@ -93,10 +93,10 @@ class Team:
         self.err_host, err_dev = cuda.host_alloc_mapped(64)
         self.launcher.set_team(self.ctx, stage, flags, self.base + SYNC_OFFSET, self.slot, self.rank, self.size,
                                timeout_ns, self.err_host, err_dev)
-        comm.exchange(None)  # every rank mapped every block before anyone signals
+        view.exchange(None)  # every rank mapped every block before anyone signals
         if log.enabled("info", "INIT"):
             log.info("INIT", "GPU team on communicator %s: rank %d GPU %d, peers %s via P2P/IPC (%s), "
-                     "%d B of IPC memory, staging slot %d B", comm.name, self.rank, device,
+                     "%d B of IPC memory, staging slot %d B", view.name, self.rank, device,
                      self.devices, self.link_summary(), total, self.slot)
 
     def link_summary(self):
@@ -151,5 +151,5 @@ def _warn_idle_gpus(name, devices, visible):
     if shared and len(set(buses)) < visible:
         log.warn("INIT", "communicator %s: its %d ranks put their GPU buffers on %d of this host's %d GPUs (GPUs %s), "
                  "so ranks share a GPU and others stay idle; for one GPU per rank, select it before allocating, "
-                 "e.g. cupy.cuda.Device(comm.local_rank %% %d).use() or torch.cuda.set_device(...)",
+                 "e.g. cupy.cuda.Device(view.local_rank %% %d).use() or torch.cuda.set_device(...)",
                  name, len(devices), len(set(buses)), visible, sorted({d for d, _, _ in devices}), visible)

@@ -180,7 +180,7 @@ class GpuPointToPoint:
     def _slots(self, device, ctx):
         out = self._outboxes.get(device)
         if out is None:
-            out = self._outboxes[device] = slots.Outboxes(device, ctx, self.p2p._comm.name)
+            out = self._outboxes[device] = slots.Outboxes(device, ctx, self.p2p.view.name)
         out.check()
         return out
 
@@ -198,7 +198,7 @@ class GpuPointToPoint:
 
     def _launch(self, out, stream, entries):
         out.launch(entries, stream)
-        stats = self.p2p._comm._stats
+        stats = self.p2p.view.stats
         stats.p2p_slot_launches += -(-len(entries) // cuda.MAXMSGS)
         stats.p2p_slot_messages += len(entries)
 

@@ -67,15 +67,15 @@ FRAME = struct.Struct("=QiIQQQq")
 EAGER = _engine.EAGER
 
 
-class Engine:
-    """The process's point to point: the native engine and the links that feed it (made by
-    world.Context)."""
+class ProcessP2P:
+    """The process's point to point: its native core (gpucoll._native.p2p.P2PCore) and the links
+    that feed it (made by gpucoll/api/world.py's Context)."""
 
     def __init__(self, ctx):
         from ...transports.links import Links
 
         self.ctx = ctx
-        self.native = _native().Engine(ctx.rank, ctx.size, MAX_MESSAGE)
+        self.native = _native().P2PCore(ctx.rank, ctx.size, MAX_MESSAGE)
         self.native.set_share(config.P2P_SHARED_COPY.get())
         self.links = Links(ctx, self.native)
         self._told = set()  # lost peers whose reason was logged
@@ -122,11 +122,11 @@ class _ProcNullRequest(CompletedRequest):
 class PointToPoint:
     """Point-to-point messaging of one communicator."""
 
-    def __init__(self, comm):
-        self._comm = comm
-        self._ctx = comm._ctx
-        self._key = comm_key(comm._id)
-        self._world = list(comm.world_ranks)
+    def __init__(self, view, make_gpu_side):
+        self.view = view  # the communicator as engines see it (gpucoll/engines/comm_view.py)
+        self._ctx = view.ctx
+        self._key = comm_key(view.id)
+        self._world = list(view.world_ranks)
         self._ranks = {w: r for r, w in enumerate(self._world)}
         self._engine = self._ctx.p2p
         self._native = self._engine.native
@@ -136,13 +136,20 @@ class PointToPoint:
         # Send/Isend/Recv/Irecv of a plain NumPy array (gpucoll._native.p2p.ShortPaths)
         self.short = _engine.ShortPaths(self._native, self._key, self._world, self._ready, self, np.ndarray,
                                         self._timeout)
-        self.gpu = None  # gpucoll.engines.p2p.gpu.GpuPointToPoint, made by the communicator for the first GPU buffer
+        self.gpu = None  # the GPU side (gpucoll/engines/p2p/gpu.py), made for the first GPU buffer
+        self._make_gpu_side = make_gpu_side  # (it imports this module: made by the communicator)
+
+    def gpu_side(self):
+        """The GPU side of this communicator's point to point, made on first use."""
+        if self.gpu is None:
+            self.gpu = self._make_gpu_side(self)
+        return self.gpu
 
     # --- ranks and tags ---------------------------------------------------------------------------
     def _check_peer(self, peer, what):
-        if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)) or not 0 <= peer < self._comm.size:
+        if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.view.size:
             raise InvalidUsageError(f"{what} rank {peer!r} is out of range for a communicator of size "
-                                    f"{self._comm.size}")
+                                    f"{self.view.size}")
         return int(peer)
 
     @staticmethod
@@ -161,17 +168,17 @@ class PointToPoint:
     def same_host(self, rank):
         """True when `rank` is another process on this host (CUDA IPC can reach its memory)."""
         world = self._world[rank]
-        return rank != self._comm.rank and self._ctx.hosts[world] == self._ctx.hosts[self._ctx.rank]
+        return rank != self.view.rank and self._ctx.hosts[world] == self._ctx.hosts[self._ctx.rank]
 
     def error(self, req, err):
         """The exception of a request that the engine finished with status err."""
         native = _native()
-        comm_rank = self._comm.rank
+        comm_rank = self.view.rank
         if err == native.TRUNCATED:
             st = req.status
             return truncated(st.source, st.tag, st.nbytes, req._cap)
         if err == native.CANCELLED:
-            return InvalidUsageError(f"communicator {self._comm.name} was freed while this receive was pending")
+            return InvalidUsageError(f"communicator {self.view.name} was freed while this receive was pending")
         if err == native.TOOBIG:
             return GpucollError(f"{req.name} on rank {comm_rank}: a message of {req.status.nbytes} bytes is larger "
                                 "than this host's memory")
@@ -214,13 +221,13 @@ class PointToPoint:
         if req._recv:
             if req._native.withdraw():
                 req._settled = True
-                raise GpucollTimeout(f"{req.name} on rank {self._comm.rank}: no message from {src} with {tag} "
+                raise GpucollTimeout(f"{req.name} on rank {self.view.rank}: no message from {src} with {tag} "
                                      f"within {timeout:g} s (GPUCOLL_TIMEOUT)")
             if req._native.wait(timeout):  # matched: its bytes are on their way
                 return
-            raise GpucollTimeout(f"{req.name} on rank {self._comm.rank}: the message from {src} with {tag} was "
+            raise GpucollTimeout(f"{req.name} on rank {self.view.rank}: the message from {src} with {tag} was "
                                  f"matched but its bytes did not arrive within {2 * timeout:g} s (GPUCOLL_TIMEOUT)")
-        raise GpucollTimeout(f"{req.name} of {req._cap} bytes from rank {self._comm.rank} to {src} with {tag}: "
+        raise GpucollTimeout(f"{req.name} of {req._cap} bytes from rank {self.view.rank} to {src} with {tag}: "
                              f"not received within {timeout:g} s (GPUCOLL_TIMEOUT); a large send waits for its "
                              "receive, as in MPI: when two ranks send to each other first, use Sendrecv or Isend")
 
@@ -311,7 +318,7 @@ class PointToPoint:
 
     def gpu_message_to_host(self, req, source, tag, envelope):
         """A GPU message matched a host receive: read it out of the sender's GPU memory."""
-        self._comm._gpu_p2p().to_host(req, source, tag, envelope)
+        self.gpu_side().to_host(req, source, tag, envelope)
 
     def withdraw(self, req):
         """Take back a receive that nothing matched yet: True when it was still unmatched (it is
