@@ -6,7 +6,7 @@ NP ?= 4
 STAMP := $(VENV)/.installed
 SOURCES := pyproject.toml setup.py $(wildcard cython_src/*.pyx cython_src/*.pxd cython_src/include/*.h)
 
-.PHONY: install demo test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref test-mpi4py-demos bench bench-gloo bench-launch bench-multihost bench-p2p bench-p2p-mpi bench-p2p-hosts bench-reproduce bench-gpu calibrate-gpu clean
+.PHONY: install demo docs-environment test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref test-mpi4py-demos bench bench-gloo bench-launch bench-multihost bench-p2p bench-p2p-mpi bench-p2p-hosts bench-reproduce bench-gpu calibrate-gpu clean
 
 install: $(STAMP)
 
@@ -21,6 +21,11 @@ $(STAMP): $(SOURCES)
 
 demo: $(STAMP)
 	$(VENV)/bin/gpurun -np $(NP) $(PY) examples/demo.py
+
+# docs/environment.md is made from the declarations in gpucoll/base/config.py;
+# tests/test_env_vars.py fails while the two differ.
+docs-environment: $(STAMP)
+	$(VENV)/bin/gpucoll environment > docs/environment.md
 
 test: $(STAMP) test-deps
 	$(PY) -m pytest -q -m "not gpu" --durations=15 tests
@@ -63,7 +68,7 @@ test-mpi4py-demos: $(STAMP)
 	$(PY) tests/mpi4py_suite/demos.py --compare
 
 
-# --- benchmarks: every README table is printed by one of these targets, which repeats each
+# --- benchmarks: every table of docs/benchmarks.md is printed by one of these targets, which repeats each
 # run REPEATS times (median [min-max]), checks every timed result (a wrong one fails the
 # target) and writes the settings and every run as JSON under BENCH_OUT.
 BENCH_OUT ?= bench-results

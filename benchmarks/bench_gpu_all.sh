@@ -1,5 +1,5 @@
 #!/bin/bash
-# The GPU table of the README on a 2-GPU machine (`make bench-gpu`), then `make test-gpu`'s
+# The GPU tables of docs/benchmarks.md on a 2-GPU machine (`make bench-gpu`), then `make test-gpu`'s
 # tests in what is left of the budget (skipped with TESTS=0); logs and JSON under $OUT.
 #   [NP=4] bench_gpu_all.sh [BUDGET_SECONDS]
 # Every row is checked (-c 1: the timed calls' own output) and repeated (--repeats 3: median

@@ -25,9 +25,9 @@ from gpucoll.algorithms import selector  # noqa: E402
 RUNS = (
     ("allreduce", "one-shot", 8, 32 << 20, {"GPUCOLL_GPU_ONESHOT_MAX": "32M"}),
     ("allreduce", "two-shot", 64 << 10, 64 << 20, {}),
-    ("allreduce", "direct", 1 << 20, 512 << 20, {"GPUCOLL_GPU_STAGE_MAX": "4K"}),
+    ("allreduce", "registered", 1 << 20, 512 << 20, {"GPUCOLL_GPU_STAGE_MAX": "4K"}),
     ("allgather", "staged", 8 << 10, 64 << 20, {}),
-    ("allgather", "direct", 1 << 20, 512 << 20, {"GPUCOLL_GPU_STAGE_MAX": "4K"}),
+    ("allgather", "registered", 1 << 20, 512 << 20, {"GPUCOLL_GPU_STAGE_MAX": "4K"}),
     ("bcast", "staged", 8 << 10, 64 << 20, {}),
     ("reduce_scatter", "staged", 8 << 10, 64 << 20, {}),
 )

@@ -1,4 +1,5 @@
-"""A README table (Markdown) from the JSON a benchmark target wrote: median [min-max] per row.
+"""A table of docs/benchmarks.md (Markdown) from the JSON a benchmark target wrote: median
+[min-max] per row.
 
     python benchmarks/readme_table.py bench-results/allreduce-mpi-np2.json
     python benchmarks/readme_table.py bench-results/p2p.json
@@ -11,9 +12,9 @@ counts, so the ranges show the spread between invocations too, not only within o
 asks whether a new invocation reproduces the table the others make: each row's median ratio
 (the launch table: each peer's time / gpurun's, round by round) in the new file against the
 pooled range of the others; it lists the rows outside and exits 1 if there is one.
---check-printed does the same against the ranges the README prints, read from its Markdown:
+--check-printed does the same against the ranges docs/benchmarks.md prints, read from its Markdown:
 
-    python benchmarks/readme_table.py --check-printed README.md '**2 ranks vs Open MPI**' new.json
+    python benchmarks/readme_table.py --check-printed docs/benchmarks.md '**2 ranks vs Open MPI**' new.json
 """
 import json
 import re
@@ -151,11 +152,11 @@ def check(new, olds):
     return _compare(new, ranges)
 
 
-def check_printed(new, readme, label):
-    """check(), against the ranges the README prints in the first table after the line that starts
-    with `label` (e.g. '**4 ranks vs Open MPI**', '### Host point to point'): no JSON needed. The
-    new medians are rounded as the table rounds (2 decimals)."""
-    return _compare(new, printed_ranges(readme, label), digits=2)
+def check_printed(new, text, label):
+    """check(), against the ranges a Markdown text (docs/benchmarks.md) prints in the first table
+    after the line that starts with `label` (e.g. '**4 ranks vs Open MPI**', '### Host point to
+    point'): no JSON needed. The new medians are rounded as the table rounds (2 decimals)."""
+    return _compare(new, printed_ranges(text, label), digits=2)
 
 
 def printed_ranges(text, label):
@@ -163,7 +164,7 @@ def printed_ranges(text, label):
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith(label)), None)
     if start is None:
-        raise SystemExit(f"no line starts with {label!r}")
+        raise SystemExit(f"no line starts with {label!r} (the measured tables are in docs/benchmarks.md)")
     table = []
     for line in lines[start + 1:]:
         if line.startswith("|"):
@@ -204,8 +205,8 @@ def main(paths):
     if paths and paths[0] == "--check":
         sys.exit(1 if check(paths[1], paths[2:]) else 0)
     if paths and paths[0] == "--check-printed":
-        readme, label, new = paths[1:4]
-        with open(readme) as f:
+        doc, label, new = paths[1:4]
+        with open(doc) as f:
             sys.exit(1 if check_printed(new, f.read(), label) else 0)
     doc, dates = pooled(paths)
     settings = doc["settings"]

@@ -11,6 +11,7 @@ gpucoll/mpi/, one concept per module.
 """
 from .api import comm as _core_comm
 from .base.errors import GpucollError
+from .base.mpi_constants import INTEGERS as _INTEGERS
 from .mpi import datatype as _datatype
 from .mpi import docs as _docs
 from .mpi import errhandler as _errhandler
@@ -20,10 +21,9 @@ from .mpi.buffer import buffer, memory  # noqa: F401
 from .mpi.comm import Comm, Intracomm  # noqa: F401
 from .mpi.comm import comm_lock as _comm_lock  # noqa: F401 - mpi4py's internals that mpi4py.util uses
 from .mpi.comm import comm_lock_table as _comm_lock_table  # noqa: F401
-from .mpi.comm import commctx_intra as _commctx_intra  # noqa: F401
 from .mpi.comm import comm_self as _comm_self
 from .mpi.comm import comm_world as _comm_world
-from .base.mpi_constants import INTEGERS as _INTEGERS
+from .mpi.comm import commctx_intra as _commctx_intra  # noqa: F401
 from .mpi.datatype import Datatype  # noqa: F401
 from .mpi.environment import *  # noqa: F401,F403 - Init, Wtime, Get_error_class, Alloc_mem, ...
 from .mpi.environment import BUFFER_AUTOMATIC, _typealign, _typecode  # noqa: F401
@@ -39,9 +39,9 @@ from .mpi.message import BOTTOM
 from .mpi.op import Op  # noqa: F401
 from .mpi.pickler import Pickle, pickle  # noqa: F401
 from .mpi.request import REQUEST_NULL, Grequest, Prequest, Request  # noqa: F401
+from .mpi.session import Session  # noqa: F401
 from .mpi.status import Status  # noqa: F401
 from .mpi.topocomm import Cartcomm, Distgraphcomm, Graphcomm, Topocomm  # noqa: F401
-from .mpi.session import Session  # noqa: F401
 from .mpi.win import Win
 
 Exception = GpucollError  # noqa: A001 - mpi4py's name; every gpucoll error carries an MPI error class

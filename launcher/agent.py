@@ -92,16 +92,11 @@ class AgentJob(Job):
 
 
 def _read_secret(args):
-    if args.secret_stdin:
-        text = sys.stdin.readline().strip()
-    else:
-        text = os.environ.get("GPUCOLL_STORE_SECRET", "")
-    if not text:
-        return wire.derived_secret(args.master)
+    text = sys.stdin.readline().strip() if args.secret_stdin else None
     try:
-        return bytes.fromhex(text)
-    except ValueError:
-        raise SystemExit("gpurun agent: the job's secret must be hex") from None
+        return wire.job_secret(args.master, text)
+    except ValueError as exc:
+        raise SystemExit(f"gpurun agent: {exc}") from None
 
 
 def _node_rank(text):

@@ -162,10 +162,12 @@ def gpurun(nprocs, module, tag_output, output_dir, timeout, grace, exports, comm
         raise SystemExit(launch(opts))
     if multi.launcher == "agent":
         from .agent import run_agent
-        from .wire import derived_secret
+        from .wire import job_secret
 
-        secret = os.environ.get("GPUCOLL_STORE_SECRET")
-        secret = bytes.fromhex(secret) if secret else derived_secret(master)
+        try:
+            secret = job_secret(master)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
         raise SystemExit(run_agent(master, node_rank, secret, slots=nprocs or 1))
     from .cluster import launch_hosts
 

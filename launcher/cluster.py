@@ -98,7 +98,7 @@ def launch_hosts(opts, hopts):
         err.write(f"gpurun: {exc}\n".encode())
         return exc.exit_code
     if hopts.launcher == "manual":
-        secret_hex = os.environ.get("GPUCOLL_STORE_SECRET") or wire.derived_secret(hopts.master).hex()
+        secret_hex = wire.job_secret(hopts.master).hex()
     else:
         secret_hex = secrets.token_hex(16)
     secret = bytes.fromhex(secret_hex)

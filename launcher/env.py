@@ -46,7 +46,7 @@ def common_environ(base, size, local_size, store_host, store_port, secret_hex, j
 
 def rank_environ(common, rank, local_rank, exports):
     """One rank's environment; -x values come last and win. No GPU is assigned: a rank's
-    collectives run on the GPU its buffers are on (README, "Which GPU a rank uses"), and
+    collectives run on the GPU its buffers are on (docs/gpu.md, "Which GPU a rank uses"), and
     CUDA_VISIBLE_DEVICES is left alone so that every rank sees every GPU and CUDA IPC works."""
     env = dict(common)
     env["GPUCOLL_RANK"] = env["RANK"] = str(rank)

@@ -20,6 +20,7 @@ import json
 import socket
 import struct
 
+from gpucoll.base import config
 from gpucoll.transports import handshake
 
 _LEN = struct.Struct("!I")
@@ -113,6 +114,20 @@ def derived_secret(master):
     GPUCOLL_STORE_SECRET: every node computes the same one from the master address. It
     keeps other jobs out by accident only; set GPUCOLL_STORE_SECRET for protection."""
     return hashlib.sha256(f"gpucoll-agents:{master}".encode()).digest()[:16]
+
+
+def job_secret(master, text=None):
+    """The secret of a job whose gpurun processes were started by hand: `text` (hex), else
+    GPUCOLL_STORE_SECRET's, else derived_secret(master). Raises ValueError when it is not hex,
+    without quoting it (it is a secret)."""
+    if text is None:
+        text = config.STORE_SECRET.get()
+    if not text:
+        return derived_secret(master)
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        raise ValueError(f"the job's secret ({config.STORE_SECRET.name}) must be hex") from None
 
 
 def connect(address, deadline_s, clock):

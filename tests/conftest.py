@@ -26,6 +26,9 @@ import time
 
 import pytest
 
+from gpucoll.base import config
+from gpucoll.base.errors import ConfigError
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(HERE, "scripts")
 _CONSOLE = os.path.join(os.path.dirname(sys.executable), "gpurun")
@@ -33,9 +36,9 @@ _CONSOLE = os.path.join(os.path.dirname(sys.executable), "gpurun")
 GPURUN = [_CONSOLE] if os.access(_CONSOLE, os.X_OK) else [sys.executable, "-m", "gpucoll.launcher"]
 
 # Variables of the test runner's own environment that would change what a job does.
-_SCRUB = ("GPUCOLL_ALGO", "GPUCOLL_PROTO", "GPUCOLL_SHM_DISABLE", "GPUCOLL_DEBUG", "GPUCOLL_DEBUG_SUBSYS",
-          "GPUCOLL_DEBUG_FILE", "GPUCOLL_DEBUG_CHECKS", "GPUCOLL_TIMEOUT", "GPUCOLL_BUFFSIZE",
-          "GPUCOLL_NCHANNELS", "GPUCOLL_RANK", "GPUCOLL_SIZE", "GPUCOLL_STORE", "GPUCOLL_BOOTSTRAP")
+_SCRUB = ("GPUCOLL_ALGO", "GPUCOLL_SHM_DISABLE", "GPUCOLL_DEBUG", "GPUCOLL_DEBUG_SUBSYS", "GPUCOLL_DEBUG_FILE",
+          "GPUCOLL_DEBUG_CHECKS", "GPUCOLL_TIMEOUT", "GPUCOLL_BUFFSIZE", "GPUCOLL_RANK", "GPUCOLL_SIZE",
+          "GPUCOLL_STORE", "GPUCOLL_BOOTSTRAP")
 
 
 class Job:
@@ -120,18 +123,18 @@ PIECES = {
     "torch": "torch (a CPU build is enough), for the gloo comparisons",
 }
 _ALIASES = {"netns": "multihost"}
-REQUIRE_VAR = "GPUCOLL_TEST_REQUIRE"
+REQUIRE_VAR = config.TEST_REQUIRE.name
+# The variable's declaration lists the names it accepts; each must be a piece or an alias of one.
+assert set(config.TEST_REQUIRE.choices) == set(PIECES) | set(_ALIASES)
 
 
-def required_pieces(text=None):
-    """The pieces GPUCOLL_TEST_REQUIRE names (a comma list); a name not in PIECES is an error."""
-    text = os.environ.get(REQUIRE_VAR, "") if text is None else text
-    names = {_ALIASES.get(t.strip().lower(), t.strip().lower()) for t in text.split(",") if t.strip()}
-    unknown = sorted(names - set(PIECES))
-    if unknown:
-        raise pytest.UsageError(f"{REQUIRE_VAR}={text!r}: {', '.join(unknown)} is not a piece the tests know; "
-                                f"use a comma list of {', '.join(sorted(PIECES))} (netns = multihost)")
-    return frozenset(names)
+def required_pieces(environ=None):
+    """The pieces GPUCOLL_TEST_REQUIRE names (a comma list); a name it does not declare is an error."""
+    try:
+        names = config.TEST_REQUIRE.get(environ)
+    except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    return frozenset(_ALIASES.get(name, name) for name in names)
 
 
 def unavailable(piece, reason):

@@ -4,7 +4,7 @@ It is the oracle for schedule correctness (and for the native executor's tests):
 contract of docs/internals.md literally and complains about anything a real executor would
 choke on::
 
-    from gpucoll.algorithms import simulate
+    import simulate                    # tests/simulate.py
     outs = simulate.collective("allreduce", "ring", [np.arange(10) * r for r in range(4)])
     outs[0]        # the sum, on every rank
 
@@ -21,10 +21,10 @@ from collections import deque
 
 import numpy as np
 
-from ..base.errors import GpucollError, InvalidUsageError
-from . import registry
-from .steps import (COPY, DST_BUF, DST_COUNT, DST_OFF, FLAGS, RECV, RECV_PEER, REDUCE,
-                    SEND, SEND_PEER, SRC_BUF, SRC_COUNT, SRC_OFF, format_step)
+from gpucoll.base.errors import GpucollError, InvalidUsageError
+from gpucoll.algorithms import registry
+from gpucoll.algorithms.steps import (COPY, DST_BUF, DST_COUNT, DST_OFF, FLAGS, RECV, RECV_PEER, REDUCE,
+                                      SEND, SEND_PEER, SRC_BUF, SRC_COUNT, SRC_OFF, format_step)
 
 # Reduction ops by name; AVG runs as SUM (the division is the caller's, see collective()).
 # Integer codes follow gc_op in cython_src/include/gc_types.h.

@@ -8,9 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import simulate
 from gpucoll.base import config
 from gpucoll.algorithms import (COPY, GENERATORS, RECV, REDUCE, ROOTED, SEND, Schedule, ScheduleError,
-                                schedule, select, selector, simulate)
+                                schedule, select, selector)
 from gpucoll.algorithms.steps import NCOLS, StepBuilder
 from gpucoll.base.errors import ConfigError, InvalidUsageError
 
@@ -341,29 +342,32 @@ def test_select_follows_the_model_from_latency_to_bandwidth(auto):
     assert select("bcast", 1 << 28, 16, "tcp") == "ring"
     assert select("reduce", 64, 16, "ib") == "tree"
     assert select("reduce", 1 << 28, 16, "ib") == "ring"
-    # 'direct' only over shared memory, and only when the caller can run it.
+    # 'direct' (the host engine's shared segment) only over shared memory, and only when the
+    # caller can run it; GPU buffers' own rows are 'registered' and the staged ones.
     assert select("allreduce", 1024, 4, "shm") != "direct"
     assert select("allreduce", 1024, 4, "shm", available={"direct"}) == "direct"
     assert select("allreduce", 1024, 4, "tcp", available={"direct"}) != "direct"
+    assert select("allreduce", 1 << 30, 2, "nvlink", available={"direct", "two-shot"}) == "two-shot"
+    assert select("allreduce", 1 << 30, 2, "shm", available={"registered", "direct"}) == "direct"
     assert select("allreduce", 1024, 8, "nvlink", available={"one-shot", "two-shot"}) == "one-shot"
     assert select("allreduce", 1 << 28, 8, "nvlink", available={"one-shot", "two-shot"}) == "two-shot"
 
 
 def test_gpu_choice_is_the_nvlink_rows_of_the_table(auto):
-    gpu = {"one-shot", "two-shot", "direct", "staged"}
+    gpu = {"one-shot", "two-shot", "registered", "staged"}
     # 2 ranks: one-shot wherever it can run (the same bytes on the link as two-shot, one
     # synchronisation fewer), two-shot above a slot, registered buffers from 64 MiB.
     assert select("allreduce", 8, 2, "nvlink", available=gpu) == "one-shot"
     assert select("allreduce", 1 << 20, 2, "nvlink", available=gpu) == "one-shot"
     assert select("allreduce", 16 << 20, 2, "nvlink", available=gpu) == "one-shot"
     assert select("allreduce", 48 << 20, 2, "nvlink", available=gpu - {"one-shot"}) == "two-shot"
-    assert select("allreduce", 256 << 20, 2, "nvlink", available=gpu) == "direct"
-    # More ranks: one-shot pushes to p-1 peers, so two-shot and direct take over sooner.
+    assert select("allreduce", 256 << 20, 2, "nvlink", available=gpu) == "registered"
+    # More ranks: one-shot pushes to p-1 peers, so two-shot and registered take over sooner.
     steps = {p: dict((a, b) for b, a in selector.crossovers("allreduce", p, "nvlink", gpu)) for p in (2, 4, 8)}
     assert "two-shot" not in steps[2] and steps[4]["two-shot"] > steps[8]["two-shot"]
     assert 512 << 10 < steps[4]["two-shot"] < 2 << 20 and 128 << 10 < steps[8]["two-shot"] < 512 << 10
-    assert steps[2]["direct"] > steps[4]["direct"] > steps[8]["direct"]
-    assert select("bcast", 1 << 30, 8, "nvlink", available=gpu) == "direct"
+    assert steps[2]["registered"] > steps[4]["registered"] > steps[8]["registered"]
+    assert select("bcast", 1 << 30, 8, "nvlink", available=gpu) == "registered"
     assert select("gather", 1 << 30, 8, "nvlink", available=gpu) == "staged"
     # The schedules (ring, tree, ...) run over host channels only: never a GPU choice.
     for nbytes in (8, 1 << 20, 1 << 30):
@@ -374,11 +378,12 @@ def test_gpu_choice_is_the_nvlink_rows_of_the_table(auto):
 
 
 def test_crossovers_are_where_the_choice_changes(auto):
-    points = selector.crossovers("allreduce", 4, "nvlink", {"one-shot", "two-shot", "direct"})
-    assert [a for _, a in points] == ["one-shot", "two-shot", "direct"] and points[0][0] == 0
+    gpu = {"one-shot", "two-shot", "registered"}
+    points = selector.crossovers("allreduce", 4, "nvlink", gpu)
+    assert [a for _, a in points] == ["one-shot", "two-shot", "registered"] and points[0][0] == 0
     for (start, algo), (nxt, _) in zip(points, points[1:] + [(1 << 32, None)]):
-        assert select("allreduce", start, 4, "nvlink", available={"one-shot", "two-shot", "direct"}) == algo
-        assert select("allreduce", nxt - 1, 4, "nvlink", available={"one-shot", "two-shot", "direct"}) == algo
+        assert select("allreduce", start, 4, "nvlink", available=gpu) == algo
+        assert select("allreduce", nxt - 1, 4, "nvlink", available=gpu) == algo
 
 
 def test_forced_algorithm_is_honoured_where_it_exists(auto, monkeypatch):
@@ -449,4 +454,5 @@ def test_tune_changes_the_choice(auto):
 
 
 def test_config_declares_the_forced_names():
-    assert {"auto", "direct", "ring", "tree", "rhd", "one-shot", "two-shot", "staged"} == set(config.ALGO.choices)
+    assert {"auto", "direct", "ring", "tree", "rhd", "one-shot", "two-shot", "staged", "registered"} == \
+        set(config.ALGO.choices)

@@ -65,8 +65,8 @@ def test_gpu_collectives(gpurun_job, nranks):
             assert ran == {"world": {"copy"}, "small-stage": {"copy"}, "p2p-off": {"copy"}}, ran
             continue
         # the IPC kernels ran where P2P is on, and host memory carried everything where it is off
-        assert {"one-shot", "two-shot", "staged", "direct copy-engine"} <= ran["world"], ran
-        assert {"one-shot", "two-shot", "staged", "direct", "two-shot direct"} <= ran["small-stage"], ran
+        assert {"one-shot", "two-shot", "staged", "registered copy-engine"} <= ran["world"], ran
+        assert {"one-shot", "two-shot", "staged", "registered", "two-shot registered"} <= ran["small-stage"], ran
         assert not {"host-staged", "host-pipelined"} & (ran["world"] | ran["small-stage"]), ran
         # through host memory: all-reduce, broadcast and reduce in pinned chunks, the other kinds whole
         assert ran["p2p-off"] == {"host-staged", "host-pipelined"} and res["stats"]["p2p-off"]["host"], ran

@@ -1,6 +1,6 @@
-"""Which GPU a rank uses (README, "Which GPU a rank uses"): the GPU of its buffers. A script that
-never selects a device runs under gpurun and mpiexec, one GPU per rank or several ranks per GPU;
-one that selects its own is obeyed; GPUCOLL_DEVICE pins a rank and refuses buffers elsewhere."""
+"""Which GPU a rank uses (docs/gpu.md, "Which GPU a rank uses"): the GPU of its buffers. A script
+that never selects a device runs under gpurun and mpiexec, one GPU per rank or several ranks per
+GPU; one that selects its own is obeyed; GPUCOLL_DEVICE pins a rank and refuses buffers elsewhere."""
 import json
 import os
 import subprocess

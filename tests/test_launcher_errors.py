@@ -1,5 +1,6 @@
 """gpurun's own errors, met as users meet them: each is one clear line and a documented exit
-code (README's table), never a traceback; and the failure report shows the user's frames."""
+code (docs/launcher.md's table), never a traceback; and the failure report shows the user's
+frames."""
 import os
 import re
 import shutil
@@ -11,7 +12,7 @@ import pytest
 from test_launcher import GPURUN, gpurun, python_c
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-README = os.path.join(HERE, "..", "README.md")
+EXIT_CODES_DOC = os.path.join(HERE, "..", "docs", "launcher.md")
 
 
 def one_line(proc, code):
@@ -151,7 +152,7 @@ def test_failure_report_shows_the_users_frames_not_gpucolls(tmp_path):
                            f'      File "{path}", line 5, in train_step\n'
                            "        c.Allreduce(gpucoll.IN_PLACE, x)\n"
                            "      ... "), body
-    assert re.search(r"^      \.\.\. \d+ frame\(s\) inside gpucoll \.\.\.\n    gpucoll\.errors\.TimeoutError: "
+    assert re.search(r"^      \.\.\. \d+ frame\(s\) inside gpucoll \.\.\.\n    gpucoll\.TimeoutError: "
                      r"allreduce #1 on communicator world \(rank 0 of 2\): (waiting for data from rank 1 at step \d+: )?"
                      r"timed out", body, re.M), body
     assert "dispatch.py" not in body and "core.pyx" not in body
@@ -168,9 +169,9 @@ def test_failure_report_is_bounded(tmp_path):
 
 
 # --- the documentation ----------------------------------------------------------------
-def test_readme_and_help_list_the_same_exit_codes():
-    readme = open(README).read()
-    table = readme[readme.index("| exit code | when |"):]
+def test_docs_and_help_list_the_same_exit_codes():
+    doc = open(EXIT_CODES_DOC).read()
+    table = doc[doc.index("| exit code | when |"):]
     table = table[:table.index("\n\n")]
     documented = set(re.findall(r"^\| ([\d, +NS]+) \|", table, re.M))
     codes = {c.strip() for row in documented for c in row.split(",")}

@@ -1,5 +1,5 @@
-"""What the README promises and no other test checks, tried the way a user would meet it
-(rank side: tests/scripts/readme_claims.py)."""
+"""What the documentation (README.md, docs/) promises and no other test checks, tried the way a
+user would meet it (rank side: tests/scripts/readme_claims.py)."""
 import os
 import subprocess
 import sys

@@ -1,10 +1,14 @@
-"""benchmarks/readme_table.py: the README's Markdown from a benchmark target's JSON, several
-invocations pooled (every run counts), ratios taken run by run, no ratio on a wrong row."""
+"""benchmarks/readme_table.py: the Markdown of docs/benchmarks.md from a benchmark target's JSON,
+several invocations pooled (every run counts), ratios taken run by run, no ratio on a wrong row;
+--check-printed reads the ranges from docs/benchmarks.md itself."""
 import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import readme_table  # noqa: E402
 
 
@@ -69,18 +73,35 @@ def test_launch_tables_pool_by_launcher_and_check_round_by_round_ratios(tmp_path
     assert "OUTSIDE" in capsys.readouterr().out
 
 
-def test_check_printed_reads_the_ranges_from_the_readme_itself(tmp_path, capsys):
+def test_check_printed_reads_the_ranges_from_the_printed_tables(tmp_path, capsys):
     old = [_doc(tmp_path, "first", [(2.0, 3.0), (2.0, 4.0)]), _doc(tmp_path, "again", [(2.0, 2.6)])]
     launch = [_launch(tmp_path, "launch", [1.0, 1.2, 1.1], [2.0, 3.0, 2.2])]
-    readme = "\n".join(["# Benchmarks", "**2 ranks vs Open MPI**", "", *readme_table.collective_table(
+    text = "\n".join(["# Benchmarks", "**2 ranks vs Open MPI**", "", *readme_table.collective_table(
         readme_table.pooled(old)[0]), "", "### Start-to-exit", "", *readme_table.launch_table(
         readme_table.pooled(launch)[0]), ""])
     # the printed ratio ranges: 1.30-2.00 (collective), 2.00-2.50 (mpiexec; gpurun's row is 1)
     inside = _doc(tmp_path, "inside", [(2.0, 3.0), (2.0, 3.2), (2.0, 9.0)])
     outside = _doc(tmp_path, "outside", [(2.0, 5.0), (2.0, 4.8)])
-    assert readme_table.check_printed(inside, readme, "**2 ranks vs Open MPI**") == []
-    assert readme_table.check_printed(outside, readme, "**2 ranks vs Open MPI**") == ["1 KiB"]
-    assert readme_table.check_printed(_launch(tmp_path, "same", [2.0], [4.4]), readme, "### Start-to-exit") == []
-    assert readme_table.check_printed(_launch(tmp_path, "closer", [2.0], [3.0]), readme,
+    assert readme_table.check_printed(inside, text, "**2 ranks vs Open MPI**") == []
+    assert readme_table.check_printed(outside, text, "**2 ranks vs Open MPI**") == ["1 KiB"]
+    assert readme_table.check_printed(_launch(tmp_path, "same", [2.0], [4.4]), text, "### Start-to-exit") == []
+    assert readme_table.check_printed(_launch(tmp_path, "closer", [2.0], [3.0]), text,
                                       "### Start-to-exit") == ["mpiexec 4"]
     assert "OUTSIDE" in capsys.readouterr().out
+
+
+# The labels that --check-printed is given (docs/benchmarks.md names them), and how many ratio
+# ranges each table prints: the collective tables' 79 rows, 30 per point-to-point table (one-way,
+# window, both ways at 10 sizes), the launch table's 6 peer rows.
+PRINTED = [("**2 ranks vs Open MPI**", 17), ("**4 ranks vs Open MPI**", 17), ("**2 ranks vs gloo**", 12),
+           ("**4 ranks vs gloo**", 12), ("**all-gather**", 7), ("**bcast**", 7), ("**reduce**", 7),
+           ("### Host point to point", 30), ("### The same through gpucoll.MPI", 30),
+           ("### Point to point between two hosts", 30), ("### Start-to-exit", 6)]
+
+
+@pytest.mark.parametrize("label, rows", PRINTED, ids=[label for label, _ in PRINTED])
+def test_the_measured_tables_are_found_in_docs_benchmarks(label, rows):
+    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
+        ranges = readme_table.printed_ranges(f.read(), label)
+    assert len(ranges) == rows, ranges
+    assert all(0 < lo <= hi for lo, hi in ranges.values()), ranges

@@ -74,4 +74,4 @@ def test_only_the_named_pieces_fail(tmp_path):
 def test_an_unknown_piece_stops_the_run(tmp_path):
     proc, found = outcomes(tmp_path, "slurm,gpux")
     assert proc.returncode != 0 and not found
-    assert "gpux is not a piece the tests know" in proc.stdout + proc.stderr
+    assert "GPUCOLL_TEST_REQUIRE='slurm,gpux' is not valid" in proc.stdout + proc.stderr

@@ -7,8 +7,9 @@ The model is data, two tables a tuner can edit:
   volume(p) (bytes on the critical path, as a multiple of nbytes), as expressions of
     p     ranks            lg    ceil(log2 p)
     q     2**floor(log2 p) fold  1 if p is not a power of two, else 0
-  Native algorithms (direct, one-shot, two-shot: not schedules, run by their own engines) are
-  offered only when the caller says they are available, and may carry their own alpha/beta.
+  Native algorithms (direct, and the GPU rows one-shot, two-shot, staged and registered: not
+  schedules, run by their own engines) are offered only when the caller says they are available,
+  and may carry their own alpha/beta.
 
 `nbytes` is NCCL's "size" of the operation: the vector for allreduce, bcast and reduce, the
 whole size * count buffer for allgather, reduce_scatter_block, gather, scatter and alltoall::
@@ -70,12 +71,12 @@ _MEMORY = dict(alpha=0.5e-6, beta=1 / 20e9)
 # GPU collectives of the ranks of one host (gpucoll/engines/gpu/engine.py): CUDA IPC kernels over
 # NVLink (or PCIe P2P). A step is one flag exchange between all ranks; the volume counts the bytes
 # each rank moves over its links. "staged" algorithms go through the communicator's IPC staging
-# slots (one-shot and two-shot for allreduce), "direct" ones between the callers' buffers, which
-# are registered with CUDA IPC on each call (a host exchange of handles: a larger alpha).
+# slots (one-shot and two-shot for allreduce), "registered" ones between the callers' buffers,
+# which are registered with CUDA IPC on each call (a host exchange of handles: a larger alpha).
 # Figures fitted to 2 x H200 (NV18), 2 ranks, float32, eager launches, 2026-11-29: one-shot
-# 6.8 us at 8 B; staged two-shot 14.1 us at 512 KiB, 18.0 us at 2 MiB, 36 us at 8 MiB; direct
-# 342 GB/s busbw at 512 MiB; direct's alpha is set so that the staged-to-direct crossover stays
-# at 64 MiB. One-shot moves its bytes through the same slots and links as two-shot, so it has
+# 6.8 us at 8 B; staged two-shot 14.1 us at 512 KiB, 18.0 us at 2 MiB, 36 us at 8 MiB; registered
+# 342 GB/s busbw at 512 MiB; registered's alpha is set so that the staged-to-registered crossover
+# stays at 64 MiB. One-shot moves its bytes through the same slots and links as two-shot, so it has
 # two-shot's bandwidth: on 2 ranks both put the same bytes on each link, one-shot with one
 # synchronisation instead of two, so it runs as long as the message fits a staging slot; on 4
 # ranks to about 1 MiB, on 8 to about 320 KiB (one-shot pushes to p-1 peers). Those medium-size
@@ -83,21 +84,21 @@ _MEMORY = dict(alpha=0.5e-6, beta=1 / 20e9)
 # and 4 and 8 ranks from the steps and volume expressions until they are measured there.
 _GPU_ONESHOT = dict(alpha=6.8e-6, beta=1 / 330e9)
 _GPU_STAGED = dict(alpha=6.0e-6, beta=1 / 330e9)
-_GPU_DIRECT = dict(alpha=9.6e-6, beta=1 / 342e9)
+_GPU_REGISTERED = dict(alpha=9.6e-6, beta=1 / 342e9)
 _NV = ("nvlink",)
 
 GPU_TABLE = (
     Entry("allreduce", "one-shot", "1", "p-1", _NV, True, **_GPU_ONESHOT),
     Entry("allreduce", "two-shot", "2", "2*(p-1)/p", _NV, True, **_GPU_STAGED),
-    Entry("allreduce", "direct", "2", "2*(p-1)/p", _NV, True, **_GPU_DIRECT),
+    Entry("allreduce", "registered", "2", "2*(p-1)/p", _NV, True, **_GPU_REGISTERED),
     Entry("reduce_scatter_block", "staged", "1", "(p-1)/p", _NV, True, **_GPU_STAGED),
-    Entry("reduce_scatter_block", "direct", "2", "(p-1)/p", _NV, True, **_GPU_DIRECT),
+    Entry("reduce_scatter_block", "registered", "2", "(p-1)/p", _NV, True, **_GPU_REGISTERED),
     Entry("allgather", "staged", "1", "(p-1)/p", _NV, True, **_GPU_STAGED),
-    Entry("allgather", "direct", "2", "(p-1)/p", _NV, True, **_GPU_DIRECT),
+    Entry("allgather", "registered", "2", "(p-1)/p", _NV, True, **_GPU_REGISTERED),
     Entry("bcast", "staged", "1", "1", _NV, True, **_GPU_STAGED),
-    Entry("bcast", "direct", "2", "1", _NV, True, **_GPU_DIRECT),
+    Entry("bcast", "registered", "2", "1", _NV, True, **_GPU_REGISTERED),
     Entry("alltoall", "staged", "1", "(p-1)/p", _NV, True, **_GPU_STAGED),
-    Entry("alltoall", "direct", "2", "(p-1)/p", _NV, True, **_GPU_DIRECT),
+    Entry("alltoall", "registered", "2", "(p-1)/p", _NV, True, **_GPU_REGISTERED),
     Entry("reduce", "staged", "1", "1", _NV, True, **_GPU_STAGED),
     Entry("gather", "staged", "1", "(p-1)/p", _NV, True, **_GPU_STAGED),
     Entry("scatter", "staged", "1", "(p-1)/p", _NV, True, **_GPU_STAGED),
@@ -236,7 +237,7 @@ _warned = set()
 def select(collective, nbytes, size, transport, forced=None, available=()):
     """The algorithm for one call: `forced` (default: GPUCOLL_ALGO) when it applies, else the
     cheapest by the cost table. `available` names the native algorithms ("direct", "one-shot",
-    "two-shot") the caller can run for this call; schedule algorithms are always available."""
+    "registered", ...) the caller can run for this call; schedule algorithms are always available."""
     nbytes, size = _check(nbytes, size)
     available = frozenset(available or ())
     if forced is None:

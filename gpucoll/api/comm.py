@@ -98,12 +98,12 @@ class Communicator:
         return f"<gpucoll.Communicator {self._id} rank {self.rank} of {self.size}>"
 
     def stats(self):
-        """How many calls of this communicator took each path, as a dict (README, "Errors,
-        timeouts and debugging"): `host_fast` (host all-reduces, bcasts, reduces and all-gathers run by the native fast paths), `host`
-        (algorithm -> host collectives run by the general path), `gpu_fast` (repeated GPU
-        all-reduces launched from their packed launch), `gpu` (algorithm -> GPU collectives;
-        `host-staged` / `host-pipelined` when they went through host memory), `groups`, `group_deferred`,
-        `group_p2p`, `fused_launches` and `fused_calls`."""
+        """How many calls of this communicator took each path, as a dict (docs/debugging.md):
+        `host_fast` (host all-reduces, bcasts, reduces and all-gathers run by the native fast
+        paths), `host` (algorithm -> host collectives run by the general path), `gpu_fast`
+        (repeated GPU all-reduces launched from their packed launch), `gpu` (algorithm -> GPU
+        collectives; `host-staged` / `host-pipelined` when they went through host memory),
+        `groups`, `group_deferred`, `group_p2p`, `fused_launches` and `fused_calls`."""
         fast = self._fast.host
         return self._stats.snapshot(fast.calls if fast is not None else 0)
 

@@ -14,8 +14,8 @@ import sys
 import threading
 
 from ..base import config, log
-from ..bootstrap import connect
 from ..base.errors import InvalidUsageError
+from ..bootstrap import connect
 
 
 class Context:

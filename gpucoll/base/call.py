@@ -8,8 +8,8 @@ here and nowhere else; the numbers are those of `GC_KIND_*` in cython_src/includ
     KINDS["bcast"].rooted            # True
     Call("allgather", send, recv, block, code).nbytes   # bytes of ONE rank's block
 """
-from . import dtypes, ops
 from .._native.exporter import AddressConstant
+from . import dtypes, ops
 from .errors import InvalidUsageError
 
 

@@ -6,6 +6,9 @@ does not parse raises ConfigError naming the variable and what it accepts::
     from gpucoll.base import config
     timeout = config.TIMEOUT.get()      # float seconds
     for var in config.ALL: print(var.name, var.get(), var.help)
+
+The variables that gpurun sets for each rank are declared here too (`launcher=True`), and so is
+the test suite's own. docs/environment.md is made from these declarations (`gpucoll environment`).
 """
 import os
 import re
@@ -29,7 +32,7 @@ def parse_size(text):
 class Var:
     """One GPUCOLL_* setting. `kind` is bool, int, float, size, str, choice or choices."""
 
-    def __init__(self, name, kind, default, help, choices=None, minimum=None, secret=False):
+    def __init__(self, name, kind, default, help, choices=None, minimum=None, secret=False, launcher=False):
         self.name = name
         self.kind = kind
         self.default = default
@@ -37,6 +40,7 @@ class Var:
         self.choices = tuple(choices) if choices else None
         self.minimum = minimum
         self.secret = secret   # never shown: `gpucoll info` and errors say only that it is set
+        self.launcher = launcher  # gpurun sets it for each rank (launcher/env.py)
 
     def shown(self, value):
         """How a value of this variable may be printed: its repr, or a mask if secret."""
@@ -98,10 +102,11 @@ class Var:
                 raise ValueError(text)
             return low
         if kind == "choices":
-            items = [t.strip().upper() for t in text.split(",") if t.strip()]
-            if any(item not in self.choices for item in items):
+            spelled = {c.lower(): c for c in self.choices}  # any case in, the declared spelling out
+            items = [t.strip().lower() for t in text.split(",") if t.strip()]
+            if any(item not in spelled for item in items):
                 raise ValueError(text)
-            return tuple(items)
+            return tuple(spelled[item] for item in items)
         return text
 
 
@@ -121,14 +126,18 @@ def by_name(name):
     raise KeyError(name)
 
 
-def check_all(environ=None):
-    """Parse every declared variable; raise on the first invalid one. Also flags
-    GPUCOLL_* names that nothing declares (usually a typo)."""
+def undeclared(environ=None):
+    """The GPUCOLL_* names of the environment that nothing declares (usually a typo), sorted."""
     env = os.environ if environ is None else environ
-    for var in ALL:
-        var.get(env)
     known = {var.name for var in ALL}
     return sorted(k for k in env if k.startswith("GPUCOLL_") and k not in known)
+
+
+def check_all(environ=None):
+    """Parse every declared variable; raise on the first invalid one. Returns undeclared(environ)."""
+    for var in ALL:
+        var.get(environ)
+    return undeclared(environ)
 
 
 # --- logging ---------------------------------------------------------------------
@@ -146,29 +155,35 @@ DEBUG_CHECKS = declare("GPUCOLL_DEBUG_CHECKS", "bool", False,
 BOOTSTRAP = declare("GPUCOLL_BOOTSTRAP", "choice", "auto",
                     "Force how ranks find each other: auto, gpurun, mpi, slurm, torchrun or singleton.",
                     choices=("auto", "gpurun", "mpi", "slurm", "torchrun", "singleton"))
-RANK = declare("GPUCOLL_RANK", "int", None, "This process's rank (set by gpurun).", minimum=0)
-SIZE = declare("GPUCOLL_SIZE", "int", None, "Number of ranks in the job (set by gpurun).", minimum=1)
-LOCAL_RANK = declare("GPUCOLL_LOCAL_RANK", "int", None, "Rank among the ranks of this host (set by gpurun).",
-                     minimum=0)
-LOCAL_SIZE = declare("GPUCOLL_LOCAL_SIZE", "int", None, "Number of ranks on this host (set by gpurun).",
-                     minimum=1)
-STORE = declare("GPUCOLL_STORE", "str", None, "host:port of the rendezvous store.")
+RANK = declare("GPUCOLL_RANK", "int", None, "This process's rank.", minimum=0, launcher=True)
+SIZE = declare("GPUCOLL_SIZE", "int", None, "Number of ranks in the job.", minimum=1, launcher=True)
+LOCAL_RANK = declare("GPUCOLL_LOCAL_RANK", "int", None, "Rank among the ranks of this host.", minimum=0,
+                     launcher=True)
+LOCAL_SIZE = declare("GPUCOLL_LOCAL_SIZE", "int", None, "Number of ranks on this host.", minimum=1,
+                     launcher=True)
+STORE = declare("GPUCOLL_STORE", "str", None,
+                "host:port of the rendezvous store (set it for srun and torchrun jobs to choose the port).",
+                launcher=True)
 STORE_SECRET = declare("GPUCOLL_STORE_SECRET", "str", None,
-                       "Per-job secret (hex) that authenticates clients to the store (set by gpurun).",
-                       secret=True)
+                       "Per-job secret (hex) that authenticates clients to the store. Jobs that gpurun does "
+                       "not start alone (srun, torchrun, gpurun --nnodes) derive one from the job's identity "
+                       "unless it is set, which keeps other jobs out by accident only.", secret=True,
+                       launcher=True)
 INIT_TIMEOUT = declare("GPUCOLL_INIT_TIMEOUT", "float", 120.0,
                        "Seconds to wait for every rank to join at start-up (not the set-up in a communicator's "
                        "first collective, which waits GPUCOLL_TIMEOUT).", minimum=0.001)
-JOB_ID = declare("GPUCOLL_JOB_ID", "str", None, "Identifier of the job (set by gpurun), used in names.")
+JOB_ID = declare("GPUCOLL_JOB_ID", "str", None, "Identifier of the job, used in names.", launcher=True)
 
 # --- collectives -----------------------------------------------------------------
 TIMEOUT = declare("GPUCOLL_TIMEOUT", "float", 300.0,
                   "Seconds any blocking wait in a collective may last before it raises, the set-up of a "
                   "communicator's first collective included.", minimum=0.001)
 ALGO = declare("GPUCOLL_ALGO", "choice", "auto",
-               "Force an algorithm: auto, direct, ring, tree, rhd (recursive halving/doubling), "
-               "one-shot, two-shot or staged (GPU: through the IPC staging buffers).",
-               choices=("auto", "direct", "ring", "tree", "rhd", "one-shot", "two-shot", "staged"))
+               "Force an algorithm where it applies: auto; on host buffers direct (one shared segment, one "
+               "host), ring, tree or rhd (recursive halving/doubling); on GPU buffers one-shot, two-shot or "
+               "staged (through the IPC staging buffers), or registered (between the callers' buffers, "
+               "registered with CUDA IPC).",
+               choices=("auto", "direct", "ring", "tree", "rhd", "one-shot", "two-shot", "staged", "registered"))
 BUFFSIZE = declare("GPUCOLL_BUFFSIZE", "size", 4 << 20,
                    "Bytes of staging buffer per peer and channel (shared memory, sockets).", minimum=4096)
 
@@ -228,6 +243,7 @@ TEST_HOST = declare("GPUCOLL_TEST_HOST", "str", None,
                     "CUDA IPC between them, TCP, GPU data through host memory. Never set it for real work.")
 
 # --- the test suite (read by tests/conftest.py, never by gpucoll) ------------------
-TEST_REQUIRE = declare("GPUCOLL_TEST_REQUIRE", "str", None,
-                       "Tests only: a comma list of pieces (gpu, mpi4py, mpich, slurm, pmix, multihost, sshd, "
-                       "torch) whose absence fails the tests that need them instead of skipping them.")
+TEST_REQUIRE = declare("GPUCOLL_TEST_REQUIRE", "choices", (),
+                       "Tests only: the pieces of the machine whose absence fails the tests that need them "
+                       "instead of skipping them (netns is multihost).",
+                       choices=("gpu", "mpi4py", "mpich", "slurm", "pmix", "multihost", "netns", "sshd", "torch"))

@@ -66,6 +66,14 @@ class MismatchError(InvalidUsageError):
     full cross-check of GPUCOLL_DEBUG_CHECKS=1. `ranks` names the ranks whose call differed."""
 
 
+
+# The exceptions are public as gpucoll.<Name> (gpucoll/__init__.py): tracebacks, reprs and pickles
+# name them so, not by the module that happens to define them.
+for _cls in (GpucollError, ConfigError, InvalidUsageError, BootstrapError, StoreError, AuthenticationError,
+             TimeoutError, SharedMemoryError, LostPeerError, TruncationError, MismatchError):
+    _cls.__module__ = "gpucoll"
+del _cls
+
 def native_error(status, what, ranks=(), detail="", waited=None, err_no=0):
     """The one error path of the native layer (cython_src/core.pyx, sock.pyx, direct.pyx): the
     exception to raise for failed status `status` (a GC_ERR_* code) of `what` (the operation and

@@ -30,7 +30,8 @@ class _Settings:
         self.subsys = None if "ALL" in subsys else frozenset(subsys)
         self.file_pattern = config.DEBUG_FILE.get()
         self.stream = None
-        self.rank = os.environ.get("GPUCOLL_RANK") or os.environ.get("RANK") or "?"
+        # Unparsed: a log line must not raise, whatever the variable holds (torchrun sets RANK).
+        self.rank = config.RANK.raw() or os.environ.get("RANK") or "?"
         self.host = socket.gethostname()
 
 

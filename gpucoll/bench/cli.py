@@ -26,6 +26,7 @@ import tempfile
 
 import click
 
+from ..base import config
 from . import context, peers, runner, summary, table
 from .sizes import parse_size, sweep
 
@@ -84,7 +85,7 @@ def _dtype(ctx, param, value):
 @click.option("--group", "group", type=click.IntRange(min=0), default=0, show_default=True,
               help="Issue K calls in one group (gpucoll's `with comm.group()`, NCCL's groupStart/groupEnd) "
                    "and report the time per call (GPU buffers only).")
-@click.option("-g/-H", "--engines/gpu/--no-gpu", "gpu", default=None,
+@click.option("-g/-H", "--gpu/--no-gpu", "gpu", default=None,
               help="GPU buffers (CuPy arrays; the default where CuPy and a GPU are present) or host buffers.")
 @click.option("--rows-out", "rows_out", default=None, hidden=True,
               help="Rank 0 writes the records here and prints nothing (used when gpucoll-bench starts itself).")
@@ -143,7 +144,7 @@ def main(nranks, collective, min_bytes, max_bytes, factor, iters, warmup, check,
             peers.check_available(peer)
         except peers.PeerError as exc:  # asked for, so not silently left out
             raise click.UsageError(str(exc)) from None
-    if nranks is not None and "GPUCOLL_RANK" not in os.environ:
+    if nranks is not None and not config.RANK.is_set():
         sys.exit(_launch(nranks, plan, opts, peer, json_path))
     sys.exit(_in_job(nranks, plan, opts, peer, json_path, rows_out))
 

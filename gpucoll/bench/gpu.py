@@ -15,7 +15,7 @@ in the same job, on the same stream and buffers' sizes, right after gpucoll's ro
     nccl    NCCL through cupy.cuda.nccl; the unique id travels by gpucoll's own bcast. CuPy
             does not bind ncclCommRegister, and NCCL registers only VMM (cuMem) allocations
             by default, so NCCL copies through its own buffers; gpucoll registers the caller's
-            buffers above GPUCOLL_GPU_STAGE_MAX (its `direct` algorithms). For a comparison
+            buffers above GPUCOLL_GPU_STAGE_MAX (its `registered` algorithms). For a comparison
             on equal terms at large sizes run with GPUCOLL_ALGO=two-shot (all-reduce) or
             staged, and GPUCOLL_GPU_STAGE_MAX at least the largest size: the table's
             preamble and the JSON list these settings.
@@ -32,7 +32,8 @@ import os
 
 import numpy as np
 
-from . import runner, table
+from ..base import config
+from . import runner, table, torch_peer
 
 # NVLink multicast stays off in everything a GPU run starts (NCCL, torch, NVSHMEM); the
 # table's preamble and the JSON show these settings.
@@ -63,7 +64,7 @@ def device():
     """One GPU per rank: local rank k uses GPU k, modulo the count."""
     import cupy as cp
 
-    return int(os.environ.get("GPUCOLL_LOCAL_RANK", "0")) % cp.cuda.runtime.getDeviceCount()
+    return (config.LOCAL_RANK.get() or 0) % cp.cuda.runtime.getDeviceCount()
 
 
 class GpuCase:
@@ -290,61 +291,35 @@ class NcclBackend(_GpuTiming, _HostChannel):
 
 
 class TorchNcclBackend(_GpuTiming, _HostChannel):
-    """torch.distributed's nccl backend on torch views of the CuPy buffers, on the same stream."""
+    """torch.distributed's nccl backend on torch views of the CuPy buffers (torch_peer.py), on the
+    same stream."""
 
     name = "torch"
 
     def __init__(self, comm=None, graphs=0, group=0):
         import torch
-        import torch.distributed as dist
 
         from .peers import _free_port
 
         self._host(comm)
         self._setup_gpu(graphs, group)
-        self.torch, self.dist = torch, dist
+        self.torch = torch
         torch.cuda.set_device(self.device)
+        device = torch.device("cuda", self.device)
         port = self.comm.bcast(_free_port() if self.rank == 0 else None)
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=self.rank,
-                                world_size=self.size, device_id=torch.device("cuda", self.device))
+        self.peer = torch_peer.TorchPeer("nccl", device, init_method=f"tcp://127.0.0.1:{port}", rank=self.rank,
+                                         world_size=self.size, device_id=device)
         # The benchmark's stream becomes torch's current stream once, here: every call (and the
         # in-place all-reduce's input copy) is issued on it without a context switch per call.
-        self.tstream = torch.cuda.ExternalStream(self.stream.ptr, device=torch.device("cuda", self.device))
+        self.tstream = torch.cuda.ExternalStream(self.stream.ptr, device=device)
         self._previous_stream = torch.cuda.current_stream(self.device)
         torch.cuda.set_stream(self.tstream)
-        R = dist.ReduceOp
-        self._ops = {"sum": R.SUM, "prod": R.PRODUCT, "max": R.MAX, "min": R.MIN, "avg": R.AVG}
-
-    @staticmethod
-    def version():
-        from importlib import metadata
-
-        return metadata.version("torch")
 
     def prepare(self, collective, send, recv, redop, root):
-        torch, dist = self.torch, self.dist
-        if send.dtype in (np.uint16, np.uint32, np.uint64):
-            raise runner.Unsupported(f"torch.distributed does not reduce or move {send.dtype}")
-        st, rt = torch.as_tensor(send, device="cuda"), torch.as_tensor(recv, device="cuda")
-        op = self._ops.get(redop)
-        if collective == "allreduce":
-            # torch's all_reduce is in place: the timed calls reduce recv, after the runner's
-            # prime step copied the input in (the check counts the calls).
-            from .peers import _Primed
-
-            return _Primed(functools.partial(dist.all_reduce, rt, op), functools.partial(rt.copy_, st))
-        if collective == "reduce_scatter":
-            return functools.partial(dist.reduce_scatter_tensor, rt, st, op)
-        if collective == "allgather":
-            return functools.partial(dist.all_gather_into_tensor, rt, st)
-        if collective == "alltoall":
-            return functools.partial(dist.all_to_all_single, rt, st)
-        if collective == "bcast":
-            return functools.partial(dist.broadcast, st, root)
-        raise runner.Unsupported(collective)
+        return self.peer.prepare(collective, send, recv, redop, root)
 
     def close(self):
-        self.dist.destroy_process_group()
+        self.peer.close()
         self.torch.cuda.set_stream(self._previous_stream)
 
 
@@ -355,5 +330,5 @@ def peer_label(peer):
     if peer == "nccl":
         return f"NCCL {NcclBackend.version()} through cupy.cuda.nccl, same job and stream"
     if peer == "torch":
-        return f"torch {TorchNcclBackend.version()} torch.distributed nccl (in-place all_reduce), same job and stream"
+        return f"{torch_peer.label('nccl')}, same job and stream"
     return peer

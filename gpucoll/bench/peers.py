@@ -9,7 +9,6 @@ runs: rank 0 writes {"library": the library's own version string, "records": [..
 to FILE, or prints the records one per line to stdout. `run_peer` starts that job from
 gpucoll-bench and returns the records and the version string.
 """
-import functools
 import json
 import os
 import socket
@@ -19,6 +18,7 @@ import tempfile
 
 import numpy as np
 
+from . import torch_peer
 from .runner import MpiStyleBackend, Plan, Unsupported, measure
 
 HOST_PEERS = ("mpi", "gloo")
@@ -53,74 +53,39 @@ class MpiBackend(MpiStyleBackend):
 
 
 class GlooBackend:
-    """torch.distributed with the gloo backend on CPU tensors that share the NumPy buffers.
-    torch's all_reduce is in place only: the timed call reduces recv in place (no copy), and
-    the checked call copies the input in first."""
+    """torch.distributed with the gloo backend on CPU tensors that share the NumPy buffers
+    (torch_peer.py)."""
 
     name = "gloo"
 
     def __init__(self):
-        import torch
-        import torch.distributed as dist
-
-        self.torch, self.dist = torch, dist
-        dist.init_process_group("gloo", init_method="env://")
-        self.rank, self.size = dist.get_rank(), dist.get_world_size()
-        R = dist.ReduceOp
-        self._ops = {"sum": R.SUM, "prod": R.PRODUCT, "max": R.MAX, "min": R.MIN}
+        self.peer = torch_peer.TorchPeer("gloo", init_method="env://")
+        self.rank, self.size = self.peer.rank, self.peer.size
+        torch = self.peer.torch
         self._f64 = torch.zeros(1, dtype=torch.float64)
         self._i64 = torch.zeros(1, dtype=torch.int64)
 
     def barrier(self):
-        self.dist.barrier()
+        self.peer.dist.barrier()
 
     def reduce_max(self, value):
         self._f64[0] = value
-        self.dist.all_reduce(self._f64, op=self.dist.ReduceOp.MAX)
+        self.peer.dist.all_reduce(self._f64, op=self.peer.ops["max"])
         return float(self._f64[0])
 
     def reduce_sum(self, value):
         self._i64[0] = value
-        self.dist.all_reduce(self._i64, op=self.dist.ReduceOp.SUM)
+        self.peer.dist.all_reduce(self._i64, op=self.peer.ops["sum"])
         return int(self._i64[0])
 
     def prepare(self, collective, send, recv, redop, root):
-        dist = self.dist
-        if send.dtype in (np.uint16, np.uint32, np.uint64):
-            raise Unsupported(f"gloo does not reduce or move {send.dtype}")
-        st, rt = self.torch.from_numpy(send), self.torch.from_numpy(recv)
-        if collective in ("allreduce", "reduce_scatter") and redop not in self._ops:
-            raise Unsupported(f"gloo has no {redop} reduction")
-        if collective == "allreduce":
-            call = functools.partial(dist.all_reduce, rt, self._ops[redop])
-            return _Primed(call, functools.partial(rt.copy_, st))
-        if collective == "reduce_scatter":
-            return functools.partial(dist.reduce_scatter_tensor, rt, st, self._ops[redop])
-        if collective == "allgather":
-            return functools.partial(dist.all_gather_into_tensor, rt, st)
-        if collective == "alltoall":
-            return functools.partial(dist.all_to_all_single, rt, st)
-        if collective == "bcast":
-            return functools.partial(dist.broadcast, st, root)
-        raise Unsupported(collective)
+        return self.peer.prepare(collective, send, recv, redop, root)
 
     def library(self):
-        return f"torch {self.torch.__version__} gloo"
+        return self.peer.library()
 
     def close(self):
-        self.dist.destroy_process_group()
-
-
-class _Primed:
-    """A call with a `prime` step the checked call needs first (the runner runs it after refilling)."""
-
-    __slots__ = ("call", "prime")
-
-    def __init__(self, call, prime):
-        self.call, self.prime = call, prime
-
-    def __call__(self):
-        self.call()
+        self.peer.close()
 
 
 BACKENDS = {"mpi": MpiBackend, "gloo": GlooBackend}
@@ -180,7 +145,7 @@ def label(peer):
     if peer == "mpi":
         return f"Open MPI {version('openmpi')} through mpi4py {version('mpi4py')}"
     if peer == "gloo":
-        return f"torch {version('torch')} torch.distributed gloo (in-place all_reduce)"
+        return torch_peer.label("gloo")
     return peer
 
 

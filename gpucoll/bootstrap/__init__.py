@@ -5,7 +5,7 @@ torchrun-style variables, or nothing: a singleton) and `connect()` returns a
 `Bootstrap` that knows rank, size, local rank and host, and offers a small
 allgather and barrier used to set up communicators.
 """
-from .detect import LaunchInfo, detect
 from .connect import Bootstrap, connect
+from .detect import LaunchInfo, detect
 
 __all__ = ["LaunchInfo", "detect", "Bootstrap", "connect"]

@@ -12,9 +12,9 @@ import time
 
 from ..base import config, log
 from ..base.errors import BootstrapError, StoreError
+from ..base.errors import TimeoutError as GpucollTimeout
 from ..base.ranks import ranges
 from ..transports.ifaces import server_address
-from ..base.errors import TimeoutError as GpucollTimeout
 from .detect import LaunchInfo, detect
 
 

@@ -83,8 +83,8 @@ def _secret(environ, identity):
 
 
 def _from_gpurun(environ):
-    missing = [v for v in ("GPUCOLL_RANK", "GPUCOLL_SIZE", "GPUCOLL_STORE", "GPUCOLL_STORE_SECRET")
-               if v not in environ]
+    missing = [var.name for var in (config.RANK, config.SIZE, config.STORE, config.STORE_SECRET)
+               if not var.is_set(environ)]
     if missing:
         raise BootstrapError(
             f"incomplete gpurun environment: {', '.join(missing)} not set. Start the script with "
@@ -195,7 +195,7 @@ def detect(environ=None):
     forced = config.BOOTSTRAP.get(env)
     if forced != "auto":
         return _BUILDERS[forced](env)
-    if "GPUCOLL_RANK" in env or "GPUCOLL_STORE_SECRET" in env and "GPUCOLL_SIZE" in env:
+    if config.RANK.is_set(env) or config.STORE_SECRET.is_set(env) and config.SIZE.is_set(env):
         return _from_gpurun(env)
     if _mpi_present(env) and (importlib.util.find_spec("mpi4py") is not None or not _slurm_present(env)):
         return _from_mpi(env)

@@ -7,8 +7,8 @@ a GPU (`__cuda_array_interface__`, `__dlpack__`) are recognised and routed to th
 """
 import numpy as np
 
-from ..base import dtypes
 from .._native.core import address_of
+from ..base import dtypes
 from ..base.call import HostBuffer  # noqa: F401 - also gpucoll.calls.buffers.HostBuffer
 from ..base.errors import InvalidUsageError
 from .gpu_buffers import maybe_gpu_buffer

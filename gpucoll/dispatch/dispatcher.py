@@ -11,15 +11,15 @@ operation, its sequence number and the ranks involved.
 """
 import functools
 
-from ..base import config, dtypes, log
 from ..algorithms import selector
+from ..base import config, dtypes, log
 from ..base.call import ROOTED, Call, check_host_stream
-from .diagnosis import Diagnosis, compare_signatures
-from ..engines.queue import OrderedQueue
+from ..base.errors import GpucollError
 from ..engines.direct import FAST_KINDS, DirectEngine
 from ..engines.hierarchical import HierarchicalEngine
+from ..engines.queue import OrderedQueue
 from ..engines.schedules import ScheduleEngine
-from ..base.errors import GpucollError
+from .diagnosis import Diagnosis, compare_signatures
 
 _VIA = {"direct": "SHM/direct", "hierarchical": "SHM+TCP"}
 

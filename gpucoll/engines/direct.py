@@ -57,9 +57,6 @@ class DirectEngine:
             self._group = group
         return self._group
 
-    def can_run(self, call):
-        return not call.gpu
-
     def run(self, call, algo):
         send, recv = addresses(call, self.view.rank)
         _RUN[call.kind](self.group(), call, send, recv, self.timeout)

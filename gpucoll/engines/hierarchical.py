@@ -15,8 +15,8 @@ bitwise identical on every rank.
 """
 from functools import lru_cache
 
-from ..base import ops as _ops
 from ..algorithms.hierarchical import costs
+from ..base import ops as _ops
 from ..base.call import Call
 
 ROWS = ("hierarchical",)
@@ -34,7 +34,6 @@ class HierarchicalEngine:
         counts = [hosts.count(h) for h in self.order]
         self.local_max = max(counts)
         self.applies = self.nhosts > 1 and self.local_max > 1
-        self.via = "SHM+TCP"
         self.view = view
         self._hosts = hosts
         self._local = self._leaders = None
@@ -45,6 +44,8 @@ class HierarchicalEngine:
         return hier < flat
 
     def can_run(self, call):
+        """Whether the call is one this engine takes: a host all-reduce on a communicator that
+        spans hosts with several ranks on some (every other row serves whatever reaches it)."""
         return self.applies and call.kind == "allreduce" and not call.gpu
 
     def prefer(self, nbytes):

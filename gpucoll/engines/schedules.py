@@ -7,9 +7,9 @@ import functools
 
 import numpy as np
 
+from ..algorithms import schedule as build_schedule
 from ..base import dtypes
 from ..base import ops as _ops
-from ..algorithms import schedule as build_schedule
 from ..base.call import ROOTED, addresses
 
 
@@ -43,9 +43,6 @@ class ScheduleEngine:
         if self._scratch.size < nbytes:
             self._scratch = np.empty(max(nbytes, 2 * self._scratch.size), np.uint8)
         return self._scratch.__array_interface__["data"][0]
-
-    def can_run(self, call):
-        return not call.gpu
 
     def run(self, call, algo):
         from .._native import core

@@ -520,7 +520,7 @@ KERNEL ar_twoshot(Team t, Args a)
 
 // All-reduce, two shot on registered buffers (large): rank r reads chunk r of every rank's
 // input over NVLink and writes the result into every rank's output.
-KERNEL ar_direct(Team t, Args a)
+KERNEL ar_registered(Team t, Args a)
 {
     const u64 op = op_begin(t);
     const int r = t.rank, n = t.nranks;
@@ -564,7 +564,7 @@ KERNEL rs_staged(Team t, Args a)
 }
 
 // Reduce-scatter on registered inputs (distinct send and receive buffers).
-KERNEL rs_direct(Team t, Args a)
+KERNEL rs_registered(Team t, Args a)
 {
     const u64 op = op_begin(t);
     const int r = t.rank, n = t.nranks;
@@ -639,7 +639,7 @@ __device__ __forceinline__ void exchange_staged(const Team &t, const Args &a, u6
 }
 
 // On registered receive buffers: push our block(s) into every rank's output.
-__device__ __forceinline__ void exchange_direct(const Team &t, const Args &a, u64 send_stride)
+__device__ __forceinline__ void exchange_registered(const Team &t, const Args &a, u64 send_stride)
 {
     const u64 op = op_begin(t);
     const int r = t.rank, n = t.nranks;
@@ -657,7 +657,7 @@ __device__ __forceinline__ void exchange_direct(const Team &t, const Args &a, u6
 
 KERNEL ag_staged(Team t, Args a) { exchange_staged(t, a, 0); }
 
-KERNEL ag_direct(Team t, Args a) { exchange_direct(t, a, 0); }
+KERNEL ag_registered(Team t, Args a) { exchange_registered(t, a, 0); }
 
 KERNEL bc_staged(Team t, Args a)
 {
@@ -677,7 +677,7 @@ KERNEL bc_staged(Team t, Args a)
 }
 
 // Broadcast on registered buffers: the root writes into every rank's buffer.
-KERNEL bc_direct(Team t, Args a)
+KERNEL bc_registered(Team t, Args a)
 {
     const u64 op = op_begin(t);
     const int r = t.rank, n = t.nranks, root = a.root;
@@ -696,7 +696,7 @@ KERNEL bc_direct(Team t, Args a)
 KERNEL a2a_staged(Team t, Args a) { exchange_staged(t, a, a.stride); }
 
 // Distinct send and receive buffers only (the dispatcher's choice).
-KERNEL a2a_direct(Team t, Args a) { exchange_direct(t, a, a.stride); }
+KERNEL a2a_registered(Team t, Args a) { exchange_registered(t, a, a.stride); }
 
 KERNEL ga_staged(Team t, Args a)
 {

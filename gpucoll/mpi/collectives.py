@@ -17,13 +17,13 @@ import operator
 
 import numpy as np
 
-from ..base import dtypes as _dtypes
-from ..calls.buffers import host_buffer
 from ..api.comm import IN_PLACE
+from ..base import dtypes as _dtypes
 from ..base.errors import InvalidUsageError
+from ..base.mpi_constants import INTEGERS as _C
+from ..calls.buffers import host_buffer
 from . import message as _m
 from .composite import VCOLL_TAG, Composite, done
-from ..base.mpi_constants import INTEGERS as _C
 from .op import PREDEFINED as _OPS
 from .op import as_op, check, combine
 from .request import Prequest, Request

@@ -17,11 +17,11 @@ import zlib
 from ..api import comm as _core
 from ..api import world as _world
 from ..base.errors import InvalidUsageError
+from ..base.mpi_constants import INTEGERS as _C
 from . import attributes as _attrs
 from . import errhandler as _eh
 from .collectives import Collectives, check_root
 from .composite import done
-from ..base.mpi_constants import INTEGERS as _C
 from .group import Group
 from .handle import Handle
 from .info import Info

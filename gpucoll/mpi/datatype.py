@@ -14,9 +14,9 @@ import numpy as np
 
 from ..base import dtypes as _dtypes
 from ..base.errors import InvalidUsageError
+from ..base.mpi_constants import INTEGERS as _C
 from . import derived as _derived
 from .attributes import copy_attrs, create_keyval, delete_all, delete_attr, free_keyval, get_attr, set_attr
-from ..base.mpi_constants import INTEGERS as _C
 from .memory import Msg, as_array
 
 ERR_TYPE, ERR_ARG, ERR_KEYVAL = _C["ERR_TYPE"], _C["ERR_ARG"], _C["ERR_KEYVAL"]

@@ -7,10 +7,10 @@ import time
 from .. import __version__
 from .._native.exporter import AddressConstant
 from ..api import world as _world
-from ..base.errors import GpucollError, InvalidUsageError
 from ..base import mpi_errors as _exc
-from .buffer import buffer
+from ..base.errors import GpucollError, InvalidUsageError
 from ..base.mpi_constants import INTEGERS as _C
+from .buffer import buffer
 
 __all__ = ["Init", "Init_thread", "Finalize", "Is_initialized", "Is_finalized", "Query_thread", "Is_thread_main",
            "Get_version", "Get_library_version", "get_vendor", "Get_processor_name", "Wtime", "Wtick", "Pcontrol",

@@ -15,9 +15,9 @@ import os
 import numpy as np
 
 from ..base.errors import InvalidUsageError
+from ..base.mpi_constants import INTEGERS as _C
 from . import errhandler as _eh
 from . import message as _m
-from ..base.mpi_constants import INTEGERS as _C
 from .group import Group
 from .handle import Handle
 from .info import Info

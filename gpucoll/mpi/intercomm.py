@@ -15,14 +15,14 @@ import numpy as np
 
 from ..api import comm as _core
 from ..base.errors import InvalidUsageError
+from ..base.mpi_constants import INTEGERS as _C
 from . import attributes as _attrs
+from . import message as _m
 from .collectives import _fold, _no_gpu, _wait_if, _wblocks
 from .comm import Comm, Intracomm, comm_error, name_count
 from .composite import VCOLL_TAG, Composite, done
-from ..base.mpi_constants import INTEGERS as _C
 from .group import Group
 from .kinds import register
-from . import message as _m
 from .op import as_op, check
 from .ports import side_key
 from .request import Request

@@ -8,9 +8,9 @@ import pickle
 import numpy as np
 
 from ..base.errors import InvalidUsageError
-from ..engines.p2p.host import truncated
-from ..base.request import CompletedRequest
 from ..base.mpi_constants import INTEGERS as _C
+from ..base.request import CompletedRequest
+from ..engines.p2p.host import truncated
 from .handle import Handle
 from .status import reset
 

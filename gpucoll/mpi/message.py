@@ -19,11 +19,11 @@ import operator
 import numpy as np
 
 from .._native.exporter import AddressConstant
-from ..calls.buffers import maybe_gpu_buffer
 from ..api.comm import IN_PLACE
+from ..base.mpi_constants import INTEGERS as _C
+from ..calls.buffers import maybe_gpu_buffer
 from ..engines.p2p.host import PROC_NULL
 from . import datatype as _dt
-from ..base.mpi_constants import INTEGERS as _C
 from .memory import Msg, as_array  # noqa: F401 - the message layer's names, for its users
 
 

@@ -7,10 +7,10 @@ size 1 or 2, a repeated graph edge) are told apart by that order: messages betwe
 do not overtake each other. A PROC_NULL neighbour (off a non-periodic edge of a grid) sends
 and receives nothing; its block of the receive buffer is left as it is.
 """
-from .collectives import _no_gpu, _wait_if, _wblocks
-from . import message as _m
-from .composite import VCOLL_TAG, Composite
 from ..base.mpi_constants import INTEGERS as _C
+from . import message as _m
+from .collectives import _no_gpu, _wait_if, _wblocks
+from .composite import VCOLL_TAG, Composite
 from .request import Prequest, Request
 
 PROC_NULL = _C["PROC_NULL"]

@@ -14,13 +14,13 @@ import time
 import numpy as np
 
 from ..base import config
-from ..engines.p2p import host as _p2p
 from ..base.errors import GpucollError, InvalidUsageError
 from ..base.errors import TimeoutError as GpucollTimeout
+from ..base.mpi_constants import INTEGERS as _C
 from ..calls.build import user_tag
+from ..engines.p2p import host as _p2p
 from . import message as _m
 from .composite import Composite
-from ..base.mpi_constants import INTEGERS as _C
 from .matched import Message
 from .request import Prequest, Request
 from .status import reset

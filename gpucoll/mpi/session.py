@@ -7,8 +7,8 @@ the group's processes, which tell their communicators apart by the string tag.
 """
 from ..api import world as _world
 from ..base.errors import InvalidUsageError
-from . import errhandler as _eh
 from ..base.mpi_constants import INTEGERS as _C
+from . import errhandler as _eh
 from .group import Group
 from .handle import Handle
 from .info import Info

@@ -6,9 +6,9 @@ gpucoll's point to point fills `source`, `tag` and `nbytes` (it is a gpucoll.Sta
 import numpy as np
 
 from ..base.errors import InvalidUsageError
+from ..base.mpi_constants import INTEGERS as _C
 from ..engines.p2p.host import ANY_SOURCE, ANY_TAG
 from ..engines.p2p.host import Status as _CoreStatus
-from ..base.mpi_constants import INTEGERS as _C
 
 _SOURCE, _TAG, _ERROR, _CANCELLED, _COUNT_LO, _COUNT_HI = range(6)
 

@@ -4,8 +4,8 @@ Handles on intracommunicators whose state holds a topology (topology.py); the ne
 collectives are mixed in from neighbor.py. A handle of one of these classes accepts only a
 communicator of its topology (MPI.Cartcomm(graph) raises TypeError, as in mpi4py).
 """
-from .comm import Intracomm, comm_error
 from ..base.mpi_constants import INTEGERS as _C
+from .comm import Intracomm, comm_error
 from .kinds import register
 from .neighbor import Neighborhood
 from .topology import CartTopology, DistGraphTopology, GraphTopology

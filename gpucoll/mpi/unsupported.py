@@ -73,5 +73,5 @@ def install(namespace):
 
 
 def unsupported_names():
-    """Every name in the table (for the README and the tests)."""
+    """Every name in the table (for docs/mpi.md and the tests)."""
     return [(feature, [n.rstrip("=") for n in names]) for feature, names in FEATURES]

@@ -23,13 +23,13 @@ import numpy as np
 from .._native.exporter import BufferExporter
 from ..base.errors import InvalidUsageError
 from ..base.errors import TimeoutError as GpucollTimeout
+from ..base.mpi_constants import INTEGERS as _C
 from . import attributes as _attrs
 from . import errhandler as _eh
 from . import message as _m
 from . import winmemory
 from .buffer import buffer
 from .composite import Composite
-from ..base.mpi_constants import INTEGERS as _C
 from .group import Group
 from .handle import Handle
 from .info import Info

@@ -1,4 +1,5 @@
-"""The `gpucoll` command: `gpucoll info` shows settings, GPUs and the transports in use."""
+"""The `gpucoll` command: `gpucoll info` shows settings, GPUs and the transports in use;
+`gpucoll environment` prints docs/environment.md."""
 import os
 import socket
 
@@ -26,10 +27,9 @@ def info():
             shown = "(unset)" if not var.is_set() else var.shown(value)
         except config.ConfigError as exc:
             shown = f"INVALID: {exc}"
-        click.echo(f"  {var.name:24s} {shown:14s} default {var.default!r}; {var.help}")
-    unknown = sorted(k for k in os.environ if k.startswith("GPUCOLL_") and
-                     k not in {v.name for v in config.ALL})
-    for name in unknown:
+        set_by = " (set by gpurun)" if var.launcher else ""
+        click.echo(f"  {var.name:24s} {shown:14s} default {var.default!r}; {var.help}{set_by}")
+    for name in config.undeclared():
         click.echo(f"  {name:24s} UNKNOWN: nothing reads this variable (a typo?)")
     click.echo("\nGPUs:")
     for line in topology.describe():
@@ -53,6 +53,15 @@ def info():
             click.echo(f"  {line}")
     except ImportError:
         pass
+
+
+@main.command()
+def environment():
+    """Print docs/environment.md: every GPUCOLL_* variable with its type, default, accepted values
+    and meaning (Markdown, made from gpucoll/base/config.py's declarations)."""
+    from .envdoc import page
+
+    click.echo(page(), nl=False)
 
 
 if __name__ == "__main__":

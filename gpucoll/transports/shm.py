@@ -30,9 +30,9 @@ chosen by the creator and read from the segment by the attacher, so the two alwa
 import os
 import time
 
-from ..base import config, errors, log
 from .._native import core
 from .._native import direct as _direct
+from ..base import config, errors, log
 from . import shm_segment
 
 

@@ -31,9 +31,9 @@ import mmap
 import os
 import time
 
+from .._native import direct as _direct
 from ..base import config
 from ..base.errors import InvalidUsageError, LostPeerError, TimeoutError
-from .._native import direct as _direct
 from . import shm_segment
 
 

@@ -27,9 +27,9 @@ import hmac
 import os
 import stat
 
+from .._native import core
 from ..base import log
 from ..base.errors import SharedMemoryError
-from .._native import core
 
 SHM_DIR = "/dev/shm"
 PREFIX = "gpucoll-"

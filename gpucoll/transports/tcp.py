@@ -19,8 +19,8 @@ import socket
 import threading
 import time
 
-from ..base import config, log
 from .._native import sock as _sock
+from ..base import config, log
 from ..base.errors import ConfigError, InvalidUsageError, LostPeerError, TimeoutError
 from . import handshake, ifaces
 from .handshake import Claim, HandshakeError, Purpose

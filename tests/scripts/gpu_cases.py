@@ -6,7 +6,7 @@ Every rank builds every rank's input from (seed, rank) and computes the expected
 with NumPy in rank order (float16/bfloat16 accumulate in float32 and round once, as the
 kernels do), so every comparison is exact. Results every rank holds (allreduce, bcast,
 allgather) are hashed and compared across ranks, pass by pass. Paths: "world" (defaults), "small-stage"
-(GPUCOLL_GPU_STAGE_MAX=1M, GPUCOLL_GPU_COPY=sm: many staged pieces, direct kernels at small
+(GPUCOLL_GPU_STAGE_MAX=1M, GPUCOLL_GPU_COPY=sm: many staged pieces, registered kernels at small
 sizes) and
 "p2p-off" (GPUCOLL_P2P_DISABLE=1: through host memory, all-reduce, broadcast and reduce in 64 KiB pinned
 chunks, a few cases whole). Then stream semantics,

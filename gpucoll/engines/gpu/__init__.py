@@ -10,7 +10,10 @@ once enqueued; `I*` calls return requests backed by CUDA events.
     x = cp.ones(1 << 20, cp.float32)
     comm.Allreduce(gpucoll.IN_PLACE, x)            # on cupy's current stream
 
-Layers: buffers.py (adapters), streams.py (stream arguments), kernels.py (NVRTC + disk
-cache), team.py (IPC memory of a communicator), dispatch.py (algorithm choice and
-launches), request.py (event-backed requests); the driver binding is gpucoll._native.cuda.
+Modules: streams.py (stream arguments), kernels.py (NVRTC + disk cache), ipc.py (CUDA IPC
+handles, exported and opened once), team.py (IPC memory of a communicator), engine.py
+(algorithm choice and launches), staged.py (calls through host memory), request.py
+(event-backed requests). The driver binding, gpucoll._native.cuda, is imported at the top of
+each module like any other: importing it never fails and costs little, since it loads
+libcuda.so.1 only at its first call.
 """

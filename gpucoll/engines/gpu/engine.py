@@ -22,16 +22,16 @@ gpucoll.TimeoutError naming the operation, its sequence number and the peer.
 """
 import numpy as np
 
+from ..._native import cuda
+from ...algorithms import selector
 from ...base import config, dtypes, log
 from ...base import ops as _ops
-from ...algorithms import selector
 from ...base.call import IN_PLACE, KINDS, ROOTED, Call, addresses
 from ...base.errors import InvalidUsageError
 from ...base.errors import TimeoutError as GpucollTimeout
 from . import ipc, streams
 from .staged import HostStaging
 
-cuda = None  # gpucoll._native.cuda, imported on first use (GpuEngine.__init__)
 _FAST_MAX = 1024  # packed launches kept per communicator
 
 _BOOL_OPS = {_ops.SUM.code: _ops.BOR.code, _ops.MAX.code: _ops.BOR.code, _ops.BOR.code: _ops.BOR.code,
@@ -41,13 +41,13 @@ _COMPLEX = {dtypes.COMPLEX64: dtypes.FLOAT32, dtypes.COMPLEX128: dtypes.FLOAT64}
 _ROOTED = ROOTED
 _STAGED_COPY = {"allgather": "ag_staged", "bcast": "bc_staged", "alltoall": "a2a_staged", "gather": "ga_staged",
                 "scatter": "sc_staged"}
-_DIRECT_COPY = {"allgather": "ag_direct", "alltoall": "a2a_direct"}
+_REGISTERED_COPY = {"allgather": "ag_registered", "alltoall": "a2a_registered"}
 _REG_ROW = 8 + 2 * 72  # ok, has-send, has-recv, pad; then (IPC handle, offset) of send and recv
 # Bytes per thread block (see _grid). Through staging, 8 KiB: one 16-byte access for each of
 # 512 threads, so a 256 KiB all-reduce runs on 32 SMs, not 4 (a block's NVLink stores are in
 # flight one after another). On registered buffers, 64 KiB, up to one block per SM.
 _STAGED_BLOCK_BYTES = 8 << 10
-_DIRECT_BLOCK_BYTES = 64 << 10
+_REGISTERED_BLOCK_BYTES = 64 << 10
 
 
 def _cdiv(a, b):
@@ -83,7 +83,7 @@ class GpuEngine:
         self.forced = config.ALGO.get()
         blocks = config.GPU_BLOCKS.get()
         self.maxblocks = min(blocks or 64, 256)                  # kernels through staging
-        self.maxblocks_direct = min(blocks, 256) if blocks else None  # None: one per SM (Team.sms)
+        self.maxblocks_registered = min(blocks, 256) if blocks else None  # None: one per SM (Team.sms)
         self.copy_engine = config.GPU_COPY.get() == "ce"
         self.verbose = log.enabled("info", "COLL")
         self._ctx = None
@@ -91,15 +91,10 @@ class GpuEngine:
         self._kernels = None
         self._kinds = [None] * 256  # the kind of operation seq, at seq & 255 (timeout reports)
         self._fast = {}             # key of a repeated all-reduce -> cuda.Prepared
-        self._choices = {}          # (kind, nbytes, direct possible) -> algorithm
+        self._choices = {}          # (kind, nbytes, registration possible) -> algorithm
         self._join_event = None     # orders the streams of a fused group
         self._staging = HostStaging()  # pinned buffers of the calls that go through host memory
         self._fast_ok = not host.checks and not self.verbose and view.size > 1
-        global cuda
-        if cuda is None:
-            from ..._native import cuda as _cuda
-
-            cuda = _cuda
         self._in_place = IN_PLACE
         self._cupy_type = self._torch_type = None
         self._cupy_stream = self._torch_stream = None
@@ -394,8 +389,6 @@ class GpuEngine:
                      f" root {call.root}" if call.kind in _ROOTED else "", algo, via)
 
     def _single(self, call, stream, seq):
-        from ..._native import cuda
-
         self._log(call, seq, "copy", "local")
         send, recv = addresses(call, self.view.rank)
         if send and recv and send != recv:
@@ -418,12 +411,13 @@ class GpuEngine:
 
         self._staging.run(call, stream, self.view.rank, run_host)
 
-    def _grid(self, nbytes, direct=False):
+    def _grid(self, nbytes, registered=False):
         """Thread blocks for a kernel moving nbytes per rank. Through staging a block takes
         _STAGED_BLOCK_BYTES, so a medium message spreads over many SMs; on registered buffers
         (large messages) every SM streams."""
-        if direct:
-            return max(1, min(self.maxblocks_direct or min(self._team.sms, 256), _cdiv(nbytes, _DIRECT_BLOCK_BYTES)))
+        if registered:
+            most = self.maxblocks_registered or min(self._team.sms, 256)
+            return max(1, min(most, _cdiv(nbytes, _REGISTERED_BLOCK_BYTES)))
         return max(1, min(self.maxblocks, _cdiv(nbytes, _STAGED_BLOCK_BYTES)))
 
     def _register(self, team, send, recv):
@@ -468,8 +462,6 @@ class GpuEngine:
     def _copy_engine(self, team, stream, pairs):
         """Barrier kernel, cuMemcpyAsync of (dst, src, nbytes) pairs, barrier kernel: peers'
         buffers are ready before the copies and the copies are done before anyone goes on."""
-        from ..._native import cuda
-
         barrier = self.kernels().copy()["barrier"]
         L = team.launcher
         L.launch(barrier, 1, 32, stream, 0, 0, 0)
@@ -477,20 +469,20 @@ class GpuEngine:
             cuda.memcpy_async(dst, src, nbytes, stream)
         L.launch(barrier, 1, 32, stream, 0, 0, 0)
 
-    def _choose(self, team, kind, nbytes, direct_ok=True):
+    def _choose(self, team, kind, nbytes, registered_ok=True):
         """The cost table's algorithm (gpucoll/algorithms/selector.py, transport "nvlink") among
         those that can run this call: staged ones up to GPUCOLL_GPU_STAGE_MAX, the one-shot
         all-reduce while the message fits a staging slot (GPUCOLL_GPU_ONESHOT_MAX, when set,
-        decides it alone), direct ones on buffers that can be registered."""
-        key = (kind, nbytes, direct_ok)
+        decides it alone), registered ones on buffers that can be registered."""
+        key = (kind, nbytes, registered_ok)
         algo = self._choices.get(key)
         if algo is not None:
             return algo
         available = set()
         if nbytes <= team.stage_max:
             available.add("two-shot" if kind == "allreduce" else "staged")
-        if direct_ok and kind not in ("reduce", "gather", "scatter"):
-            available.add("direct")
+        if registered_ok and kind not in ("reduce", "gather", "scatter"):
+            available.add("registered")
         if kind == "allreduce":
             oneshot_max = config.GPU_ONESHOT_MAX.get()
             fits = nbytes <= team.slot
@@ -510,11 +502,11 @@ class GpuEngine:
         return algo
 
     def _label(self, kind, algo):
-        if algo != "direct":
+        if algo != "registered":
             return algo
         if kind == "allreduce":
-            return "two-shot direct"
-        return "direct copy-engine" if self.copy_engine and kind in ("allgather", "bcast") else "direct"
+            return "two-shot registered"
+        return "registered copy-engine" if self.copy_engine and kind in ("allgather", "bcast") else "registered"
 
     def _launch(self, team, call, stream, seq):
         kind, n = call.kind, self.view.size
@@ -525,8 +517,8 @@ class GpuEngine:
         nbytes = call.table_bytes(n)  # the cost table's size: n x block for the per-rank kinds
         distinct = send != recv or kind in ("allreduce", "allgather", "bcast")
         algo = self._choose(team, kind, nbytes, distinct)
-        if algo == "direct" and not self._register(team, 0 if kind == "bcast" else send, recv):
-            algo = self._choose(team, kind, nbytes, direct_ok=False)  # not shareable (e.g. a pool allocator)
+        if algo == "registered" and not self._register(team, 0 if kind == "bcast" else send, recv):
+            algo = self._choose(team, kind, nbytes, registered_ok=False)  # not shareable (e.g. a pool allocator)
         self._log(call, seq, self._label(kind, algo))
         L = team.launcher
         slot = team.slot
@@ -537,8 +529,8 @@ class GpuEngine:
                                  recv, count, 0, op, 0, n)
                 prep.go(stream, seq)
                 self._remember(call, prep)
-            elif algo == "direct":
-                L.launch(fns["ar_direct"], self._grid(nbytes // n, True), 512, stream, send, recv, count, 0,
+            elif algo == "registered":
+                L.launch(fns["ar_registered"], self._grid(nbytes // n, True), 512, stream, send, recv, count, 0,
                          op, 0, n)
             else:
                 per = n * (slot // isz)
@@ -555,8 +547,8 @@ class GpuEngine:
             return
         if kind in ("reduce_scatter", "reduce"):
             fns = self.kernels().reduce(code)
-            if algo == "direct":
-                L.launch(fns["rs_direct"], self._grid(block, True), 512, stream, send, recv, count, count, op,
+            if algo == "registered":
+                L.launch(fns["rs_registered"], self._grid(block, True), 512, stream, send, recv, count, count, op,
                          0, n)
             elif kind == "reduce":
                 self._pieces(fns["red_staged"], stream, send, recv, count, isz, slot // isz, 0, op, call.root)
@@ -565,7 +557,7 @@ class GpuEngine:
             return
         fns = self.kernels().copy()
         r = self.view.rank
-        if algo == "direct":
+        if algo == "registered":
             if kind == "allgather" and self.copy_engine:
                 pairs = [(self._peers[1][p] + r * block, send, block) for p in range(n) if p != r]
                 if send != recv + r * block:
@@ -575,10 +567,10 @@ class GpuEngine:
                 pairs = [(self._peers[1][p], recv, block) for p in range(n) if p != r] if r == call.root else []
                 self._copy_engine(team, stream, pairs)
             elif kind == "bcast":
-                L.launch(fns["bc_direct"], self._grid(block // max(1, n - 1), True), 512, stream, 0, recv,
+                L.launch(fns["bc_registered"], self._grid(block // max(1, n - 1), True), 512, stream, 0, recv,
                          block, 0, 0, call.root)
             else:  # allgather, alltoall: every rank writes its blocks into the peers' outputs
-                L.launch(fns[_DIRECT_COPY[kind]], self._grid(block, True), 512, stream, send, recv, block,
+                L.launch(fns[_REGISTERED_COPY[kind]], self._grid(block, True), 512, stream, send, recv, block,
                          block)
             return
         stride = 0 if kind == "bcast" else block

@@ -18,6 +18,7 @@ The caller makes the right context current first (its device's primary context).
 import threading
 from collections import OrderedDict
 
+from ..._native import cuda
 from ...base.errors import GpucollError
 
 MAX_OPEN = 1024
@@ -31,8 +32,6 @@ _events = {}                # event handle -> event here
 
 def export(ptr):
     """(handle, offset of ptr in its allocation), or None when the memory cannot be shared."""
-    from ..._native import cuda
-
     try:
         key = cuda.buffer_id(ptr)
         with _lock:
@@ -51,8 +50,6 @@ def export(ptr):
 
 def open_memory(handle):
     """Base address, in this process, of the peer allocation behind an IPC memory handle."""
-    from ..._native import cuda
-
     with _lock:
         base = _opened.get(handle)
         if base is not None:
@@ -67,8 +64,6 @@ def open_memory(handle):
 
 
 def _close_oldest(k):
-    from ..._native import cuda
-
     cuda.ctx_synchronize()  # nothing in flight may still read what is unmapped
     with _lock:
         victims = [_opened.popitem(last=False)[1] for _ in range(min(k, len(_opened)))]
@@ -80,8 +75,6 @@ def _close_oldest(k):
 
 
 def open_event(handle):
-    from ..._native import cuda
-
     with _lock:
         event = _events.get(handle)
     if event is None:

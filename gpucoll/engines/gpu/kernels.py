@@ -9,10 +9,11 @@ import hashlib
 import os
 import tempfile
 
+from ..._native import cuda
 from ...base import config, dtypes, log
 from ...base.errors import GpucollError
 
-_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels", "coll.cu")
+_SOURCE = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "kernels", "coll.cu"))
 
 # The C type each dtype reduces as (bool and complex are mapped by the dispatcher).
 C_TYPES = {
@@ -21,8 +22,9 @@ C_TYPES = {
     dtypes.INT64: "long long", dtypes.UINT64: "unsigned long long", dtypes.FLOAT16: "h16",
     dtypes.BFLOAT16: "b16", dtypes.FLOAT32: "float", dtypes.FLOAT64: "double",
 }
-REDUCE_KERNELS = ("ar_oneshot", "ar_oneshot_multi", "ar_twoshot", "ar_direct", "rs_staged", "rs_direct", "red_staged")
-COPY_KERNELS = ("barrier", "ag_staged", "ag_direct", "bc_staged", "bc_direct", "a2a_staged", "a2a_direct",
+REDUCE_KERNELS = ("ar_oneshot", "ar_oneshot_multi", "ar_twoshot", "ar_registered", "rs_staged", "rs_registered",
+                  "red_staged")
+COPY_KERNELS = ("barrier", "ag_staged", "ag_registered", "bc_staged", "bc_registered", "a2a_staged", "a2a_registered",
                 "ga_staged", "sc_staged", "p2p_slots")
 
 
@@ -85,8 +87,6 @@ class Kernels:
         self._mods = {}
 
     def _load(self, define, names):
-        from ..._native import cuda
-
         mod = cuda.module_load(cubin(define, self.arch))
         return {name: cuda.module_function(mod, name) for name in names}
 

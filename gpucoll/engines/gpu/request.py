@@ -5,6 +5,7 @@ kernel that gave up waiting for a peer surfaces there as gpucoll.TimeoutError.
 """
 import time
 
+from ..._native import cuda
 from ...base.errors import InvalidUsageError
 from ...base.request import Request
 from . import streams
@@ -20,14 +21,10 @@ class _EventFlag:
 
     def is_set(self):
         if not self.done and self.event is not None:
-            from ..._native import cuda
-
             self.done = cuda.event_query(self.event)
         return self.done
 
     def wait(self, timeout=None):
-        from ..._native import cuda
-
         if self.event is None:
             raise InvalidUsageError("this request belongs to an operation issued inside comm.group(), which goes "
                                     "out when the group ends: wait for it after the with block")
@@ -62,16 +59,12 @@ class GpuRequest(Request):
 
     def record(self, stream):
         """Tie the request to the work issued so far on `stream`."""
-        from ..._native import cuda
-
         self._event = cuda.event_create()
         cuda.event_record(self._event, stream)
         self._done = _EventFlag(self._event)
 
     def Wait(self, status=None, stream=None):
         if stream is not None:
-            from ..._native import cuda
-
             if self._event is None:
                 self._done.wait()  # raises: issued inside a group that has not ended
             cuda.stream_wait_event(streams.handle(stream), self._event)
@@ -94,8 +87,6 @@ class GpuRequest(Request):
 
     def __del__(self):
         try:
-            from ..._native import cuda
-
             if self._event is not None:
                 cuda.event_destroy(self._event)
         except Exception:

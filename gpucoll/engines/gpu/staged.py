@@ -13,20 +13,11 @@ import ctypes
 
 import numpy as np
 
+from ..._native import cuda
 from ...base import config, dtypes
 from ...base.call import HostBuffer
 
 PIPELINED = frozenset({"allreduce", "bcast", "reduce"})
-
-cuda = None  # gpucoll._native.cuda, loaded with the first staging (needs the CUDA driver)
-
-
-def _load():
-    global cuda
-    if cuda is None:
-        from ..._native import cuda as _cuda
-
-        cuda = _cuda
 
 
 class HostStaging:
@@ -56,7 +47,6 @@ class HostStaging:
         """Run GPU `call` on `stream` through host memory; run_host(send, recv, count) runs one
         host collective (HostBuffers, recv None where the rank gets no result) and blocks.
         Returns when the result is in the call's GPU buffer."""
-        _load()
         if self.chunks(call):
             self._pipelined(call, stream, rank, run_host)
         else:

@@ -5,10 +5,12 @@ and staging slots that peers push into (layout in gpucoll/kernels/coll.cu). The 
 exchange the block's IPC handle with the communicator's own object allgather and open each
 other's blocks once. A word of pinned host memory, mapped for the device, is where a kernel
 that gives up waiting for a peer (GPUCOLL_TIMEOUT) records which; the host reads it without
-synchronising (gpucoll/engines/gpu/engine.py raises it as gpucoll.TimeoutError). Caller buffers of the "direct" algorithms are registered per
-call (their IPC handles exchanged by the dispatcher; every peer allocation is opened once, in
-the process's cache of gpucoll/engines/gpu/ipc.py).
+synchronising (gpucoll/engines/gpu/engine.py raises it as gpucoll.TimeoutError). Caller buffers
+of the "registered" algorithms are registered per call (their IPC handles exchanged by the GPU
+engine; every peer allocation is opened once, in the process's cache of
+gpucoll/engines/gpu/ipc.py).
 """
+from ..._native import cuda
 from ...base import config, log
 from ...base.errors import GpucollError
 
@@ -29,8 +31,6 @@ class Team:
     (then `reason` says why and the dispatcher stages through host memory)."""
 
     def __init__(self, view, device):
-        from ..._native import cuda
-
         self.view, self.device = view, device
         self.rank, self.size = view.rank, view.size
         self.ctx = cuda.primary_context(device)
@@ -118,8 +118,6 @@ class Team:
         return self.launcher.error_word() if self.launcher is not None else 0
 
     def close(self):
-        from ..._native import cuda
-
         for ptr in self.peers_mapped:
             try:
                 cuda.ipc_close_mem_handle(ptr)

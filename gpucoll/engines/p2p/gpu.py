@@ -26,23 +26,14 @@ Point-to-point calls cannot be captured in a CUDA graph (they need the host to m
 """
 import numpy as np
 
+from ..._native import cuda
 from ...base import config, log
 from ...base.errors import GpucollError, InvalidUsageError
-from .host import OFFER_FLAG, P2PRequest, truncated
 from ...base.request import Request
 from ..gpu import ipc, streams
 from . import outboxes as slots
+from .host import OFFER_FLAG, P2PRequest, truncated
 
-cuda = None  # gpucoll._native.cuda, imported on first use
-
-
-def _cuda():
-    global cuda
-    if cuda is None:
-        from ..._native import cuda as _c
-
-        cuda = _c
-    return cuda
 
 
 class GpuRecvRequest(P2PRequest):
@@ -150,10 +141,9 @@ class GpuSendRequest(Request):
 
 
 class GpuPointToPoint:
-    """The GPU side of one communicator's point to point (made by gpucoll.engines.p2p.host.PointToPoint.gpu)."""
+    """The GPU side of one communicator's point to point (made by PointToPoint.gpu_side, gpucoll/engines/p2p/host.py)."""
 
     def __init__(self, p2p):
-        _cuda()
         self.p2p = p2p
         self._contexts = {}
         self._outboxes = {}      # device -> slots.Outboxes

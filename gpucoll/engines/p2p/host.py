@@ -21,8 +21,8 @@ import struct
 
 import numpy as np
 
-from ...base import config, log
 from ..._native import p2p as _engine
+from ...base import config, log
 from ...base.errors import GpucollError, InvalidUsageError, LostPeerError, TruncationError
 from ...base.errors import TimeoutError as GpucollTimeout
 from ...base.request import CompletedRequest, Request, Status  # noqa: F401 (Status: gpucoll.engines.p2p.host.Status)

@@ -33,6 +33,7 @@ import struct
 import threading
 import weakref
 
+from ..._native import cuda
 from ...base import config
 from ...base.errors import GpucollError
 from ...base.errors import TimeoutError as GpucollTimeout
@@ -69,12 +70,6 @@ def message_size(envelope):
     return layout.unpack(envelope)[3]
 
 
-def _cuda():
-    from ..._native import cuda
-
-    return cuda
-
-
 def kernels(arch):
     with _kernels_lock:
         k = _kernels.get(arch)
@@ -87,7 +82,6 @@ class Outboxes:
     """One device's outboxes and slot kernel launches for one communicator's point to point."""
 
     def __init__(self, device, ctx, name):
-        cuda = _cuda()
         self.device, self.ctx, self.name = device, ctx, name
         arch = cuda.device_attribute(device, 75) * 10 + cuda.device_attribute(device, 76)
         self.fn = kernels(arch).copy()["p2p_slots"]
@@ -103,7 +97,6 @@ class Outboxes:
     def _box(self, dest):
         box = self._boxes.get(dest)
         if box is None:
-            cuda = _cuda()
             cuda.set_current(self.ctx)
             base = cuda.mem_alloc(SLOTS * STRIDE)
             try:
@@ -140,7 +133,7 @@ class Outboxes:
                 LARGE.pack(LARGE_KIND, handle, offset, nbytes, seq, *exported))
 
     def _map(self, handle, source):
-        _cuda().set_current(self.ctx)
+        cuda.set_current(self.ctx)
         try:
             return ipc.open_memory(handle)
         except GpucollError as exc:
@@ -177,7 +170,6 @@ class Outboxes:
 
     def launch(self, entries, stream):
         """Every entry in one launch (or a few: at most MAXMSGS messages each) on stream."""
-        cuda = _cuda()
         try:
             self._launch_all(cuda, entries, stream)
         except cuda.DeviceTimeout:
@@ -192,7 +184,6 @@ class Outboxes:
         """Wait until every message put in these outboxes was read, or its wait gave up (at most
         GPUCOLL_TIMEOUT, recorded as a timeout): receivers read them from this process's memory,
         which Free and exit take away."""
-        cuda = _cuda()
         cuda.set_current(self.ctx)
         # a slot holds the latest of the messages numbered into it: the last SLOTS per destination
         entries = [self.steps(base + (seq % SLOTS) * STRIDE, seq, dest, WAIT_FREE)
@@ -230,7 +221,6 @@ class Outboxes:
     def close(self):
         """Release the outboxes once no slot kernel of ours runs; raises the timeout one of them
         recorded (after releasing), so Free does not drop it."""
-        cuda = _cuda()
         if self.launcher is None:
             return
         self.settle()
