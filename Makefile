@@ -6,7 +6,7 @@ NP ?= 4
 STAMP := $(VENV)/.installed
 SOURCES := pyproject.toml setup.py $(wildcard cython_src/*.pyx cython_src/*.pxd cython_src/include/*.h)
 
-.PHONY: install demo docs-environment test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref test-mpi4py-demos bench bench-gloo bench-launch bench-multihost bench-p2p bench-p2p-mpi bench-p2p-hosts bench-reproduce bench-gpu calibrate-gpu clean
+.PHONY: install demo docs-environment test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref test-mpi4py-demos bench bench-gloo bench-launch bench-multihost bench-p2p bench-p2p-mpi bench-p2p-mpi-alloc bench-p2p-hosts bench-reproduce bench-gpu calibrate-gpu clean
 
 install: $(STAMP)
 
@@ -104,6 +104,12 @@ bench-p2p: $(STAMP)
 bench-p2p-mpi: $(STAMP)
 	@mkdir -p $(BENCH_OUT)
 	$(PY) benchmarks/bench_p2p.py --api mpi --repeats $(REPEATS) --json $(BENCH_OUT)/p2p-mpi.json
+
+# gpucoll.MPI beside mpi4py with messages as mpi4py's demos write them: [MPI.Alloc_mem(n), n, MPI.BYTE].
+bench-p2p-mpi-alloc: $(STAMP)
+	@mkdir -p $(BENCH_OUT)
+	$(PY) benchmarks/bench_p2p.py --api mpi --spec alloc --max 16M --repeats $(REPEATS) \
+	  --json $(BENCH_OUT)/p2p-mpi-alloc.json
 
 # Point to point between two network-namespace hosts (root): gpucoll's TCP channel beside Open MPI's TCP.
 bench-p2p-hosts: $(STAMP) test-deps

@@ -5,6 +5,7 @@
     python benchmarks/bench_p2p.py --gpu                 # also GPU rows (CuPy and 2 GPUs), NCCL beside
     python benchmarks/bench_p2p.py --hosts               # two hosts (network namespaces, root), TCP
     python benchmarks/bench_p2p.py --api mpi             # gpucoll's side through gpucoll.MPI (mpi4py's API)
+    python benchmarks/bench_p2p.py --api mpi --spec alloc    # messages [MPI.Alloc_mem(n), n, MPI.BYTE]
 
 Each run starts the same rank program under `gpurun -np 2` with gpucoll, then under
 `mpiexec -n 2` with mpi4py; --repeats runs alternate the two. Three tests, as OSU's:
@@ -63,6 +64,8 @@ else:
     comm = gpucoll.COMM_WORLD
     Waitall = gpucoll.Request.Waitall
 rank = comm.Get_rank()
+# --spec=alloc: messages written as mpi4py's demos write them, [MPI.Alloc_mem(n), n, MPI.BYTE]
+alloc = "--spec=alloc" in sys.argv
 if "--bind-all" in sys.argv:  # two hosts on one machine: one core each, whatever the launchers do
     import os
     cpus = sorted(os.sched_getaffinity(0))
@@ -102,8 +105,15 @@ def window(nbytes):
 
 out = {}
 for nbytes in sizes:
-    a = (xp.arange(nbytes) % 251).astype(xp.uint8)
-    b = xp.empty(nbytes, xp.uint8)
+    if alloc:
+        amem, bmem = MPI.Alloc_mem(nbytes), MPI.Alloc_mem(nbytes)
+        a, b = np.frombuffer(amem, np.uint8), np.frombuffer(bmem, np.uint8)  # views, to stamp and check
+        a[:] = np.arange(nbytes) % 251
+        A, B = [amem, nbytes, MPI.BYTE], [bmem, nbytes, MPI.BYTE]
+    else:
+        a = (xp.arange(nbytes) % 251).astype(xp.uint8)
+        b = xp.empty(nbytes, xp.uint8)
+        A, B = a, b
     small = nbytes <= (64 << 10)
     n = iters if small else max(10, iters // 20 if nbytes <= (16 << 20) else 4)
     res = {}
@@ -114,11 +124,11 @@ for nbytes in sizes:
             stamp(a, i)
             t0 = time.perf_counter()
             if rank == 0:
-                Send(a, peer, 1)
-                Recv(b, peer, 1)
+                Send(A, peer, 1)
+                Recv(B, peer, 1)
             else:
-                Recv(b, peer, 1)
-                Send(b, peer, 1)
+                Recv(B, peer, 1)
+                Send(B, peer, 1)
             if i >= 10:
                 times.append(time.perf_counter() - t0)
                 wrong += int(not stamped(b, i))  # outside the timed part
@@ -139,9 +149,9 @@ for nbytes in sizes:
                 t0 = time.perf_counter()
                 reqs = []
                 if rank == 1 or test == "bibw":
-                    reqs += [comm.Irecv(b, peer, 2) for _ in range(w)]
+                    reqs += [comm.Irecv(B, peer, 2) for _ in range(w)]
                 if rank == 0 or test == "bibw":
-                    reqs += [comm.Isend(a, peer, 2) for _ in range(w)]
+                    reqs += [comm.Isend(A, peer, 2) for _ in range(w)]
                 Waitall(reqs)
                 if rank == 1:
                     comm.Send(ack, peer, 3)
@@ -279,6 +289,9 @@ def main():
                     "gpucoll's TCP channel beside Open MPI's TCP")
     ap.add_argument("--api", choices=("native", "mpi"), default="native",
                     help="gpucoll's side through its own API (native) or through gpucoll.MPI (mpi)")
+    ap.add_argument("--spec", choices=("array", "alloc"), default="array",
+                    help="messages as NumPy arrays, or as mpi4py's demos write them: [MPI.Alloc_mem(n), n, "
+                         "MPI.BYTE] (both libraries; needs --api mpi)")
     ap.add_argument("--json", help="write the settings, every run and the rows here")
     args = ap.parse_args()
     sizes, s = [], args.min
@@ -289,6 +302,10 @@ def main():
         sizes.append(args.max)
     spec = [",".join(map(str, sizes)), str(args.iters), args.tests]
     spec += ["--bind-all"] if args.hosts else []
+    if args.spec == "alloc":
+        if args.api != "mpi" or args.gpu:
+            ap.error("--spec alloc is mpi4py's API on host memory: use it with --api mpi, without --gpu")
+        spec.append("--spec=alloc")
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     mpiexec = mpiexec if os.access(mpiexec, os.X_OK) else shutil.which("mpiexec")
     if args.gpu and (args.hosts or _gpus() < 2):
@@ -321,7 +338,9 @@ def main():
     where = ("point to point between 2 hosts (network namespaces + veth, TCP)" if args.hosts
              else "host point to point, 2 ranks of one host")
     for test in args.tests.split(","):
-        rows += table(f"{where}{' through gpucoll.MPI' if args.api == 'mpi' else ''}: {names[test]}", runs, sizes,
+        how = " through gpucoll.MPI" if args.api == "mpi" else ""
+        how += ", messages [MPI.Alloc_mem(n), n, MPI.BYTE]" if args.spec == "alloc" else ""
+        rows += table(f"{where}{how}: {names[test]}", runs, sizes,
                       test, mine, "mpi",
                       "Open MPI TCP" if args.hosts else "Open MPI", args.repeats)
     if args.gpu:
@@ -333,7 +352,7 @@ def main():
         with open(args.json, "w") as f:
             json.dump(dict(settings=context.describe(command=" ".join(sys.argv), iters=args.iters, sizes=sizes,
                                                      tests=args.tests, repeats=args.repeats, bind=not args.no_bind,
-                                                     api=args.api,
+                                                     api=args.api, spec=args.spec,
                                                      hosts=2 if args.hosts else 1),
                            rows=rows, runs=[{k: {str(s): v for s, v in r.items()} for k, r in run_.items()}
                                             for run_ in runs]), f, indent=1)

@@ -429,8 +429,8 @@ cdef inline int _send_view(object sendbuf, object ndarray, object dt, Py_buffer 
 
 
 cdef class HostFast:
-    """The packed host fast paths of a communicator's Allreduce, Bcast, Reduce and Allgather
-    on NumPy arrays over a direct group (installed by gpucoll/dispatch/dispatcher.py once a call ran on
+    """The packed host fast paths of a communicator's Allreduce, Bcast, Reduce, Allgather (NumPy
+    arrays) and Barrier over a direct group (installed by gpucoll/dispatch/dispatcher.py once a call ran on
     the direct engine; Communicator tries them before it builds a Call).
 
     Each method is called with the user's arguments before anything else; it does the checks
@@ -532,6 +532,22 @@ cdef class HostFast:
             PyBuffer_Release(&rv)
             if have_send:
                 PyBuffer_Release(&sv)
+
+    def barrier(self):
+        """Barrier: True once every rank entered it, False to decline (the general path runs it)."""
+        cdef int st
+        if not self._direct("barrier", 0, 0, 0, None, 0) or not self.enter():
+            return False
+        seq = self.next_seq()
+        self.calls += 1
+        try:
+            with nogil:
+                st = gc_direct_barrier(&self.group.g, self.timeout)
+        finally:
+            self.leave()
+        if st:
+            self._failed(st, "barrier", 0, 0, None, 0, seq)
+        return True
 
     def bcast(self, buf, root):
         cdef Py_buffer bv

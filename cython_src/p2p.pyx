@@ -200,6 +200,75 @@ cdef int _plain(object buf, Py_buffer *view, int flags):
     return 1
 
 
+# --- messages as mpi4py programs write them ------------------------------------------------------
+# Besides an exact ndarray, the short paths read the message forms of mpi4py's demos and tutorials
+# here, in C: a bytes-like object (bytearray, memoryview, array.array, MPI.buffer: whatever the
+# layers above register), `[buf, TYPE]` (all of buf, a whole number of TYPEs) and `[buf, count,
+# TYPE]` (the first count TYPEs of buf), TYPE a predefined datatype of plain contiguous values
+# (registered with its size by identity: predefined datatypes live as long as the process).
+# Anything else declines, and the general path reads it and says what is wrong.
+cdef dict _SPEC_SIZES = {}   # id(datatype) -> bytes per element
+cdef set _BARE = set()       # types whose whole buffer is the message
+cdef object _GUARDED = None  # the one bare type whose objects may hold no host bytes (MPI.buffer)
+
+
+def register_datatype(datatype, Py_ssize_t size):
+    """Messages `[buf, datatype]` and `[buf, count, datatype]` take the short paths (datatype: a
+    predefined object that lives as long as the process; size: its bytes, contiguous)."""
+    _SPEC_SIZES[id(datatype)] = size
+
+
+def register_bytes_type(t, bint guarded=False):
+    """Objects of exact type t are messages as they are (their whole contiguous buffer). guarded:
+    t's objects say whether they hold host bytes (`_device is None and not _released`)."""
+    global _GUARDED
+    if guarded:
+        _GUARDED = t
+    else:
+        _BARE.add(t)
+
+
+cdef inline int _host_bytes(object obj, Py_buffer *view, int flags, object ndarray) except -1:
+    """obj's buffer when obj is a message as it is: 1, or 0 to decline."""
+    cdef object t = type(obj)
+    if t is ndarray or t in _BARE:
+        return _plain(obj, view, flags)
+    if t is _GUARDED and obj._device is None and not obj._released:
+        return _plain(obj, view, flags)
+    return 0
+
+
+cdef int _message(object msg, Py_buffer *view, int flags, object ndarray) except -1:
+    """The buffer of a message for a short path, its length the message's bytes: 1, or 0 to decline."""
+    cdef object t = type(msg)
+    cdef Py_ssize_t n, size
+    cdef long long count = -1
+    if t is not list and t is not tuple:
+        return _host_bytes(msg, view, flags, ndarray)
+    n = len(msg)
+    if n == 3:
+        if not _small_int(msg[1], 0, 1LL << 62, &count):
+            return 0
+    elif n != 2:
+        return 0
+    found = _SPEC_SIZES.get(id(msg[n - 1]))
+    if found is None:
+        return 0
+    size = found
+    if not _host_bytes(msg[0], view, flags, ndarray):
+        return 0
+    if count < 0:
+        if size == 0 or view.len % size:
+            PyBuffer_Release(view)
+            return 0
+    elif count * size > view.len:
+        PyBuffer_Release(view)
+        return 0
+    else:
+        view.len = count * size
+    return 1
+
+
 cdef Req _start(P2PCore eng, bint send, uint64_t comm, int peer, int32_t tag, Py_buffer *view):
     """Start a send of, or a receive into, the buffer of view (its Req takes the view)."""
     cdef gc_p2p_req *r
@@ -473,18 +542,71 @@ cdef class P2PRequest:
         return _wait_many(reqs, False, timeout)
 
     @staticmethod
-    def _wait_all(reqs, double timeout):
+    def _wait_all(reqs, double timeout=-1.0, bint settle=False):
         """Wait in the engine until every one of reqs (P2PRequests) is done: one native wait, so
-        the rendezvous copies of a window run back to back (the caller's Wait then settles each).
-        After timeout s, the first one not done raises as its own Wait would. GPU requests
-        (subclasses) are left to their own Wait: a GPU receive enqueues its copy there."""
+        the rendezvous copies of a window run back to back. After timeout s (< 0: the requests'
+        GPUCOLL_TIMEOUT), the first one not done raises as its own Wait would. GPU requests
+        (subclasses) are left to their own Wait: a GPU receive enqueues its copy there.
+        settle: also settle each here; True when every one completed without an error, so the
+        caller need not Wait each (False: the caller's Wait settles, explains and raises)."""
         cdef P2PRequest q
-        if type(reqs[0]) is not P2PRequest or _wait_many(reqs, True, timeout) >= 0:
-            return
-        for q in reqs:
-            if not q._native.r.done:
-                q._waited(-1)
-                return
+        cdef Py_ssize_t i, n = len(reqs)
+        if n == 0:
+            return False
+        for i in range(n):
+            if type(reqs[i]) is not P2PRequest:
+                return False
+        if timeout < 0:
+            timeout = (<P2PRequest>reqs[0])._timeout
+        if _wait_many(reqs, True, timeout) < 0:
+            for q in reqs:
+                if not q._native.r.done:
+                    q._waited(-1)
+                    return False
+        if not settle:
+            return False
+        for i in range(n):
+            q = reqs[i]
+            q._settle()
+            if q._error is not None:
+                return False
+        global _settled_together
+        _settled_together += n
+        return True
+
+    @staticmethod
+    def _wait_handles(handles, handle_type):
+        """gpucoll.MPI's Waitall of a window, in C: handles (a list) all of exact type handle_type,
+        not cancelled, each on a P2PRequest (its `_s`): wait for all in one native wait, settle
+        each, null each handle; True when every one completed without an error. False when the
+        list is anything else, or when one failed (the handles are left for the caller's own
+        path, which completes them and raises the first error)."""
+        cdef Py_ssize_t i, n = len(handles)
+        cdef list states = []
+        cdef P2PRequest q
+        if n == 0:
+            return False
+        for i in range(n):
+            h = handles[i]
+            if type(h) is not handle_type or h._cancelled:
+                return False
+            state = h._s
+            if type(state) is not P2PRequest:
+                return False
+            states.append(state)
+        if not P2PRequest._wait_all(states, -1.0, True):
+            return False
+        for i in range(n):
+            handles[i]._s = None
+        return True
+
+
+cdef unsigned long long _settled_together = 0
+
+
+def settled_together():
+    """How many requests a Waitall completed in one native call, none failing (tests)."""
+    return _settled_together
 
 
 cdef int _wait_many(reqs, bint all, double timeout) except -2:
@@ -555,9 +677,9 @@ TAG_UB = _TAG_UB
 
 
 cdef class ShortPaths:
-    """The short paths of one communicator's host point to point: an array of the exact type
-    `ndarray` whose contiguous memory holds plain values, rank and tag plain in-range ints, and
-    (sends) a channel that exists. Each answers done (True, or the request) or declines (False,
+    """The short paths of one communicator's host point to point: a message in contiguous host
+    memory of plain values (an array of the exact type `ndarray`, or a form _message reads), rank
+    and tag plain in-range ints, and (sends) a channel that exists. Each answers done (True, or the request) or declines (False,
     None): the communicator's general path then checks everything and says what is wrong."""
     cdef P2PCore eng
     cdef uint64_t key
@@ -565,6 +687,7 @@ cdef class ShortPaths:
     cdef object ready, p2p, ndarray
     cdef long long size
     cdef double timeout
+    cdef readonly unsigned long long forms  # messages taken that were not a bare ndarray (tests)
 
     def __cinit__(self, P2PCore eng, uint64_t key, list world, ready, p2p, ndarray, double timeout):
         self.eng, self.key, self.world, self.ready = eng, key, world, ready
@@ -573,8 +696,7 @@ cdef class ShortPaths:
     cdef int _dest(self, buf, dest, tag) except -3:
         """The world rank to send to, or -2 to decline."""
         cdef long long d, t
-        if type(buf) is not self.ndarray or not _small_int(dest, 0, self.size - 1, &d) \
-                or not _small_int(tag, 0, _TAG_UB, &t):
+        if not _small_int(dest, 0, self.size - 1, &d) or not _small_int(tag, 0, _TAG_UB, &t):
             return -2
         world = self.world[d]
         return world if world in self.ready else -2
@@ -582,8 +704,7 @@ cdef class ShortPaths:
     cdef int _source(self, buf, source, tag) except -3:
         """The world rank to receive from (ANY_SOURCE as is), or -2 to decline."""
         cdef long long s, t
-        if type(buf) is not self.ndarray or not _small_int(source, -1, self.size - 1, &s) \
-                or not (_small_int(tag, -1, _TAG_UB, &t)):
+        if not _small_int(source, -1, self.size - 1, &s) or not _small_int(tag, -1, _TAG_UB, &t):
             return -2
         return _ANY_SOURCE if s < 0 else self.world[s]
 
@@ -592,8 +713,9 @@ cdef class ShortPaths:
         cdef Py_buffer view
         cdef int world = self._dest(buf, dest, tag), sent
         cdef int32_t t
-        if world < 0 or not _plain(buf, &view, PyBUF_SIMPLE):
+        if world < 0 or not _message(buf, &view, PyBUF_SIMPLE, self.ndarray):
             return False
+        self.forms += type(buf) is not self.ndarray
         t = tag
         with nogil:
             sent = gc_p2p_send_now(self.eng.e, self.key, world, t, <const char *>view.buf, <uint64_t>view.len)
@@ -610,8 +732,9 @@ cdef class ShortPaths:
         """Isend: the request, or None to decline."""
         cdef Py_buffer view
         cdef int world = self._dest(buf, dest, tag)
-        if world < 0 or not _plain(buf, &view, PyBUF_SIMPLE):
+        if world < 0 or not _message(buf, &view, PyBUF_SIMPLE, self.ndarray):
             return None
+        self.forms += type(buf) is not self.ndarray
         cdef Py_ssize_t n = view.len
         return _request(_start(self.eng, True, self.key, world, <int32_t>tag, &view), self.p2p, "Isend", False,
                         dest, tag, buf, n, self.timeout, None)
@@ -620,8 +743,9 @@ cdef class ShortPaths:
         """Irecv: the request, or None to decline."""
         cdef Py_buffer view
         cdef int world = self._source(buf, source, tag)
-        if world == -2 or not _plain(buf, &view, PyBUF_WRITABLE):
+        if world == -2 or not _message(buf, &view, PyBUF_WRITABLE, self.ndarray):
             return None
+        self.forms += type(buf) is not self.ndarray
         cdef Py_ssize_t n = view.len
         return _request(_start(self.eng, False, self.key, world, <int32_t>tag, &view), self.p2p, "Irecv", True,
                         source, tag, buf, n, self.timeout, None)
@@ -630,8 +754,9 @@ cdef class ShortPaths:
         """Recv: True once the bytes are in buf (status, if given, filled), False to decline."""
         cdef Py_buffer view
         cdef int world = self._source(buf, source, tag), got = 0
-        if world == -2 or not _plain(buf, &view, PyBUF_WRITABLE):
+        if world == -2 or not _message(buf, &view, PyBUF_WRITABLE, self.ndarray):
             return False
+        self.forms += type(buf) is not self.ndarray
         cdef Py_ssize_t n = view.len
         cdef Req q = _start(self.eng, False, self.key, world, <int32_t>tag, &view)
         cdef gc_p2p_req *one = q.r

@@ -16,14 +16,16 @@ BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @needs_mpi
-@pytest.mark.parametrize("api", ["native", "mpi"])
-def test_every_row_is_checked_and_compared_through_either_api(tmp_path, api):
+@pytest.mark.parametrize("api,spec", [("native", "array"), ("mpi", "array"), ("mpi", "alloc")])
+def test_every_row_is_checked_and_compared_through_either_api(tmp_path, api, spec):
     out = tmp_path / "p2p.json"
-    proc = subprocess.run([sys.executable, BENCH, "--api", api, "--min", "8", "--max", "4K", "--iters", "40",
-                           "--repeats", "1", "--json", str(out)], capture_output=True, text=True, timeout=240)
+    proc = subprocess.run([sys.executable, BENCH, "--api", api, "--spec", spec, "--min", "8", "--max", "4K",
+                           "--iters", "40", "--repeats", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     doc = json.loads(out.read_text())
-    assert doc["settings"]["api"] == api
+    assert (doc["settings"]["api"], doc["settings"]["spec"]) == (api, spec)
+    assert ("[MPI.Alloc_mem(n), n, MPI.BYTE]" in proc.stdout) == (spec == "alloc"), proc.stdout
     rows = doc["rows"]
     assert sorted((r["test"], r["size"]) for r in rows) == sorted(
         (test, size) for test in ("latency", "bw", "bibw") for size in (8, 64, 512, 4096))

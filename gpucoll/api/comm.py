@@ -99,8 +99,8 @@ class Communicator:
 
     def stats(self):
         """How many calls of this communicator took each path, as a dict (docs/debugging.md):
-        `host_fast` (host all-reduces, bcasts, reduces and all-gathers run by the native fast
-        paths), `host` (algorithm -> host collectives run by the general path), `gpu_fast`
+        `host_fast` (host all-reduces, bcasts, reduces, all-gathers and barriers run by the native
+        fast paths), `host` (algorithm -> host collectives run by the general path), `gpu_fast`
         (repeated GPU all-reduces launched from their packed launch), `gpu` (algorithm -> GPU
         collectives; `host-staged` / `host-pipelined` when they went through host memory),
         `groups`, `group_deferred`, `group_p2p`, `fused_launches` and `fused_calls`."""
@@ -287,6 +287,9 @@ class Communicator:
 
     def Barrier(self):
         """Return once every rank has entered the barrier."""
+        fast = self._fast.host
+        if fast is not None and fast.barrier():
+            return
         self._blocking(self._call(build.barrier))
 
     def Ibarrier(self):

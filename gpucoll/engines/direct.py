@@ -10,7 +10,7 @@ from ..base import dtypes
 from ..base.call import IN_PLACE, KINDS, addresses
 
 ROWS = ("direct",)
-FAST_KINDS = frozenset({"allreduce", "bcast", "reduce", "allgather"})
+FAST_KINDS = frozenset({"allreduce", "bcast", "reduce", "allgather", "barrier"})
 
 
 def _op(call):

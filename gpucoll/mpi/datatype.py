@@ -644,6 +644,14 @@ for _n, _t in _BY_NAME.items():
     _CANONICAL_NAME.setdefault(_t.handle, _n)
 
 
+def plain_predefined():
+    """The predefined datatypes whose elements are one basic value each, contiguous (size equal
+    to extent, no lower bound): a buffer of them is its bytes as they are."""
+    return [d for d in _OBJECTS.values()
+            if d._t.size > 0 and d._t.lb == 0 and d._t.size == d._t.extent
+            and d._t.np is not None and d._t.np.names is None]
+
+
 def typedict(which=""):
     """mpi4py's MPI._typedict (which=""), _typedict_c ("c") and _typedict_f ("f")."""
     if which == "f":

@@ -20,7 +20,9 @@ from ..base.mpi_constants import INTEGERS as _C
 from ..calls.build import user_tag
 from ..engines.p2p import host as _p2p
 from . import message as _m
+from .buffer import buffer as _buffer
 from .composite import Composite
+from .datatype import plain_predefined
 from .matched import Message
 from .request import Prequest, Request
 from .status import reset
@@ -68,10 +70,12 @@ def _check_tag(tag, what, wildcard=False):
 
 
 def _plain(buf):
-    """Whether buf is a message as it is (most messages): a NumPy array of a basic datatype,
-    for the communicator's point-to-point short paths (gpucoll/api/comm.py), which may still
-    decline it; then the general path reads the message specification and checks everything."""
-    return type(buf) is np.ndarray and buf.dtype in _m.BASIC_DTYPES
+    """Whether buf may try the communicator's point-to-point short paths (gpucoll/api/comm.py),
+    which read in C an exact ndarray, bytes-like objects (MPI.buffer, bytearray, ...) and
+    `[buf, TYPE]` / `[buf, count, TYPE]` of the predefined datatypes registered below, and decline
+    anything else; then the general path reads the message specification and checks everything.
+    A bare NumPy array is its message only when its dtype is a basic datatype's."""
+    return type(buf) is not np.ndarray or buf.dtype in _m.BASIC_DTYPES
 
 
 def issend_state(core, payload, dest, tag, what):
@@ -334,3 +338,10 @@ class PointToPoint:
 
     def improbe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         return self.Improbe(source, tag, status)
+
+
+# mpi4py's demos write messages as [MPI.Alloc_mem(n), n, MPI.BYTE], [array, MPI.DOUBLE] or a
+# bytearray: these take the native short paths too, not only bare arrays.
+_p2p.register_bytes_type(_buffer, guarded=True)  # its objects may stand for device memory
+for _datatype in plain_predefined():
+    _p2p.register_datatype(_datatype, _datatype.Get_size())

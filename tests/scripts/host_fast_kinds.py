@@ -1,4 +1,4 @@
-"""The native fast paths of host Bcast, Reduce and Allgather (cython_src/direct.pyx HostFast),
+"""The native fast paths of host Bcast, Reduce, Allgather and Barrier (cython_src/direct.pyx HostFast),
 2+ ranks.
 
     gpurun -np N python host_fast_kinds.py     # prints "RESULT {json}" on every rank
@@ -71,6 +71,9 @@ for dtype in ("float32", "float64", "int32", "int8", "uint64", "bool"):
         comm.Allgather(IN_PLACE, g)
         calls += 1
         check(f"allgather in place {dtype} {count}", g, everyone)
+for _ in range(5):
+    comm.Barrier()
+    calls += 1
 f = np.asfortranarray(np.arange(12, dtype=np.float64).reshape(3, 4) * (r == 0))
 comm.Bcast(f, root=0)
 calls += 1

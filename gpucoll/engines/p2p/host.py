@@ -14,6 +14,7 @@ GIL released while it waits.
 A communicator's messages carry its key (a hash of its id); a message's source is the world
 rank whose channel it came on, translated into the communicator's rank here.
 """
+import array
 import hashlib
 import os
 import pickle
@@ -108,6 +109,13 @@ class ProcessP2P:
 # is settled there; PointToPoint.settle and timed_out below explain the others.
 P2PRequest = _engine.P2PRequest
 Request.register(P2PRequest)
+
+# What the short paths take besides a NumPy array (cython_src/p2p.pyx, _message): bytes-like
+# objects as they are, and the message forms of the datatypes gpucoll.MPI registers.
+register_datatype = _engine.register_datatype
+register_bytes_type = _engine.register_bytes_type
+for _t in (bytearray, bytes, memoryview, array.array):
+    register_bytes_type(_t)
 
 
 class _ProcNullRequest(CompletedRequest):
