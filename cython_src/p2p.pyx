@@ -688,15 +688,22 @@ cdef class ShortPaths:
     cdef long long size
     cdef double timeout
     cdef readonly unsigned long long forms  # messages taken that were not a bare ndarray (tests)
+    # Set by the communicator: closed once it is freed (or inherited by a fork), grouped inside
+    # comm.group() (the blocking calls then take the general path, which defers them)
+    cdef public bint closed, grouped
+    # The ranks the short paths reach: all of the communicator's, but for an intercommunicator's
+    # bridge the remote group's alone (its first ranks; sends to the others are errors there)
+    cdef public long long peers
 
     def __cinit__(self, P2PCore eng, uint64_t key, list world, ready, p2p, ndarray, double timeout):
         self.eng, self.key, self.world, self.ready = eng, key, world, ready
         self.p2p, self.ndarray, self.size, self.timeout = p2p, ndarray, len(world), timeout
+        self.peers = self.size
 
     cdef int _dest(self, buf, dest, tag) except -3:
         """The world rank to send to, or -2 to decline."""
         cdef long long d, t
-        if not _small_int(dest, 0, self.size - 1, &d) or not _small_int(tag, 0, _TAG_UB, &t):
+        if not _small_int(dest, 0, self.peers - 1, &d) or not _small_int(tag, 0, _TAG_UB, &t):
             return -2
         world = self.world[d]
         return world if world in self.ready else -2
@@ -704,7 +711,7 @@ cdef class ShortPaths:
     cdef int _source(self, buf, source, tag) except -3:
         """The world rank to receive from (ANY_SOURCE as is), or -2 to decline."""
         cdef long long s, t
-        if not _small_int(source, -1, self.size - 1, &s) or not _small_int(tag, -1, _TAG_UB, &t):
+        if not _small_int(source, -1, self.peers - 1, &s) or not _small_int(tag, -1, _TAG_UB, &t):
             return -2
         return _ANY_SOURCE if s < 0 else self.world[s]
 
@@ -713,7 +720,7 @@ cdef class ShortPaths:
         cdef Py_buffer view
         cdef int world = self._dest(buf, dest, tag), sent
         cdef int32_t t
-        if world < 0 or not _message(buf, &view, PyBUF_SIMPLE, self.ndarray):
+        if self.closed or self.grouped or world < 0 or not _message(buf, &view, PyBUF_SIMPLE, self.ndarray):
             return False
         self.forms += type(buf) is not self.ndarray
         t = tag
@@ -732,7 +739,7 @@ cdef class ShortPaths:
         """Isend: the request, or None to decline."""
         cdef Py_buffer view
         cdef int world = self._dest(buf, dest, tag)
-        if world < 0 or not _message(buf, &view, PyBUF_SIMPLE, self.ndarray):
+        if self.closed or world < 0 or not _message(buf, &view, PyBUF_SIMPLE, self.ndarray):
             return None
         self.forms += type(buf) is not self.ndarray
         cdef Py_ssize_t n = view.len
@@ -743,7 +750,7 @@ cdef class ShortPaths:
         """Irecv: the request, or None to decline."""
         cdef Py_buffer view
         cdef int world = self._source(buf, source, tag)
-        if world == -2 or not _message(buf, &view, PyBUF_WRITABLE, self.ndarray):
+        if self.closed or world == -2 or not _message(buf, &view, PyBUF_WRITABLE, self.ndarray):
             return None
         self.forms += type(buf) is not self.ndarray
         cdef Py_ssize_t n = view.len
@@ -754,7 +761,7 @@ cdef class ShortPaths:
         """Recv: True once the bytes are in buf (status, if given, filled), False to decline."""
         cdef Py_buffer view
         cdef int world = self._source(buf, source, tag), got = 0
-        if world == -2 or not _message(buf, &view, PyBUF_WRITABLE, self.ndarray):
+        if self.closed or self.grouped or world == -2 or not _message(buf, &view, PyBUF_WRITABLE, self.ndarray):
             return False
         self.forms += type(buf) is not self.ndarray
         cdef Py_ssize_t n = view.len

@@ -28,6 +28,7 @@ def test_identity_and_point_to_point(results):
         mine, other, r = sides(w)
         assert got["identity"] == ["Intercomm", True, 2, 2, 2, "Intercomm"]
         assert got["p2p"] == other[r]  # remote rank r is the other group's r-th process
+        assert got["p2p_bad_rank"] is True, "a send to a remote rank that does not exist must raise ERR_RANK"
 
 
 def test_rooted_and_all_collectives_reach_the_other_group(results):

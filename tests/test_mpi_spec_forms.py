@@ -53,3 +53,4 @@ def test_a_window_is_waited_for_and_settled_in_one_native_call(results):
         assert w["gpucoll"] == [True, None, 32], (r, w)
         assert w["gpucoll.MPI statuses"] == [True, True, 0], (r, w)
         assert w["gpucoll statuses"] == [True, None, 0], (r, w)
+

@@ -73,7 +73,14 @@ class Communicator:
                               barrier=self.Barrier, run=self._run, free=self.Free, subgroup=self._subgroup)
         self._dispatch = Dispatcher(self._view)
         self._p2p = _p2p.PointToPoint(self._view, _gpu_point_to_point)
-        self._short = self._p2p.short
+        # The short paths of host point to point (gpucoll._native.p2p.ShortPaths): a message in
+        # contiguous host memory, plain in-range rank and tag, a live communicator (and no open
+        # group for the blocking ones). They answer done (True, or the request) or decline
+        # (False, None): the caller then takes its general path, which checks everything.
+        # gpucoll.MPI's point to point tries them first too (comm.seam).
+        self._short = short = self._p2p.short
+        self._send_short, self._isend_short = short.send, short.isend
+        self._recv_short, self._irecv_short = short.recv, short.irecv
         self._children = 0  # Split/Dup counter: names children identically on every rank
         self._group = None     # inside comm.group(): the _Group collecting deferred operations
         self.seam = CommSeam(self)
@@ -114,7 +121,7 @@ class Communicator:
     def _forked(self):
         """In a forked child: every later call raises; the transports stay as they are (they are
         the parent's, so even Free leaves them alone)."""
-        self._freed = True
+        self._freed = self._short.closed = True
         self._fast.host = self._fast.gpu = None
         self._unusable = (
             f"communicator {self._id} belongs to process {self._pid}, which created it; this process "
@@ -159,6 +166,7 @@ class Communicator:
         if self._freed:
             return
         self._fast.host = self._fast.gpu = None
+        self._short.closed = True
         self._unusable = f"communicator {self._id} was freed; create a new one with Dup() or Split()"
         error = None
         try:  # no peer may still be using our IPC memory when it is unmapped
@@ -334,22 +342,6 @@ class Communicator:
             return
         _wait_enqueued(req, status)
 
-    # The short paths of host point to point: a contiguous NumPy array of plain values, plain
-    # in-range rank and tag, a live communicator (and no open group for the blocking ones). They
-    # answer done (True, or the request) or decline (False, None): the caller then takes its
-    # general path, which checks everything. gpucoll.MPI's point to point tries them first too.
-    def _send_short(self, buf, dest, tag):
-        return self._group is None and not self._freed and self._short.send(buf, dest, tag)
-
-    def _isend_short(self, buf, dest, tag):
-        return None if self._freed else self._short.isend(buf, dest, tag)
-
-    def _recv_short(self, buf, source, tag, status):
-        return self._group is None and not self._freed and self._short.recv(buf, source, tag, status)
-
-    def _irecv_short(self, buf, source, tag):
-        return None if self._freed else self._short.irecv(buf, source, tag)
-
     def Send(self, buf, dest, tag=0, stream=None):
         if stream is None and self._send_short(buf, dest, tag):
             return
@@ -524,7 +516,7 @@ class CommSeam:
     - `p2p`: its point-to-point engine (gpucoll/engines/p2p/host.py: object messages, probes,
       synchronous sends);
     - `send_short`, `isend_short`, `recv_short`, `irecv_short`: the short paths of host point to
-      point (see Communicator._send_short): done, or declined with nothing done.
+      point (gpucoll._native.p2p.ShortPaths): done, or declined with nothing done.
     """
 
     __slots__ = ("context", "id", "p2p", "send_short", "isend_short", "recv_short", "irecv_short", "_comm")
@@ -555,6 +547,7 @@ class _Group:
         self.outer = comm._group
         if self.outer is None:
             comm._group = self
+            comm._short.grouped = True
         return self
 
     def __exit__(self, kind, exc, tb):
@@ -562,6 +555,7 @@ class _Group:
         if self.outer is not None:
             return False
         comm._group = None
+        comm._short.grouped = False
         if kind is not None:  # the block raised: what it deferred is dropped with it
             if comm._p2p.gpu is not None:
                 comm._p2p.gpu.drop_group()

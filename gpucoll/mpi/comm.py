@@ -43,7 +43,7 @@ class _CommState:
     """What every handle of one communicator shares."""
 
     __slots__ = ("core", "name", "errhandler", "attrs", "info", "children", "locks", "ctx", "topo", "inter", "cls",
-                 "__weakref__")
+                 "seam", "__weakref__")
 
     def __init__(self, core, name, cls):
         self.core, self.name = core, name
@@ -55,6 +55,7 @@ class _CommState:
         self.topo = None    # a topology (topology.py) of a Cartcomm, Graphcomm or Distgraphcomm
         self.inter = None   # the remote side of an Intercomm (intercomm.py)
         self.cls = cls      # the handle class of this kind of communicator (what fromint returns)
+        self.seam = core.seam  # of the communicator point to point runs on (an Intercomm's: its bridge's)
 
 
 def comm_error(message, error_class=ERR_COMM):

@@ -46,14 +46,21 @@ def _bridge(ctx, name, local, remote):
     return _core.Communicator(ctx, name, tuple(remote) + tuple(local))
 
 
+def _attach(handle, remote, bridge):
+    """Make handle the intercommunicator of its group with `remote` over `bridge`: point to point
+    runs on the bridge, whose short paths reach the remote group's ranks only (its first ones)."""
+    handle._s.inter = InterSide(remote, bridge)
+    handle._s.seam = bridge.seam
+    bridge.seam.p2p.short.peers = len(remote)
+    return handle
+
+
 def make(local_core, remote, my_key, their_key, cls=None):
     """The Intercomm of local_core with the remote group (world ranks); the bridge is named by
     both sides' keys, lower group first, so that both sides give it the same name."""
     keys = sorted([my_key, their_key], key=lambda k: int(k.rsplit("@", 1)[1]))
     bridge = _bridge(local_core.seam.context, f"ic[{keys[0]}|{keys[1]}]", local_core.world_ranks, remote)
-    handle = (cls or Intercomm)._wrap(local_core)
-    handle._s.inter = InterSide(remote, bridge)
-    return handle
+    return _attach((cls or Intercomm)._wrap(local_core), remote, bridge)
 
 
 def create_intercomm(intra, local_leader, peer_comm, remote_leader, tag):
@@ -168,9 +175,8 @@ class Intercomm(Comm):
     def _derived(self, local_core, remote, suffix):
         """A new intercomm of local_core with `remote`, its bridge named after this one's."""
         bridge_name = f"{self._s.inter.bridge.seam.id}.{suffix}"
-        handle = type(self)._wrap(local_core)
-        handle._s.inter = InterSide(remote, _bridge(local_core.seam.context, bridge_name, local_core.world_ranks, remote))
-        return handle
+        bridge = _bridge(local_core.seam.context, bridge_name, local_core.world_ranks, remote)
+        return _attach(type(self)._wrap(local_core), remote, bridge)
 
     def Dup(self, info=None):
         """A new intercommunicator between the same groups (collective over both)."""

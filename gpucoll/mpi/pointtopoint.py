@@ -24,10 +24,17 @@ from .buffer import buffer as _buffer
 from .composite import Composite
 from .datatype import plain_predefined
 from .matched import Message
-from .request import Prequest, Request
+from .request import Prequest, Request, handle_of as _handle
 from .status import reset
 
 ANY_SOURCE, ANY_TAG, PROC_NULL = _C["ANY_SOURCE"], _C["ANY_TAG"], _C["PROC_NULL"]
+# The hot path of Send, Isend, Recv and Irecv tries the communicator's point-to-point short paths
+# first (comm.seam: gpucoll._native.p2p.ShortPaths), which read in C an exact ndarray, bytes-like
+# objects (MPI.buffer, bytearray, ...) and [buf, TYPE] / [buf, count, TYPE] of the predefined
+# datatypes registered below, and decline anything else; then the general path reads the message
+# specification and checks everything. A bare NumPy array is its message only when its dtype is a
+# basic datatype's.
+_ndarray, _BASIC = np.ndarray, _m.BASIC_DTYPES
 
 
 def _proc_null_status(status):
@@ -69,15 +76,6 @@ def _check_tag(tag, what, wildcard=False):
                                 error_class=_C["ERR_TAG"])
 
 
-def _plain(buf):
-    """Whether buf may try the communicator's point-to-point short paths (gpucoll/api/comm.py),
-    which read in C an exact ndarray, bytes-like objects (MPI.buffer, bytearray, ...) and
-    `[buf, TYPE]` / `[buf, count, TYPE]` of the predefined datatypes registered below, and decline
-    anything else; then the general path reads the message specification and checks everything.
-    A bare NumPy array is its message only when its dtype is a basic datatype's."""
-    return type(buf) is not np.ndarray or buf.dtype in _m.BASIC_DTYPES
-
-
 def issend_state(core, payload, dest, tag, what):
     """A synchronous send of payload (bytes) started: complete once dest has matched it."""
     from ..base.request import CompletedRequest
@@ -106,9 +104,10 @@ class PointToPoint:
 
     def Send(self, buf, dest, tag=0):
         """Send buf to dest (returns once the bytes are handed over: sends are eager)."""
-        core = self._c("Send")
-        if _plain(buf) and core.seam.send_short(buf, dest, tag):
+        s = self._s  # the hot path (see _BASIC): _c() written out
+        if s is not None and (type(buf) is not _ndarray or buf.dtype in _BASIC) and s.seam.send_short(buf, dest, tag):
             return
+        core = self._c("Send")
         dest = _as_rank(dest)
         _check_tag(tag, "Send")
         core.Send(self._send_bytes(buf, dest, "Send"), dest, tag)
@@ -116,10 +115,12 @@ class PointToPoint:
     Bsend = Rsend = Send
 
     def Isend(self, buf, dest, tag=0):
+        s = self._s  # the hot path (see _BASIC): _c() written out
+        if s is not None and (type(buf) is not _ndarray or buf.dtype in _BASIC):
+            req = s.seam.isend_short(buf, dest, tag)
+            if req is not None:
+                return _handle(req)
         core = self._c("Isend")
-        req = core.seam.isend_short(buf, dest, tag) if _plain(buf) else None
-        if req is not None:
-            return Request._of(req)
         dest = _as_rank(dest)
         _check_tag(tag, "Isend")
         data = self._send_bytes(buf, dest, "Isend")
@@ -175,12 +176,13 @@ class PointToPoint:
 
     def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Receive into buf; status (an MPI.Status) gets the source, tag and size."""
-        core = self._c("Recv")
-        if _plain(buf):
+        s = self._s  # the hot path (see _BASIC): _c() written out
+        if s is not None and (type(buf) is not _ndarray or buf.dtype in _BASIC):
             if status is not None:
                 reset(status)
-            if core.seam.recv_short(buf, source, tag, status):
+            if s.seam.recv_short(buf, source, tag, status):
                 return
+        self._c("Recv")
         if source == PROC_NULL:
             _proc_null_status(status)
             return
@@ -190,10 +192,12 @@ class PointToPoint:
         state.Wait(status)
 
     def Irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
+        s = self._s  # the hot path (see _BASIC): _c() written out
+        if s is not None and (type(buf) is not _ndarray or buf.dtype in _BASIC):
+            req = s.seam.irecv_short(buf, source, tag)
+            if req is not None:
+                return _handle(req)
         core = self._c("Irecv")
-        req = core.seam.irecv_short(buf, source, tag) if _plain(buf) else None
-        if req is not None:
-            return Request._of(req)
         return Request._of(self._irecv_state(buf, source, tag, "Irecv"))
 
     def Recv_init(self, buf, source=ANY_SOURCE, tag=ANY_TAG):

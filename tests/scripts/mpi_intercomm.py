@@ -26,6 +26,14 @@ out = {"identity": [type(inter).__name__, inter.Is_inter(), inter.size, rsize, i
 got = np.zeros(1, "i")
 inter.Sendrecv(np.array([w], "i"), r, 3, got, r, 3)
 out["p2p"] = int(got[0])
+# remote rank 2 does not exist (the remote group has 2): refused, not delivered to the bridge's
+# rank 2, which is a rank of this group (the two talk first, so that their channel is open)
+world.Sendrecv(np.zeros(1, "i"), w ^ 1, 12, np.zeros(1, "i"), w ^ 1, 12)
+try:
+    inter.Send(np.zeros(1, "i"), rsize, 4)
+    out["p2p_bad_rank"] = "sent"
+except MPI.Exception as exc:
+    out["p2p_bad_rank"] = exc.Get_error_class() == MPI.ERR_RANK
 
 # Bcast from rank 1 of group A: MPI.ROOT there, PROC_NULL for rank 0 of A, remote rank 1 for group B
 buf = np.array([w * 10] * 3, "i") if w == 1 else np.full(3, -1, "i")

@@ -117,5 +117,6 @@ for api, comm_, waitall in (("gpucoll.MPI", comm, MPI.Request.Waitall),
         nulled = all(not q for q in reqs) if api == "gpucoll.MPI" else None
         windows[f"{api}{' statuses' if with_status else ''}"] = [exact, nulled, settled_together() - before]
 out["windows"] = windows
+
 comm.Barrier()
 print("RESULT", json.dumps({"rank": r, **out}), flush=True)
