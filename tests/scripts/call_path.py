@@ -2,7 +2,7 @@
 
     gpurun -np 2 python call_path.py     # prints "RESULT {json}" on every rank
 
-A Barrier makes the direct group; the group is then wrapped so that its next all-reduce
+A Barrier makes the direct group (its fast paths are then dropped); the group is then wrapped so that its next all-reduce
 records the call stack (the modules of its frames, from Communicator.Allreduce down, one
 entry per run of frames of one module) before it goes on to the native call.
 """
@@ -17,6 +17,7 @@ from gpucoll import IN_PLACE
 
 comm = gpucoll.COMM_WORLD
 comm.Barrier()
+comm._fast.host = None  # the barrier installed the fast paths: the next all-reduce takes the general path
 engine = comm._dispatch.direct
 real = engine.group()
 out = {}
