@@ -14,6 +14,7 @@ Each run starts the same rank program under `gpurun -np 2` with gpucoll, then un
   bw       rank 0 starts a window of Isends (64, fewer for large messages), rank 1 as many
            Irecvs; Waitall; rank 1 answers with a 4-byte message; bandwidth = window bytes / time
   bibw     both ranks do both at once (Irecvs, Isends, Waitall): bytes both ways / time
+  barrier  a window as in bw (up to 64 KiB), rank 1's answer, then Barrier: its time on the slower rank
 
 Both libraries' ranks are bound to a core each: gpucoll's by gpurun, Open MPI's by `mpiexec
 --bind-to core` (which --oversubscribe alone would turn off). Unbound, a busy machine may put both
@@ -166,6 +167,24 @@ for nbytes in sizes:
             times.sort()
             moved = w * nbytes * (2 if test == "bibw" else 1)
             res[test] = {"t": times[len(times) // 2], "gbps": moved / times[len(times) // 2] / 1e9, "wrong": wrong}
+    if not gpu and "barrier" in tests and small:
+        # a 2-rank Barrier right after a window (rank 0 Isends, rank 1 Irecvs, Waitall, rank 1's
+        # 4-byte answer): the slower rank's median, as a user's timing of the step would see it
+        w = window(nbytes)
+        ack = np.zeros(4, np.uint8)
+        times = []
+        for i in range(max(3, n // w) + 2):
+            if rank == 1:
+                Waitall([comm.Irecv(B, peer, 2) for _ in range(w)])
+            else:
+                Waitall([comm.Isend(A, peer, 2) for _ in range(w)])
+            comm.Send(ack, peer, 3) if rank == 1 else comm.Recv(ack, peer, 3)
+            t0 = time.perf_counter()
+            comm.Barrier()
+            if i >= 2:
+                times.append(time.perf_counter() - t0)
+        times.sort()
+        res["barrier"] = {"t": times[len(times) // 2], "wrong": 0}
     out[nbytes] = res
 everything = comm.gather(out, root=0)
 if rank == 0:
@@ -173,6 +192,8 @@ if rank == 0:
     for nbytes in sizes:  # the wrong counts of both ranks
         r0, r1 = everything[0][nbytes], everything[1][nbytes]
         merged[nbytes] = {k: dict(v, wrong=v["wrong"] + r1[k]["wrong"]) for k, v in r0.items()}
+        if "barrier" in merged[nbytes]:  # the slower rank's
+            merged[nbytes]["barrier"]["t"] = max(r0["barrier"]["t"], r1["barrier"]["t"])
     sys.stdout.write("RESULT " + json.dumps(merged) + "\n")
 '''
 
@@ -201,7 +222,7 @@ def size(text):
 
 def table(title, runs, sizes, test, ours, peer, peer_name, repeats):
     """Print and return the rows of one test."""
-    latency = test == "latency"
+    latency = test in ("latency", "barrier")
     unit = "us" if latency else "GB/s"
     print(f"\n# {title}; each cell: median [min-max] of {repeats} runs; ratio: "
           + ("peer time / gpucoll time" if latency else "gpucoll bandwidth / peer bandwidth") + ", run by run")
@@ -281,7 +302,7 @@ def main():
     ap.add_argument("--iters", type=int, default=2000, help="round trips per size up to 64 KiB")
     ap.add_argument("--min", type=size, default=8, help="smallest message (8)")
     ap.add_argument("--max", type=size, default=256 << 20, help="largest message (256M)")
-    ap.add_argument("--tests", default="latency,bw,bibw", help="which of latency,bw,bibw (all)")
+    ap.add_argument("--tests", default="latency,bw,bibw,barrier", help="which of latency,bw,bibw,barrier (all)")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each library, alternating (3)")
     ap.add_argument("--gpu", action="store_true", help="also GPU rows (latency; CuPy and 2 GPUs), NCCL beside")
     ap.add_argument("--no-bind", action="store_true", help="leave both libraries' ranks unbound (--bind-to none)")
@@ -334,7 +355,8 @@ def main():
 
     rows = []
     names = {"latency": "one-way time (blocking Send + Recv ping-pong / 2)",
-             "bw": "bandwidth (a window of Isends, one way)", "bibw": "bidirectional bandwidth (windows both ways)"}
+             "bw": "bandwidth (a window of Isends, one way)", "bibw": "bidirectional bandwidth (windows both ways)",
+             "barrier": "a 2-rank Barrier right after a window of this size (the slower rank's time)"}
     where = ("point to point between 2 hosts (network namespaces + veth, TCP)" if args.hosts
              else "host point to point, 2 ranks of one host")
     for test in args.tests.split(","):
