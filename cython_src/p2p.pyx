@@ -687,7 +687,9 @@ cdef class ShortPaths:
     cdef object ready, p2p, ndarray
     cdef long long size
     cdef double timeout
-    cdef readonly unsigned long long forms  # messages taken that were not a bare ndarray (tests)
+    # Messages taken (tests): `specs` given as [buf, TYPE] / [buf, count, TYPE], `forms` as another
+    # bare object than an ndarray (the general path hands the short paths neither: it reads both)
+    cdef readonly unsigned long long specs, forms
     # Set by the communicator: closed once it is freed (or inherited by a fork), grouped inside
     # comm.group() (the blocking calls then take the general path, which defers them)
     cdef public bint closed, grouped
@@ -699,6 +701,13 @@ cdef class ShortPaths:
         self.eng, self.key, self.world, self.ready = eng, key, world, ready
         self.p2p, self.ndarray, self.size, self.timeout = p2p, ndarray, len(world), timeout
         self.peers = self.size
+
+    cdef inline void _count(self, buf):
+        cdef object t = type(buf)
+        if t is list or t is tuple:
+            self.specs += 1
+        elif t is not self.ndarray:
+            self.forms += 1
 
     cdef int _dest(self, buf, dest, tag) except -3:
         """The world rank to send to, or -2 to decline."""
@@ -722,7 +731,7 @@ cdef class ShortPaths:
         cdef int32_t t
         if self.closed or self.grouped or world < 0 or not _message(buf, &view, PyBUF_SIMPLE, self.ndarray):
             return False
-        self.forms += type(buf) is not self.ndarray
+        self._count(buf)
         t = tag
         with nogil:
             sent = gc_p2p_send_now(self.eng.e, self.key, world, t, <const char *>view.buf, <uint64_t>view.len)
@@ -741,7 +750,7 @@ cdef class ShortPaths:
         cdef int world = self._dest(buf, dest, tag)
         if self.closed or world < 0 or not _message(buf, &view, PyBUF_SIMPLE, self.ndarray):
             return None
-        self.forms += type(buf) is not self.ndarray
+        self._count(buf)
         cdef Py_ssize_t n = view.len
         return _request(_start(self.eng, True, self.key, world, <int32_t>tag, &view), self.p2p, "Isend", False,
                         dest, tag, buf, n, self.timeout, None)
@@ -752,7 +761,7 @@ cdef class ShortPaths:
         cdef int world = self._source(buf, source, tag)
         if self.closed or world == -2 or not _message(buf, &view, PyBUF_WRITABLE, self.ndarray):
             return None
-        self.forms += type(buf) is not self.ndarray
+        self._count(buf)
         cdef Py_ssize_t n = view.len
         return _request(_start(self.eng, False, self.key, world, <int32_t>tag, &view), self.p2p, "Irecv", True,
                         source, tag, buf, n, self.timeout, None)
@@ -763,7 +772,7 @@ cdef class ShortPaths:
         cdef int world = self._source(buf, source, tag), got = 0
         if self.closed or self.grouped or world == -2 or not _message(buf, &view, PyBUF_WRITABLE, self.ndarray):
             return False
-        self.forms += type(buf) is not self.ndarray
+        self._count(buf)
         cdef Py_ssize_t n = view.len
         cdef Req q = _start(self.eng, False, self.key, world, <int32_t>tag, &view)
         cdef gc_p2p_req *one = q.r

@@ -4,7 +4,8 @@
 
 Every form goes both ways (Send/Recv and Isend/Irecv + Waitall); each result says whether the
 bytes arrived exactly, what the status counted and how many of the calls the native short paths
-read without the general path (`forms`: messages that were not a bare NumPy array).
+read without the general path (`specs`: [buf, TYPE] lists, `forms`: other objects than a bare
+NumPy array; the general path hands the short paths neither, only the arrays it reads out).
 """
 import array
 import json
@@ -52,7 +53,7 @@ out = {}
 for kind in ("alloc", "bytearray", "memoryview", "array", "list-type", "tuple-count"):
     res = {}
     for nbytes in (8, 4096, 1 << 20):
-        before = short.forms
+        specs, forms = short.specs, short.forms
         smsg, sbytes = as_form(kind, bytearray(nbytes))
         rmsg, rbytes = as_form(kind, bytearray(nbytes))
         sbytes[:] = pattern(nbytes, r).astype(np.uint8)
@@ -68,7 +69,7 @@ for kind in ("alloc", "bytearray", "memoryview", "array", "list-type", "tuple-co
         reqs = [comm.Irecv(rmsg, peer, 4), comm.Isend(smsg, peer, 4)]
         MPI.Request.Waitall(reqs)
         ok2 = bool((rbytes == pattern(nbytes, peer).astype(np.uint8)).all())
-        res[nbytes] = [ok, ok2, st.Get_count(MPI.BYTE), st.Get_source(), short.forms - before]
+        res[nbytes] = [ok, ok2, st.Get_count(MPI.BYTE), st.Get_source(), short.specs - specs, short.forms - forms]
     out[kind] = res
 
 # [buf, count, TYPE]: only the first count elements travel, the receive's capacity is count too
