@@ -24,7 +24,7 @@ from .buffer import buffer as _buffer
 from .composite import Composite
 from .datatype import plain_predefined
 from .matched import Message
-from .request import Prequest, Request, handle_of as _handle
+from .request import Prequest, Request
 from .status import reset
 
 ANY_SOURCE, ANY_TAG, PROC_NULL = _C["ANY_SOURCE"], _C["ANY_TAG"], _C["PROC_NULL"]
@@ -35,6 +35,7 @@ ANY_SOURCE, ANY_TAG, PROC_NULL = _C["ANY_SOURCE"], _C["ANY_TAG"], _C["PROC_NULL"
 # specification and checks everything. A bare NumPy array is its message only when its dtype is a
 # basic datatype's.
 _ndarray, _BASIC = np.ndarray, _m.BASIC_DTYPES
+_handle = Request._of  # bound once: the hot path calls it per request
 
 
 def _proc_null_status(status):

@@ -325,13 +325,6 @@ class Request:
         raise request_error("Start: only persistent requests (Prequest) can be started")
 
 
-def handle_of(state, _new=object.__new__):
-    """Request._of(state) for the exact class, as cheaply as Python allows (point to point's hot path)."""
-    req = _new(Request)
-    req._s, req._cancelled = state, False
-    return req
-
-
 def handles(requests):
     """The requests as MPI.Request handles: gpucoll's own requests (what gpucoll.COMM_WORLD's Isend
     returns) are wrapped, MPI handles are used as they are (so that completing them nulls them)."""

@@ -88,6 +88,8 @@ for name, call in [
     ("Iallreduce", lambda: dup.Iallreduce(gpucoll.IN_PLACE, np.ones(2))),
     ("Barrier", lambda: dup.Barrier()),
     ("Send", lambda: dup.Send(np.ones(2), dest=0)),
+    ("Isend", lambda: dup.Isend(np.ones(2), dest=0)),
+    ("Recv", lambda: dup.Recv(np.ones(2), source=0)),
     ("Irecv", lambda: dup.Irecv(np.ones(2), source=0)),
     ("bcast", lambda: dup.bcast("x")),
     ("allgather", lambda: dup.allgather("x")),
