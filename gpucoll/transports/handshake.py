@@ -342,7 +342,10 @@ class PeerListener:
         if self._closed:
             return
         self._closed = True
-        os.write(self._wake_w, b"x")
+        try:
+            os.write(self._wake_w, b"x")
+        except BrokenPipeError:  # the accept loop has already ended (its read end is closed)
+            pass
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         os.close(self._wake_w)
