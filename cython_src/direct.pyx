@@ -428,6 +428,60 @@ cdef inline int _send_view(object sendbuf, object ndarray, object dt, Py_buffer 
     return 1
 
 
+cdef class CallGate:
+    """Who runs a communicator's next host call, and its number: the state an ordered queue
+    (gpucoll/engines/queue.py) shares with every inline path, HostFast's included.
+
+    `busy`: a call is running (inline in a caller's thread, or on the queue's worker);
+    `queued`: calls waiting for the worker; `seq`: the next call's sequence number. Every
+    method runs with the GIL held and calls no Python code between its test and its update,
+    so each is atomic with respect to the other Python threads: the caller's claim (enter)
+    and the worker's (claim_queued) need no lock, and the native fast paths claim, number and
+    release a call with no Python call at all."""
+
+    cdef public bint busy, closed
+    cdef readonly Py_ssize_t queued
+    cdef public unsigned long long seq
+    cdef object wake  # called by leave() when the worker has something to do
+
+    def __init__(self, wake):
+        self.wake = wake
+
+    cpdef bint enter(self):
+        """Claim the next call for the caller's thread: True when nothing is queued or running."""
+        if self.queued or self.busy:
+            return False
+        self.busy = True
+        return True
+
+    cpdef leave(self):
+        """End the call enter() claimed; wake the worker if it has something to do."""
+        self.busy = False
+        if self.queued or self.closed:
+            self.wake()
+
+    def add_queued(self):
+        self.queued += 1
+
+    def claim_queued(self):
+        """The worker's claim of the oldest queued call: True when one is queued and none runs."""
+        if self.busy or not self.queued:
+            return False
+        self.queued -= 1
+        self.busy = True
+        return True
+
+    def drop_queued(self):
+        """Forget every queued call (a forked child, whose worker does not exist)."""
+        self.queued = 0
+
+    cpdef unsigned long long next_seq(self):
+        """The next sequence number: the one place that numbers a communicator's calls."""
+        cdef unsigned long long seq = self.seq
+        self.seq = seq + 1
+        return seq
+
+
 cdef class HostFast:
     """The packed host fast paths of a communicator's Allreduce, Bcast, Reduce, Allgather (NumPy
     arrays) and Barrier over a direct group (installed by gpucoll/dispatch/dispatcher.py once a call ran on
@@ -438,19 +492,20 @@ cdef class HostFast:
     size, contiguous in C or Fortran order (the bytes in memory order, as MPI reads them),
     writable where the result lands, no overlap, an op the dtype supports, a root in range, a
     non-empty call whose algorithm is "direct"), claims the communicator's ordered queue
-    (hooks.queue.enter(): only when nothing is queued), takes the next sequence number
-    (hooks.next_seq()) and makes the native call. It returns False, having done nothing,
+    (the queue's CallGate: only when nothing is queued), takes the next sequence number from
+    it and makes the native call, all without a Python call. It returns False, having done nothing,
     whenever a check fails, so that the general path runs the call and raises its usual
     errors. A failed native call raises through hooks.fast_failed() (gpucoll/dispatch/diagnosis.py),
     as the general path's failures do.
 
-    hooks: the dispatcher's public face: queue, next_seq(), choices (the cost table's cached
+    hooks: the dispatcher's public face: queue (.gate), choices (the cost table's cached
     answers, (kind, table bytes) -> algorithm), choose(call), diagnosis (.broken), timeout,
     fast_failed(kind, count, code, op, root, seq, exc).
     """
 
     cdef DirectGroup group
-    cdef object hooks, enter, leave, next_seq, choose, diagnosis, choices
+    cdef CallGate gate
+    cdef object hooks, choose, diagnosis, choices
     cdef object in_place, ndarray, op_type, codes, call_type
     cdef double timeout
     cdef int rank, size
@@ -460,8 +515,8 @@ cdef class HostFast:
         from gpucoll.base.call import Call
 
         self.group, self.hooks = group, hooks
-        self.enter, self.leave = hooks.queue.enter, hooks.queue.leave
-        self.next_seq, self.choose, self.diagnosis = hooks.next_seq, hooks.choose, hooks.diagnosis
+        self.gate = hooks.queue.gate
+        self.choose, self.diagnosis = hooks.choose, hooks.diagnosis
         self.choices = hooks.choices
         self.in_place, self.ndarray, self.op_type, self.codes = in_place, ndarray, op_type, codes
         self.call_type = Call
@@ -515,16 +570,16 @@ cdef class HostFast:
             if nbytes == 0:
                 return False
             count = nbytes // <size_t>rv.itemsize
-            if not self._direct("allreduce", nbytes, count, code, op, 0) or not self.enter():
+            if not self._direct("allreduce", nbytes, count, code, op, 0) or not self.gate.enter():
                 return False
-            seq = self.next_seq()
+            seq = self.gate.next_seq()
             self.calls += 1
             try:
                 with nogil:
                     st = gc_direct_allreduce(&self.group.g, <const void *>saddr, <void *>raddr, count, code,
                                              op_code, self.timeout)
             finally:
-                self.leave()
+                self.gate.leave()
             if st:
                 self._failed(st, "allreduce", count, code, op, 0, seq)
             return True
@@ -536,15 +591,15 @@ cdef class HostFast:
     def barrier(self):
         """Barrier: True once every rank entered it, False to decline (the general path runs it)."""
         cdef int st
-        if not self._direct("barrier", 0, 0, 0, None, 0) or not self.enter():
+        if not self._direct("barrier", 0, 0, 0, None, 0) or not self.gate.enter():
             return False
-        seq = self.next_seq()
+        seq = self.gate.next_seq()
         self.calls += 1
         try:
             with nogil:
                 st = gc_direct_barrier(&self.group.g, self.timeout)
         finally:
-            self.leave()
+            self.gate.leave()
         if st:
             self._failed(st, "barrier", 0, 0, None, 0, seq)
         return True
@@ -571,15 +626,15 @@ cdef class HostFast:
             if nbytes == 0:
                 return False
             count = nbytes // <size_t>bv.itemsize
-            if not self._direct("bcast", nbytes, count, code, None, r) or not self.enter():
+            if not self._direct("bcast", nbytes, count, code, None, r) or not self.gate.enter():
                 return False
-            seq = self.next_seq()
+            seq = self.gate.next_seq()
             self.calls += 1
             try:
                 with nogil:
                     st = gc_direct_bcast(&self.group.g, bv.buf, nbytes, r, self.timeout)
             finally:
-                self.leave()
+                self.gate.leave()
             if st:
                 self._failed(st, "bcast", count, code, None, r, seq)
             return True
@@ -628,16 +683,16 @@ cdef class HostFast:
             if not gc_op_valid(code, op_code) or nbytes == 0:
                 return False
             count = nbytes // <size_t>dt.itemsize
-            if not self._direct("reduce", nbytes, count, code, op, r) or not self.enter():
+            if not self._direct("reduce", nbytes, count, code, op, r) or not self.gate.enter():
                 return False
-            seq = self.next_seq()
+            seq = self.gate.next_seq()
             self.calls += 1
             try:
                 with nogil:
                     st = gc_direct_reduce(&self.group.g, <const void *>saddr, <void *>raddr, count, code, op_code,
                                           r, self.timeout)
             finally:
-                self.leave()
+                self.gate.leave()
             if st:
                 self._failed(st, "reduce", count, code, op, r, seq)
             return True
@@ -678,15 +733,15 @@ cdef class HostFast:
                     return False
                 saddr = <uintptr_t>sv.buf
             count = block // isz
-            if not self._direct("allgather", total, count, code, None, 0) or not self.enter():
+            if not self._direct("allgather", total, count, code, None, 0) or not self.gate.enter():
                 return False
-            seq = self.next_seq()
+            seq = self.gate.next_seq()
             self.calls += 1
             try:
                 with nogil:
                     st = gc_direct_allgather(&self.group.g, <const void *>saddr, <void *>raddr, block, self.timeout)
             finally:
-                self.leave()
+                self.gate.leave()
             if st:
                 self._failed(st, "allgather", count, code, None, 0, seq)
             return True

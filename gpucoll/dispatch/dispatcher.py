@@ -27,11 +27,11 @@ _VIA = {"direct": "SHM/direct", "hierarchical": "SHM+TCP"}
 class Dispatcher:
     def __init__(self, view):
         self.view = view
-        self.seq = 0                # the next call's sequence number (next_seq() hands them out)
         self.timeout = config.TIMEOUT.get()
         self.checks = config.DEBUG_CHECKS.get()
         self.forced = config.ALGO.get()
         self.queue = OrderedQueue(view.id)
+        self.next_seq = self.queue.gate.next_seq  # the one place that numbers calls
         self.choices = {}           # (kind, table bytes) -> algorithm: the cost table's answers, cached
         single_host = view.local_size == view.size
         self.shm = single_host and not config.SHM_DISABLE.get()
@@ -54,11 +54,10 @@ class Dispatcher:
     def check_alive(self):
         self.diagnosis.check_alive()
 
-    def next_seq(self):
-        """The next sequence number: the one place that numbers calls."""
-        seq = self.seq
-        self.seq = seq + 1
-        return seq
+    @property
+    def seq(self):
+        """The next call's sequence number (next_seq() hands them out)."""
+        return self.queue.gate.seq
 
     def fast_failed(self, kind, count, code, op, root, seq, exc):
         """A native fast path's call #seq failed with `exc`: raise what it means."""

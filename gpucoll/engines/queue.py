@@ -9,6 +9,7 @@ native loops release the GIL, so queued operations overlap with the caller's wor
 import collections
 import threading
 
+from .._native.direct import CallGate
 from ..base.request import Request
 
 
@@ -18,33 +19,23 @@ class OrderedQueue:
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
         self._queue = collections.deque()
-        self._busy = False  # an operation is running (inline or on the worker)
+        # busy / queued / the sequence numbers: native, so that the inline paths claim and
+        # release a call without a lock or a Python call (see CallGate).
+        self.gate = CallGate(self._wake)
+        self.enter = self.gate.enter
+        self.leave = self.gate.leave
         self._worker = None
         self._closed = False
         self._current = None  # the request the worker is running
 
-    def enter(self):
-        """Claim the engine for one operation run inline by the caller, when nothing is queued
-        or running: True (then call leave() when it is done), else False (nothing claimed;
-        queue the operation with submit() to keep the order). The public hook of every inline
-        path, the native fast paths' included."""
-        lock = self._lock  # the condition's own lock, taken directly: this is every call's path
-        lock.acquire()
-        inline = not self._queue and not self._busy
-        if inline:
-            self._busy = True
-        lock.release()
-        return inline
+    # enter(): claim the engine for one operation run inline by the caller, when nothing is
+    # queued or running: True (then call leave() when it is done), else False (nothing claimed;
+    # queue the operation with submit() to keep the order). leave(): end it, waking the worker
+    # if something is queued. Both are the gate's, bound in __init__.
 
-    def leave(self):
-        """End the operation that enter() claimed; wake the worker if something is queued.
-        `_busy` is cleared without the lock (this is every inline call's path): a worker that
-        saw it set is waiting, or about to, on the condition, and is notified under its lock
-        whenever there is something for it to do."""
-        self._busy = False
-        if self._queue or self._closed:
-            with self._cv:
-                self._cv.notify_all()
+    def _wake(self):
+        with self._cv:
+            self._cv.notify_all()
 
     def run(self, task):
         """Run task() now, in order after anything pending; return its result."""
@@ -62,6 +53,7 @@ class OrderedQueue:
             if self._closed:
                 raise RuntimeError(f"communicator {self._name} is freed")
             self._queue.append((task, req))
+            self.gate.add_queued()
             if self._worker is None:
                 self._worker = threading.Thread(target=self._loop, name=f"gpucoll-{self._name}", daemon=True)
                 self._worker.start()
@@ -69,15 +61,15 @@ class OrderedQueue:
         return req
 
     def _loop(self):
+        gate = self.gate
         while True:
             with self._cv:
                 # Never beside a running operation, even after close(): that one may be inline.
-                while self._busy or (not self._queue and not self._closed):
+                while not gate.claim_queued():
+                    if self._closed and not gate.busy:  # closed, and everything queued has run
+                        return
                     self._cv.wait()
-                if not self._queue:  # closed, and everything queued has run
-                    return
                 task, req = self._queue.popleft()
-                self._busy = True
                 self._current = req
             try:
                 req._finish(task())
@@ -85,13 +77,13 @@ class OrderedQueue:
                 req._finish(error=exc)
             finally:
                 with self._cv:
-                    self._busy = False
+                    gate.busy = False
                     self._current = None
                     self._cv.notify_all()
 
     def idle(self):
         with self._cv:
-            return not self._queue and not self._busy
+            return not self.gate.queued and not self.gate.busy
 
     def abandon(self, error):
         """In a forked child, where the worker thread does not exist: fail every request it
@@ -101,7 +93,9 @@ class OrderedQueue:
         self._cv = threading.Condition(self._lock)
         pending = [req for _, req in self._queue] + ([self._current] if self._current is not None else [])
         self._queue.clear()
+        self.gate.drop_queued()
         self._closed, self._worker, self._current = True, None, None
+        self.gate.closed = True
         for req in pending:
             req._finish(error=error)
 
@@ -109,6 +103,7 @@ class OrderedQueue:
         """Finish what is queued, then stop the worker."""
         with self._cv:
             self._closed = True
+            self.gate.closed = True
             self._cv.notify_all()
             worker = self._worker
         if worker is not None and worker is not threading.current_thread():
