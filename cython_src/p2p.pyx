@@ -49,6 +49,7 @@ cdef extern from "gc_p2p.h" nogil:
     void gc_p2p_set_peer(gc_p2p *e, int peer, int pid, int cma, int eager_max)
     void gc_p2p_set_channel(gc_p2p *e, int peer, gc_chan *chan)
     void gc_p2p_set_share(gc_p2p *e, int on)
+    void gc_p2p_set_spin(gc_p2p *e, double seconds)
     void gc_p2p_copied(gc_p2p *e, uint64_t *read, uint64_t *written)
     int gc_p2p_has_channel(gc_p2p *e, int peer)
     gc_p2p_req *gc_p2p_isend(gc_p2p *e, uint64_t comm, int dest, int32_t tag, const char *buf,
@@ -228,6 +229,34 @@ def register_bytes_type(t, bint guarded=False):
         _BARE.add(t)
 
 
+cdef class RequestHandle:
+    """The fields of gpucoll.MPI's Request (gpucoll/mpi/request.py subclasses this): the state it
+    is a handle on (a request, or None once completed: MPI.REQUEST_NULL) and whether it was
+    cancelled. Native, so that the short paths make gpucoll.MPI's handles with no Python call."""
+    cdef public object _s
+    cdef public bint _cancelled
+    cdef object __weakref__
+
+
+cdef object _HANDLE = None     # gpucoll.MPI's Request: the type of the handles the mpi_* paths return
+cdef object _MPI_BASIC = None  # the dtypes whose bare ndarrays are messages there (a basic datatype's)
+
+
+def register_mpi(handle_type, basic_dtypes):
+    """The mpi_* short paths return handles of handle_type (a subclass of RequestHandle) and take a
+    bare ndarray only when its dtype is in basic_dtypes (a set)."""
+    global _HANDLE, _MPI_BASIC
+    if not issubclass(handle_type, RequestHandle):
+        raise TypeError(f"{handle_type.__name__} does not derive from RequestHandle")
+    _HANDLE, _MPI_BASIC = handle_type, basic_dtypes
+
+
+cdef inline RequestHandle _handle(object state):
+    cdef RequestHandle h = RequestHandle.__new__(_HANDLE)
+    h._s = state
+    return h
+
+
 cdef inline int _host_bytes(object obj, Py_buffer *view, int flags, object ndarray) except -1:
     """obj's buffer when obj is a message as it is: 1, or 0 to decline."""
     cdef object t = type(obj)
@@ -319,6 +348,11 @@ cdef class P2PCore:
         """on: the sender of a large message within a host copies chunks of it too."""
         with nogil:
             gc_p2p_set_share(self.e, on)
+
+    def set_spin(self, double seconds):
+        """An idle wait spins this long before it yields the core (0: after a few spins)."""
+        with nogil:
+            gc_p2p_set_spin(self.e, seconds)
 
     def copied(self):
         """(bytes read from senders' memory, bytes written into receivers'), rendezvous only."""
@@ -583,21 +617,21 @@ cdef class P2PRequest:
         path, which completes them and raises the first error)."""
         cdef Py_ssize_t i, n = len(handles)
         cdef list states = []
-        cdef P2PRequest q
+        cdef RequestHandle h
         if n == 0:
             return False
         for i in range(n):
-            h = handles[i]
-            if type(h) is not handle_type or h._cancelled:
+            o = handles[i]
+            if type(o) is not handle_type:
                 return False
-            state = h._s
-            if type(state) is not P2PRequest:
+            h = <RequestHandle>o
+            if h._cancelled or type(h._s) is not P2PRequest:
                 return False
-            states.append(state)
+            states.append(h._s)
         if not P2PRequest._wait_all(states, -1.0, True):
             return False
         for i in range(n):
-            handles[i]._s = None
+            (<RequestHandle>handles[i])._s = None
         return True
 
 
@@ -676,6 +710,7 @@ cdef long long _TAG_UB = 2147483647  # the wire's tag is an int32
 TAG_UB = _TAG_UB
 
 
+@cython.final
 cdef class ShortPaths:
     """The short paths of one communicator's host point to point: a message in contiguous host
     memory of plain values (an array of the exact type `ndarray`, or a form _message reads), rank
@@ -724,7 +759,7 @@ cdef class ShortPaths:
             return -2
         return _ANY_SOURCE if s < 0 else self.world[s]
 
-    def send(self, buf, dest, tag):
+    cpdef bint send(self, buf, dest, tag) except -1:
         """Send: True once done (small messages at once; large ones waited for), False to decline."""
         cdef Py_buffer view
         cdef int world = self._dest(buf, dest, tag), sent
@@ -744,7 +779,7 @@ cdef class ShortPaths:
             _request(q, self.p2p, "Send", False, dest, tag, buf, n, self.timeout, None).Wait()
         return True
 
-    def isend(self, buf, dest, tag):
+    cpdef object isend(self, buf, dest, tag):
         """Isend: the request, or None to decline."""
         cdef Py_buffer view
         cdef int world = self._dest(buf, dest, tag)
@@ -755,7 +790,7 @@ cdef class ShortPaths:
         return _request(_start(self.eng, True, self.key, world, <int32_t>tag, &view), self.p2p, "Isend", False,
                         dest, tag, buf, n, self.timeout, None)
 
-    def irecv(self, buf, source, tag):
+    cpdef object irecv(self, buf, source, tag):
         """Irecv: the request, or None to decline."""
         cdef Py_buffer view
         cdef int world = self._source(buf, source, tag)
@@ -766,7 +801,7 @@ cdef class ShortPaths:
         return _request(_start(self.eng, False, self.key, world, <int32_t>tag, &view), self.p2p, "Irecv", True,
                         source, tag, buf, n, self.timeout, None)
 
-    def recv(self, buf, source, tag, status):
+    cpdef bint recv(self, buf, source, tag, status) except -1:
         """Recv: True once the bytes are in buf (status, if given, filled), False to decline."""
         cdef Py_buffer view
         cdef int world = self._source(buf, source, tag), got = 0
@@ -789,3 +824,28 @@ cdef class ShortPaths:
         req._waited(got)
         req._outcome(None)
         return True
+
+    # gpucoll.MPI's flavour (register_mpi): a bare ndarray only of a basic datatype's dtype (MPI
+    # reads any other as the general path says), and gpucoll.MPI Request handles.
+    cdef inline bint _mpi_declines(self, buf):
+        return type(buf) is self.ndarray and buf.dtype not in _MPI_BASIC
+
+    def mpi_send(self, buf, dest, tag):
+        return not self._mpi_declines(buf) and self.send(buf, dest, tag)
+
+    def mpi_recv(self, buf, source, tag, status):
+        return not self._mpi_declines(buf) and self.recv(buf, source, tag, status)
+
+    def mpi_isend(self, buf, dest, tag):
+        """Isend: a gpucoll.MPI Request on it, or None to decline."""
+        if self._mpi_declines(buf):
+            return None
+        req = self.isend(buf, dest, tag)
+        return None if req is None else _handle(req)
+
+    def mpi_irecv(self, buf, source, tag):
+        """Irecv: a gpucoll.MPI Request on it, or None to decline."""
+        if self._mpi_declines(buf):
+            return None
+        req = self.irecv(buf, source, tag)
+        return None if req is None else _handle(req)

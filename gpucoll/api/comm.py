@@ -515,16 +515,18 @@ class CommSeam:
     - `child_id(letter)`: the next child's id, `{id}.{letter}{n}`, counted with Dup and Split;
     - `p2p`: its point-to-point engine (gpucoll/engines/p2p/host.py: object messages, probes,
       synchronous sends);
-    - `send_short`, `isend_short`, `recv_short`, `irecv_short`: the short paths of host point to
-      point (gpucoll._native.p2p.ShortPaths): done, or declined with nothing done.
+    - `mpi_send`, `mpi_isend`, `mpi_recv`, `mpi_irecv`: the short paths of host point to point
+      (gpucoll._native.p2p.ShortPaths) in gpucoll.MPI's flavour: done (True, or its Request
+      handle), or declined with nothing done.
     """
 
-    __slots__ = ("context", "id", "p2p", "send_short", "isend_short", "recv_short", "irecv_short", "_comm")
+    __slots__ = ("context", "id", "p2p", "mpi_send", "mpi_isend", "mpi_recv", "mpi_irecv", "_comm")
 
     def __init__(self, comm):
         self.context, self.id, self.p2p, self._comm = comm._ctx, comm._id, comm._p2p, comm
-        self.send_short, self.isend_short = comm._send_short, comm._isend_short
-        self.recv_short, self.irecv_short = comm._recv_short, comm._irecv_short
+        short = comm._short
+        self.mpi_send, self.mpi_isend = short.mpi_send, short.mpi_isend
+        self.mpi_recv, self.mpi_irecv = short.mpi_recv, short.mpi_irecv
 
     def child_id(self, letter):
         comm = self._comm

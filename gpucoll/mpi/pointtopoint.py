@@ -33,9 +33,8 @@ ANY_SOURCE, ANY_TAG, PROC_NULL = _C["ANY_SOURCE"], _C["ANY_TAG"], _C["PROC_NULL"
 # objects (MPI.buffer, bytearray, ...) and [buf, TYPE] / [buf, count, TYPE] of the predefined
 # datatypes registered below, and decline anything else; then the general path reads the message
 # specification and checks everything. A bare NumPy array is its message only when its dtype is a
-# basic datatype's.
-_ndarray, _BASIC = np.ndarray, _m.BASIC_DTYPES
-_handle = Request._of  # bound once: the hot path calls it per request
+# basic datatype's (checked there too: ShortPaths.mpi_*, which return this module's Request handles).
+_p2p.register_mpi(Request, _m.BASIC_DTYPES)
 
 
 def _proc_null_status(status):
@@ -105,8 +104,8 @@ class PointToPoint:
 
     def Send(self, buf, dest, tag=0):
         """Send buf to dest (returns once the bytes are handed over: sends are eager)."""
-        s = self._s  # the hot path (see _BASIC): _c() written out
-        if s is not None and (type(buf) is not _ndarray or buf.dtype in _BASIC) and s.seam.send_short(buf, dest, tag):
+        s = self._s  # the hot path (see above): _c() written out
+        if s is not None and s.seam.mpi_send(buf, dest, tag):
             return
         core = self._c("Send")
         dest = _as_rank(dest)
@@ -116,11 +115,11 @@ class PointToPoint:
     Bsend = Rsend = Send
 
     def Isend(self, buf, dest, tag=0):
-        s = self._s  # the hot path (see _BASIC): _c() written out
-        if s is not None and (type(buf) is not _ndarray or buf.dtype in _BASIC):
-            req = s.seam.isend_short(buf, dest, tag)
+        s = self._s  # the hot path (see above): _c() written out, the handle made in C
+        if s is not None:
+            req = s.seam.mpi_isend(buf, dest, tag)
             if req is not None:
-                return _handle(req)
+                return req
         core = self._c("Isend")
         dest = _as_rank(dest)
         _check_tag(tag, "Isend")
@@ -177,11 +176,11 @@ class PointToPoint:
 
     def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Receive into buf; status (an MPI.Status) gets the source, tag and size."""
-        s = self._s  # the hot path (see _BASIC): _c() written out
-        if s is not None and (type(buf) is not _ndarray or buf.dtype in _BASIC):
+        s = self._s  # the hot path (see above): _c() written out
+        if s is not None:
             if status is not None:
                 reset(status)
-            if s.seam.recv_short(buf, source, tag, status):
+            if s.seam.mpi_recv(buf, source, tag, status):
                 return
         self._c("Recv")
         if source == PROC_NULL:
@@ -193,11 +192,11 @@ class PointToPoint:
         state.Wait(status)
 
     def Irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
-        s = self._s  # the hot path (see _BASIC): _c() written out
-        if s is not None and (type(buf) is not _ndarray or buf.dtype in _BASIC):
-            req = s.seam.irecv_short(buf, source, tag)
+        s = self._s  # the hot path (see above): _c() written out, the handle made in C
+        if s is not None:
+            req = s.seam.mpi_irecv(buf, source, tag)
             if req is not None:
-                return _handle(req)
+                return req
         core = self._c("Irecv")
         return Request._of(self._irecv_state(buf, source, tag, "Irecv"))
 

@@ -13,7 +13,7 @@ from ..base import config
 from ..base.errors import InvalidUsageError
 from ..base.errors import TimeoutError as GpucollTimeout
 from ..base.mpi_constants import INTEGERS as _C
-from ..engines.p2p.host import P2PRequest
+from ..engines.p2p.host import P2PRequest, RequestHandle, register_mpi
 from .status import reset
 
 UNDEFINED = _C["UNDEFINED"]
@@ -26,13 +26,15 @@ def request_error(message):
     return InvalidUsageError(message, error_class=ERR_REQUEST)
 
 
-class Request:
-    """A nonblocking operation's handle; Request() is the null request."""
+class Request(RequestHandle):
+    """A nonblocking operation's handle; Request() is the null request. Its fields (`_s`, the
+    state; `_cancelled`) are native (RequestHandle), so that the short paths of point to point
+    make handles without a Python call."""
 
-    __slots__ = ("_s", "_cancelled", "__weakref__")
+    __slots__ = ()
 
     def __new__(cls, request=None):
-        req = object.__new__(cls)
+        req = RequestHandle.__new__(cls)
         req._s, req._cancelled = None, False
         if request is not None:
             if not isinstance(request, Request) or not cls._accepts(request):
@@ -51,8 +53,8 @@ class Request:
     @classmethod
     def _of(cls, state):
         """A handle on a gpucoll request (or composite state); None stays null."""
-        req = object.__new__(cls)
-        req._s, req._cancelled = state, False
+        req = RequestHandle.__new__(cls)
+        req._s = state
         return req
 
     # --- handle semantics ------------------------------------------------------------------
@@ -485,7 +487,7 @@ class Prequest(Request):
 
     @classmethod
     def _persistent(cls, start):
-        req = object.__new__(cls)
+        req = RequestHandle.__new__(cls)
         req._s, req._cancelled, req._start, req._started = _INACTIVE, False, start, False
         return req
 

@@ -114,6 +114,9 @@ Request.register(P2PRequest)
 # objects as they are, and the message forms of the datatypes gpucoll.MPI registers.
 register_datatype = _engine.register_datatype
 register_bytes_type = _engine.register_bytes_type
+# gpucoll.MPI's Request derives from the native handle, and registers itself with its basic dtypes:
+# its short paths (ShortPaths.mpi_*) return such handles.
+RequestHandle, register_mpi = _engine.RequestHandle, _engine.register_mpi
 for _t in (bytearray, bytes, memoryview, array.array):
     register_bytes_type(_t)
 
