@@ -49,7 +49,6 @@ cdef extern from "gc_p2p.h" nogil:
     void gc_p2p_set_peer(gc_p2p *e, int peer, int pid, int cma, int eager_max)
     void gc_p2p_set_channel(gc_p2p *e, int peer, gc_chan *chan)
     void gc_p2p_set_share(gc_p2p *e, int on)
-    void gc_p2p_set_spin(gc_p2p *e, double seconds)
     void gc_p2p_copied(gc_p2p *e, uint64_t *read, uint64_t *written)
     int gc_p2p_has_channel(gc_p2p *e, int peer)
     gc_p2p_req *gc_p2p_isend(gc_p2p *e, uint64_t comm, int dest, int32_t tag, const char *buf,
@@ -348,11 +347,6 @@ cdef class P2PCore:
         """on: the sender of a large message within a host copies chunks of it too."""
         with nogil:
             gc_p2p_set_share(self.e, on)
-
-    def set_spin(self, double seconds):
-        """An idle wait spins this long before it yields the core (0: after a few spins)."""
-        with nogil:
-            gc_p2p_set_spin(self.e, seconds)
 
     def copied(self):
         """(bytes read from senders' memory, bytes written into receivers'), rendezvous only."""

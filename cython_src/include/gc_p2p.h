@@ -225,7 +225,6 @@ typedef struct {
     gc_p2p_req *copy_head, *copy_tail;   /* matched rendezvous receives whose bytes are still to be read */
     gc_p2p_req *help_head, *help_tail;   /* sends whose receiver told where their bytes go */
     int share;                 /* 1: senders within a host copy chunks too (a shared copy) */
-    double spin_s;             /* an idle wait spins this long before it yields the core */
     int free_to_help;          /* as last published in each pair's helping word */
     uint64_t bytes_read, bytes_written;  /* rendezvous bytes this process copied (tests, stats) */
     uint64_t next_id;
@@ -1161,15 +1160,6 @@ static void gc_p2p_set_share(gc_p2p *e, int on)
     pthread_mutex_unlock(&e->mu);
 }
 
-/* How long an idle wait keeps its core before yielding it: 0 (ranks outnumber cores, and the
- * one we wait for may be queued behind us) yields after a few spins. */
-static void gc_p2p_set_spin(gc_p2p *e, double seconds)
-{
-    pthread_mutex_lock(&e->mu);
-    e->spin_s = seconds;
-    pthread_mutex_unlock(&e->mu);
-}
-
 /* Rendezvous bytes this process read from its senders' memory and wrote into its receivers'. */
 static void gc_p2p_copied(gc_p2p *e, uint64_t *read, uint64_t *written)
 {
@@ -1521,7 +1511,7 @@ static inline double gc_p2p__now(void)
  * seconds pass (< 0: no limit). Returns the index of a done request (all: 0), or -1 on timeout. */
 static int gc_p2p_wait(gc_p2p *e, gc_p2p_req **reqs, int n, int all, double timeout)
 {
-    double start = -1, last_check = 0, idle_since = 0, idle_for = 0;
+    double start = -1, last_check = 0, idle_since = 0;
     unsigned spins = 0;
     for (;;) {
         int moved = 0;
@@ -1539,7 +1529,7 @@ static int gc_p2p_wait(gc_p2p *e, gc_p2p_req **reqs, int n, int all, double time
         }
         if (moved) {
             spins = 0;
-            idle_since = idle_for = 0;
+            idle_since = 0;
             pthread_mutex_unlock(&e->mu);
             continue;
         }
@@ -1548,7 +1538,6 @@ static int gc_p2p_wait(gc_p2p *e, gc_p2p_req **reqs, int n, int all, double time
             now = gc_p2p__now();
             if (start < 0) start = last_check = now;
             if (idle_since == 0) idle_since = now;
-            idle_for = now - idle_since;
             if (now - last_check > 0.1) {
                 last_check = now;
                 gc_p2p__check_peers(e);
@@ -1557,13 +1546,11 @@ static int gc_p2p_wait(gc_p2p *e, gc_p2p_req **reqs, int n, int all, double time
         pthread_mutex_unlock(&e->mu);
         if (now > 0 && timeout >= 0 && now - start > timeout)
             return -1;
-        /* Spin while the core is ours to keep (a yield costs a system call, and the answer
-         * that arrives during one waits for it), then give it away: ranks may share cores. */
-        if (spins < 128 || idle_for < e->spin_s) {
+        if (spins < 128) {   /* a short spin, then give the core away: ranks may share cores */
 #if defined(__x86_64__) || defined(__i386__)
             __builtin_ia32_pause();
 #endif
-        } else if (now > 0 && idle_for > 0.05) {
+        } else if (now > 0 && now - idle_since > 0.05) {
             struct timespec nap = {0, 50000};   /* a long wait: let the others run */
             nanosleep(&nap, NULL);
         } else {
