@@ -824,22 +824,77 @@ cdef class ShortPaths:
     cdef inline bint _mpi_declines(self, buf):
         return type(buf) is self.ndarray and buf.dtype not in _MPI_BASIC
 
-    def mpi_send(self, buf, dest, tag):
+    cpdef mpi_send(self, buf, dest, tag):
         return not self._mpi_declines(buf) and self.send(buf, dest, tag)
 
-    def mpi_recv(self, buf, source, tag, status):
+    cpdef mpi_recv(self, buf, source, tag, status):
         return not self._mpi_declines(buf) and self.recv(buf, source, tag, status)
 
-    def mpi_isend(self, buf, dest, tag):
+    cpdef mpi_isend(self, buf, dest, tag):
         """Isend: a gpucoll.MPI Request on it, or None to decline."""
         if self._mpi_declines(buf):
             return None
         req = self.isend(buf, dest, tag)
         return None if req is None else _handle(req)
 
-    def mpi_irecv(self, buf, source, tag):
+    cpdef mpi_irecv(self, buf, source, tag):
         """Irecv: a gpucoll.MPI Request on it, or None to decline."""
         if self._mpi_declines(buf):
             return None
         req = self.irecv(buf, source, tag)
         return None if req is None else _handle(req)
+
+
+cdef class ShortCalls:
+    """gpucoll.Communicator's Send, Isend, Recv and Irecv (it derives from this): its short paths
+    (self._short, a ShortPaths) straight from the caller, with no Python frame between; a stream,
+    or a message they decline, takes the communicator's general path (_send, _irecv, Python)."""
+
+    def Send(self, buf, dest, tag=0, stream=None):
+        if stream is not None or not (<ShortPaths?>self._short).send(buf, dest, tag):
+            self._send(buf, dest, tag, stream, False)
+
+    def Isend(self, buf, dest, tag=0, stream=None):
+        req = (<ShortPaths?>self._short).isend(buf, dest, tag) if stream is None else None
+        return self._send(buf, dest, tag, stream, True) if req is None else req
+
+    def Recv(self, buf, source=_ANY_SOURCE, tag=-1, status=None, stream=None):
+        if stream is not None or not (<ShortPaths?>self._short).recv(buf, source, tag, status):
+            self._enqueued(self._irecv(buf, source, tag, status, stream))
+
+    def Irecv(self, buf, source=_ANY_SOURCE, tag=-1, stream=None):
+        req = (<ShortPaths?>self._short).irecv(buf, source, tag) if stream is None else None
+        return self._irecv(buf, source, tag, None, stream) if req is None else req
+
+
+cdef class MPIShortCalls:
+    """gpucoll.MPI's Send, Isend, Recv and Irecv (its Comm derives from this): the communicator's
+    short paths (ShortPaths' mpi_* flavour) straight from the caller, with no Python frame
+    between; when they decline, the Python class's general path (_send, _isend, _recv, _irecv)
+    reads the message specification and checks everything. self._s is the communicator's state
+    (None: MPI.COMM_NULL); its seam.short, the ShortPaths of the communicator point to point
+    runs on."""
+
+    def Send(self, buf, dest, tag=0):
+        """Send buf to dest (returns once the bytes are handed over: sends are eager)."""
+        s = self._s
+        if s is None or not (<ShortPaths?>s.seam.short).mpi_send(buf, dest, tag):
+            self._send(buf, dest, tag)
+
+    def Isend(self, buf, dest, tag=0):
+        """Start sending buf to dest: its Request."""
+        s = self._s
+        req = None if s is None else (<ShortPaths?>s.seam.short).mpi_isend(buf, dest, tag)
+        return self._isend(buf, dest, tag) if req is None else req
+
+    def Recv(self, buf, source=_ANY_SOURCE, tag=-1, status=None):
+        """Receive into buf; status (an MPI.Status) gets the source, tag and size."""
+        s = self._s
+        if s is None or status is not None or not (<ShortPaths?>s.seam.short).mpi_recv(buf, source, tag, None):
+            self._recv(buf, source, tag, status)
+
+    def Irecv(self, buf, source=_ANY_SOURCE, tag=-1):
+        """Start receiving into buf: its Request."""
+        s = self._s
+        req = None if s is None else (<ShortPaths?>s.seam.short).mpi_irecv(buf, source, tag)
+        return self._irecv(buf, source, tag) if req is None else req

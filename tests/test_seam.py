@@ -54,7 +54,7 @@ def violations(root, names, own=OWN, scanned=SCANNED):
 
 def test_nothing_outside_the_communicator_reads_its_private_state():
     names = private_names(os.path.join(ROOT, OWN))
-    assert {"_ctx", "_id", "_p2p", "_children", "_send_short", "_dispatch"} <= names
+    assert {"_ctx", "_id", "_p2p", "_children", "_short", "_dispatch"} <= names
     found = violations(ROOT, names)
     assert found == [], ("these modules reach into a Communicator's private state; use its public API "
                          "or comm.seam (gpucoll/api/comm.py CommSeam):\n" + "\n".join(found))

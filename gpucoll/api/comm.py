@@ -26,6 +26,7 @@ from ..calls.buffers import host_buffer
 from ..dispatch.dispatcher import Dispatcher
 from ..engines.comm_view import CommView, FastPaths
 from ..engines.p2p import host as _p2p
+from ..engines.p2p.host import ShortCalls
 
 
 UNDEFINED = -32766  # Split colour that leaves a rank out of every new communicator
@@ -46,7 +47,7 @@ def _after_fork_in_child():
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-class Communicator:
+class Communicator(ShortCalls):
     """A group of ranks that run collectives together.
 
     Attributes: `rank`, `size`, `local_rank` (rank among this host's ranks of the
@@ -78,9 +79,7 @@ class Communicator:
         # group for the blocking ones). They answer done (True, or the request) or decline
         # (False, None): the caller then takes its general path, which checks everything.
         # gpucoll.MPI's point to point tries them first too (comm.seam).
-        self._short = short = self._p2p.short
-        self._send_short, self._isend_short = short.send, short.isend
-        self._recv_short, self._irecv_short = short.recv, short.irecv
+        self._short = self._p2p.short
         self._children = 0  # Split/Dup counter: names children identically on every rank
         self._group = None     # inside comm.group(): the _Group collecting deferred operations
         self.seam = CommSeam(self)
@@ -342,23 +341,8 @@ class Communicator:
             return
         _wait_enqueued(req, status)
 
-    def Send(self, buf, dest, tag=0, stream=None):
-        if stream is None and self._send_short(buf, dest, tag):
-            return
-        self._send(buf, dest, tag, stream, False)
-
-    def Isend(self, buf, dest, tag=0, stream=None):
-        req = self._isend_short(buf, dest, tag) if stream is None else None
-        return req if req is not None else self._send(buf, dest, tag, stream, True)
-
-    def Recv(self, buf, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG, status=None, stream=None):
-        if stream is None and self._recv_short(buf, source, tag, status):
-            return
-        self._enqueued(self._irecv(buf, source, tag, status, stream))
-
-    def Irecv(self, buf, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG, stream=None):
-        req = self._irecv_short(buf, source, tag) if stream is None else None
-        return req if req is not None else self._irecv(buf, source, tag, None, stream)
+    # Send, Isend, Recv and Irecv are ShortCalls' (native: the short paths first, then _send and
+    # _irecv).
 
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=_p2p.ANY_SOURCE,
                  recvtag=_p2p.ANY_TAG, status=None, stream=None):
@@ -515,18 +499,15 @@ class CommSeam:
     - `child_id(letter)`: the next child's id, `{id}.{letter}{n}`, counted with Dup and Split;
     - `p2p`: its point-to-point engine (gpucoll/engines/p2p/host.py: object messages, probes,
       synchronous sends);
-    - `mpi_send`, `mpi_isend`, `mpi_recv`, `mpi_irecv`: the short paths of host point to point
-      (gpucoll._native.p2p.ShortPaths) in gpucoll.MPI's flavour: done (True, or its Request
-      handle), or declined with nothing done.
+    - `short`: the short paths of host point to point (gpucoll._native.p2p.ShortPaths); gpucoll.MPI
+      calls their mpi_* flavour (done: True, or its Request handle; or declined, nothing done).
     """
 
-    __slots__ = ("context", "id", "p2p", "mpi_send", "mpi_isend", "mpi_recv", "mpi_irecv", "_comm")
+    __slots__ = ("context", "id", "p2p", "short", "_comm")
 
     def __init__(self, comm):
         self.context, self.id, self.p2p, self._comm = comm._ctx, comm._id, comm._p2p, comm
-        short = comm._short
-        self.mpi_send, self.mpi_isend = short.mpi_send, short.mpi_isend
-        self.mpi_recv, self.mpi_irecv = short.mpi_recv, short.mpi_irecv
+        self.short = comm._short
 
     def child_id(self, letter):
         comm = self._comm

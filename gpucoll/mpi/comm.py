@@ -28,7 +28,7 @@ from .info import Info
 from .kinds import kind, register
 from .op import as_op
 from .partitioned import Partitioned
-from .pointtopoint import PointToPoint, issend_state
+from .pointtopoint import MPIShortCalls, PointToPoint, issend_state
 from .ports import Ports, join
 from .request import Request
 from .topology import TopologyMaker
@@ -62,7 +62,7 @@ def comm_error(message, error_class=ERR_COMM):
     return InvalidUsageError(message, error_class=error_class)
 
 
-class Comm(Collectives, PointToPoint, Partitioned, FaultTolerance, Handle):
+class Comm(Collectives, PointToPoint, Partitioned, FaultTolerance, Handle, MPIShortCalls):
     """A communicator handle; Comm() is MPI.COMM_NULL."""
 
     __slots__ = ()

@@ -19,6 +19,7 @@ from ..base.errors import TimeoutError as GpucollTimeout
 from ..base.mpi_constants import INTEGERS as _C
 from ..calls.build import user_tag
 from ..engines.p2p import host as _p2p
+from ..engines.p2p.host import MPIShortCalls
 from . import message as _m
 from .buffer import buffer as _buffer
 from .composite import Composite
@@ -88,7 +89,8 @@ def issend_state(core, payload, dest, tag, what):
 
 
 class PointToPoint:
-    """Mixed into MPI.Comm (which supplies `_c()`)."""
+    """Mixed into MPI.Comm (which supplies `_c()`, and derives from MPIShortCalls too, last: its
+    Send, Isend, Recv and Irecv)."""
 
     __slots__ = ()
 
@@ -102,31 +104,24 @@ class PointToPoint:
             return msg.gpu
         return msg.data()  # a copy for DLPack and interface views (see message.Msg.plain)
 
-    def Send(self, buf, dest, tag=0):
-        """Send buf to dest (returns once the bytes are handed over: sends are eager)."""
-        s = self._s  # the hot path (see above): _c() written out
-        if s is not None and s.seam.mpi_send(buf, dest, tag):
-            return
+    # Send, Isend, Recv and Irecv are MPIShortCalls' (native: the short paths first); below, their
+    # general paths.
+    def _send(self, buf, dest, tag):
         core = self._c("Send")
         dest = _as_rank(dest)
         _check_tag(tag, "Send")
         core.Send(self._send_bytes(buf, dest, "Send"), dest, tag)
 
-    Bsend = Rsend = Send
+    Bsend = Rsend = MPIShortCalls.Send
 
-    def Isend(self, buf, dest, tag=0):
-        s = self._s  # the hot path (see above): _c() written out, the handle made in C
-        if s is not None:
-            req = s.seam.mpi_isend(buf, dest, tag)
-            if req is not None:
-                return req
+    def _isend(self, buf, dest, tag):
         core = self._c("Isend")
         dest = _as_rank(dest)
         _check_tag(tag, "Isend")
         data = self._send_bytes(buf, dest, "Isend")
         return Request._of(core.Isend(data, dest, tag))
 
-    Ibsend = Irsend = Isend
+    Ibsend = Irsend = MPIShortCalls.Isend
 
     def _issend(self, buf, dest, tag, what):
         dest = _as_rank(dest)
@@ -174,13 +169,11 @@ class PointToPoint:
             return state
         return Composite([state], lambda: land.finish(state.status.nbytes), what, status_part=state)
 
-    def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
-        """Receive into buf; status (an MPI.Status) gets the source, tag and size."""
-        s = self._s  # the hot path (see above): _c() written out
-        if s is not None:
-            if status is not None:
-                reset(status)
-            if s.seam.mpi_recv(buf, source, tag, status):
+    def _recv(self, buf, source, tag, status):
+        s = self._s
+        if s is not None and status is not None:  # the short path, with a status to fill
+            reset(status)
+            if s.seam.short.mpi_recv(buf, source, tag, status):
                 return
         self._c("Recv")
         if source == PROC_NULL:
@@ -191,13 +184,8 @@ class PointToPoint:
             reset(status)
         state.Wait(status)
 
-    def Irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
-        s = self._s  # the hot path (see above): _c() written out, the handle made in C
-        if s is not None:
-            req = s.seam.mpi_irecv(buf, source, tag)
-            if req is not None:
-                return req
-        core = self._c("Irecv")
+    def _irecv(self, buf, source, tag):
+        self._c("Irecv")
         return Request._of(self._irecv_state(buf, source, tag, "Irecv"))
 
     def Recv_init(self, buf, source=ANY_SOURCE, tag=ANY_TAG):

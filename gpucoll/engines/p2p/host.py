@@ -117,6 +117,10 @@ register_bytes_type = _engine.register_bytes_type
 # gpucoll.MPI's Request derives from the native handle, and registers itself with its basic dtypes:
 # its short paths (ShortPaths.mpi_*) return such handles.
 RequestHandle, register_mpi = _engine.RequestHandle, _engine.register_mpi
+# ... and its Comm derives from MPIShortCalls: Send, Isend, Recv and Irecv native up to the short paths.
+MPIShortCalls = _engine.MPIShortCalls
+# gpucoll.Communicator derives from ShortCalls, the same for its own Send, Isend, Recv and Irecv.
+ShortCalls = _engine.ShortCalls
 for _t in (bytearray, bytes, memoryview, array.array):
     register_bytes_type(_t)
 
