@@ -15,7 +15,7 @@ are here too: a short call, and the wait of its request, that succeed stay in C:
 cimport cython
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, free
-from libc.string cimport strchr
+from libc.string cimport memcpy, strchr, strcmp
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE, PyBUF_WRITABLE, PyBUF_ANY_CONTIGUOUS,
                              PyBUF_FORMAT)
 from cpython.bytes cimport PyBytes_FromStringAndSize
@@ -237,17 +237,36 @@ cdef class RequestHandle:
     cdef object __weakref__
 
 
-cdef object _HANDLE = None     # gpucoll.MPI's Request: the type of the handles the mpi_* paths return
-cdef object _MPI_BASIC = None  # the dtypes whose bare ndarrays are messages there (a basic datatype's)
+cdef object _HANDLE = None  # gpucoll.MPI's Request: the type of the handles the mpi_* paths return
+# The buffer formats of the dtypes whose bare ndarrays are messages there (a basic datatype's: "d",
+# "B", "Zf", ...), compared in C with the format of the array's buffer.
+cdef char _BASIC_FORMATS[32][4]
+cdef int _N_BASIC_FORMATS = 0
 
 
-def register_mpi(handle_type, basic_dtypes):
+cdef inline bint _basic_format(const char *fmt):
+    if fmt == NULL:
+        return False
+    for i in range(_N_BASIC_FORMATS):
+        if strcmp(fmt, _BASIC_FORMATS[i]) == 0:
+            return True
+    return False
+
+
+def register_mpi(handle_type, basic_formats):
     """The mpi_* short paths return handles of handle_type (a subclass of RequestHandle) and take a
-    bare ndarray only when its dtype is in basic_dtypes (a set)."""
-    global _HANDLE, _MPI_BASIC
+    bare ndarray only when its buffer's format is one of basic_formats (at most 32 strings of at
+    most 3 characters: the formats of the basic datatypes' dtypes)."""
+    global _HANDLE, _N_BASIC_FORMATS
     if not issubclass(handle_type, RequestHandle):
         raise TypeError(f"{handle_type.__name__} does not derive from RequestHandle")
-    _HANDLE, _MPI_BASIC = handle_type, basic_dtypes
+    formats = sorted(set(basic_formats))
+    if len(formats) > 32 or any(len(f) > 3 for f in formats):
+        raise ValueError(f"register_mpi: {formats} are not up to 32 formats of up to 3 characters")
+    for i, f in enumerate(formats):
+        encoded = f.encode("ascii")
+        memcpy(_BASIC_FORMATS[i], <const char *>encoded, len(encoded) + 1)
+    _HANDLE, _N_BASIC_FORMATS = handle_type, len(formats)
 
 
 cdef inline RequestHandle _handle(object state):
@@ -256,9 +275,17 @@ cdef inline RequestHandle _handle(object state):
     return h
 
 
-cdef inline int _host_bytes(object obj, Py_buffer *view, int flags, object ndarray) except -1:
-    """obj's buffer when obj is a message as it is: 1, or 0 to decline."""
+cdef inline int _host_bytes(object obj, Py_buffer *view, int flags, object ndarray, bint mpi) except -1:
+    """obj's buffer when obj is a message as it is: 1, or 0 to decline. mpi: a bare ndarray only of
+    a basic datatype's dtype (gpucoll.MPI reads any other as its general path says)."""
     cdef object t = type(obj)
+    if t is ndarray and mpi:
+        if not _plain(obj, view, flags):
+            return 0
+        if _basic_format(view.format):
+            return 1
+        PyBuffer_Release(view)
+        return 0
     if t is ndarray or t in _BARE:
         return _plain(obj, view, flags)
     if t is _GUARDED and obj._device is None and not obj._released:
@@ -266,13 +293,13 @@ cdef inline int _host_bytes(object obj, Py_buffer *view, int flags, object ndarr
     return 0
 
 
-cdef int _message(object msg, Py_buffer *view, int flags, object ndarray) except -1:
+cdef int _message(object msg, Py_buffer *view, int flags, object ndarray, bint mpi) except -1:
     """The buffer of a message for a short path, its length the message's bytes: 1, or 0 to decline."""
     cdef object t = type(msg)
     cdef Py_ssize_t n, size
     cdef long long count = -1
     if t is not list and t is not tuple:
-        return _host_bytes(msg, view, flags, ndarray)
+        return _host_bytes(msg, view, flags, ndarray, mpi)
     n = len(msg)
     if n == 3:
         if not _small_int(msg[1], 0, 1LL << 62, &count):
@@ -283,7 +310,7 @@ cdef int _message(object msg, Py_buffer *view, int flags, object ndarray) except
     if found is None:
         return 0
     size = found
-    if not _host_bytes(msg[0], view, flags, ndarray):
+    if not _host_bytes(msg[0], view, flags, ndarray, False):
         return 0
     if count < 0:
         if size == 0 or view.len % size:
@@ -753,12 +780,12 @@ cdef class ShortPaths:
             return -2
         return _ANY_SOURCE if s < 0 else self.world[s]
 
-    cpdef bint send(self, buf, dest, tag) except -1:
+    cpdef bint send(self, buf, dest, tag, bint mpi=False) except -1:
         """Send: True once done (small messages at once; large ones waited for), False to decline."""
         cdef Py_buffer view
         cdef int world = self._dest(buf, dest, tag), sent
         cdef int32_t t
-        if self.closed or self.grouped or world < 0 or not _message(buf, &view, PyBUF_SIMPLE, self.ndarray):
+        if self.closed or self.grouped or world < 0 or not _message(buf, &view, PyBUF_SIMPLE, self.ndarray, mpi):
             return False
         self._count(buf)
         t = tag
@@ -773,33 +800,33 @@ cdef class ShortPaths:
             _request(q, self.p2p, "Send", False, dest, tag, buf, n, self.timeout, None).Wait()
         return True
 
-    cpdef object isend(self, buf, dest, tag):
+    cpdef object isend(self, buf, dest, tag, bint mpi=False):
         """Isend: the request, or None to decline."""
         cdef Py_buffer view
         cdef int world = self._dest(buf, dest, tag)
-        if self.closed or world < 0 or not _message(buf, &view, PyBUF_SIMPLE, self.ndarray):
+        if self.closed or world < 0 or not _message(buf, &view, PyBUF_SIMPLE, self.ndarray, mpi):
             return None
         self._count(buf)
         cdef Py_ssize_t n = view.len
         return _request(_start(self.eng, True, self.key, world, <int32_t>tag, &view), self.p2p, "Isend", False,
                         dest, tag, buf, n, self.timeout, None)
 
-    cpdef object irecv(self, buf, source, tag):
+    cpdef object irecv(self, buf, source, tag, bint mpi=False):
         """Irecv: the request, or None to decline."""
         cdef Py_buffer view
         cdef int world = self._source(buf, source, tag)
-        if self.closed or world == -2 or not _message(buf, &view, PyBUF_WRITABLE, self.ndarray):
+        if self.closed or world == -2 or not _message(buf, &view, PyBUF_WRITABLE, self.ndarray, mpi):
             return None
         self._count(buf)
         cdef Py_ssize_t n = view.len
         return _request(_start(self.eng, False, self.key, world, <int32_t>tag, &view), self.p2p, "Irecv", True,
                         source, tag, buf, n, self.timeout, None)
 
-    cpdef bint recv(self, buf, source, tag, status) except -1:
+    cpdef bint recv(self, buf, source, tag, status, bint mpi=False) except -1:
         """Recv: True once the bytes are in buf (status, if given, filled), False to decline."""
         cdef Py_buffer view
         cdef int world = self._source(buf, source, tag), got = 0
-        if self.closed or self.grouped or world == -2 or not _message(buf, &view, PyBUF_WRITABLE, self.ndarray):
+        if self.closed or self.grouped or world == -2 or not _message(buf, &view, PyBUF_WRITABLE, self.ndarray, mpi):
             return False
         self._count(buf)
         cdef Py_ssize_t n = view.len
@@ -821,27 +848,20 @@ cdef class ShortPaths:
 
     # gpucoll.MPI's flavour (register_mpi): a bare ndarray only of a basic datatype's dtype (MPI
     # reads any other as the general path says), and gpucoll.MPI Request handles.
-    cdef inline bint _mpi_declines(self, buf):
-        return type(buf) is self.ndarray and buf.dtype not in _MPI_BASIC
+    cpdef bint mpi_send(self, buf, dest, tag) except -1:
+        return self.send(buf, dest, tag, True)
 
-    cpdef mpi_send(self, buf, dest, tag):
-        return not self._mpi_declines(buf) and self.send(buf, dest, tag)
-
-    cpdef mpi_recv(self, buf, source, tag, status):
-        return not self._mpi_declines(buf) and self.recv(buf, source, tag, status)
+    cpdef bint mpi_recv(self, buf, source, tag, status) except -1:
+        return self.recv(buf, source, tag, status, True)
 
     cpdef mpi_isend(self, buf, dest, tag):
         """Isend: a gpucoll.MPI Request on it, or None to decline."""
-        if self._mpi_declines(buf):
-            return None
-        req = self.isend(buf, dest, tag)
+        req = self.isend(buf, dest, tag, True)
         return None if req is None else _handle(req)
 
     cpdef mpi_irecv(self, buf, source, tag):
         """Irecv: a gpucoll.MPI Request on it, or None to decline."""
-        if self._mpi_declines(buf):
-            return None
-        req = self.irecv(buf, source, tag)
+        req = self.irecv(buf, source, tag, True)
         return None if req is None else _handle(req)
 
 

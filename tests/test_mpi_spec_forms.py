@@ -47,6 +47,12 @@ def test_forms_that_do_not_hold_the_message_are_refused_as_before(results):
         assert got["bad"] == ["ValueError", "ValueError"]
 
 
+def test_a_bare_array_of_no_basic_datatype_takes_the_general_path(results):
+    """ShortPaths.mpi_* take a bare array only when its buffer's format is a basic datatype's."""
+    for got in results.values():
+        assert got["declined"] == ["BufferError", "KeyError"]
+
+
 def test_a_window_is_waited_for_and_settled_in_one_native_call(results):
     """Waitall without statuses settles a window of point-to-point requests in native code (and
     gpucoll.MPI nulls the handles there); with statuses each request takes its own Wait."""

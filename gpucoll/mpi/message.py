@@ -45,7 +45,10 @@ def is_in_place(obj):
 
 # NumPy dtypes (native byte order) that stand for a predefined MPI datatype: arrays of these,
 # C-contiguous and given whole, are messages as they are (the point-to-point short paths).
-BASIC_DTYPES = frozenset(dt for dt in map(np.dtype, "?bBhHiIlLqQefdgFDG") if _dt.for_numpy(dt) is not None)
+_BASIC_CHARS = "?bBhHiIlLqQefdgFDG"
+BASIC_DTYPES = frozenset(dt for dt in map(np.dtype, _BASIC_CHARS) if _dt.for_numpy(dt) is not None)
+# The same as the buffer formats of their arrays (equal dtypes, such as "l" and "q", have distinct formats).
+BASIC_FORMATS = frozenset(memoryview(np.empty(0, c)).format for c in _BASIC_CHARS if np.dtype(c) in BASIC_DTYPES)
 
 
 # --- bytes of a buffer object ---------------------------------------------------------------

@@ -35,7 +35,7 @@ ANY_SOURCE, ANY_TAG, PROC_NULL = _C["ANY_SOURCE"], _C["ANY_TAG"], _C["PROC_NULL"
 # datatypes registered below, and decline anything else; then the general path reads the message
 # specification and checks everything. A bare NumPy array is its message only when its dtype is a
 # basic datatype's (checked there too: ShortPaths.mpi_*, which return this module's Request handles).
-_p2p.register_mpi(Request, _m.BASIC_DTYPES)
+_p2p.register_mpi(Request, _m.BASIC_FORMATS)
 
 
 def _proc_null_status(status):

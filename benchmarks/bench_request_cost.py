@@ -1,0 +1,140 @@
+"""What one nonblocking message costs the CPU: Isend + Irecv + Waitall per message, in ns, through
+gpucoll's own API and through gpucoll.MPI (under gpurun), beside mpi4py (under mpiexec).
+
+    python benchmarks/bench_request_cost.py                  # 8 B messages, 5 runs of each
+    python benchmarks/bench_request_cost.py --bytes 4096 --repeats 7 --json cost.json
+
+Two ranks of one host, bound a core each. Rank 0 posts a window of 64 Isends, rank 1 as many
+Irecvs; each then calls Waitall and drops its list of requests; a barrier separates the windows.
+Each rank times its own three steps with perf_counter, and each cell is the median over the
+windows (500 per run) divided by 64: where the time goes on each side, per message:
+
+  post   the Isend (rank 0) or Irecv (rank 1) call: reading the message, the request object,
+         the native start (a small send is written into the channel here)
+  wait   Waitall's share: waiting for the bytes (rank 1), settling each request
+  free   dropping the request objects
+
+`message` is the slower rank's post + wait + free: what a window of small messages costs per
+message, the inverse of its message rate. Each library runs --repeats times, alternating; a cell is
+the median of the runs with its range; ratio = mpi4py's message time / gpucoll's, run by run
+(above 1: gpucoll costs less). Messages are checked after each run (#wrong).
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_p2p  # noqa: E402 - its launchers and runner
+from gpucoll.bench import context, summary  # noqa: E402
+
+RANK_PROGRAM = r'''
+import json, sys, time
+import numpy as np
+lib, nbytes, windows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+if lib == "mpi4py":
+    from mpi4py import MPI
+    comm, Waitall = MPI.COMM_WORLD, MPI.Request.Waitall
+elif lib == "gpucoll.MPI":
+    from gpucoll import MPI
+    comm, Waitall = MPI.COMM_WORLD, MPI.Request.Waitall
+else:
+    import gpucoll
+    comm, Waitall = gpucoll.COMM_WORLD, gpucoll.Request.Waitall
+rank = comm.Get_rank()
+peer, W, pc = 1 - rank, 64, time.perf_counter
+a = (np.arange(nbytes) % 251).astype(np.uint8)
+b = np.zeros(nbytes, np.uint8)
+post, wait, free, wrong = [], [], [], 0
+for i in range(windows + 20):
+    comm.Barrier()
+    a[0] = i % 256
+    t0 = pc()
+    if rank == 0:
+        reqs = [comm.Isend(a, peer, 2) for _ in range(W)]
+    else:
+        reqs = [comm.Irecv(b, peer, 2) for _ in range(W)]
+    t1 = pc()
+    Waitall(reqs)
+    t2 = pc()
+    del reqs
+    t3 = pc()
+    if i >= 20:
+        post.append(t1 - t0); wait.append(t2 - t1); free.append(t3 - t2)
+        wrong += rank == 1 and int(b[0]) != i % 256
+wrong += rank == 1 and not bool((a[1:] == b[1:]).all())
+med = lambda x: sorted(x)[len(x) // 2] * 1e9 / W
+mine = {"post": med(post), "wait": med(wait), "free": med(free), "wrong": int(wrong)}
+both = comm.gather(mine, root=0)
+if rank == 0:
+    sys.stdout.write("RESULT " + json.dumps({"0": both}) + "\n")
+'''
+
+LIBS = ("gpucoll", "gpucoll.MPI", "mpi4py")
+STEPS = ("post", "wait", "free")
+
+
+def message_ns(ranks):
+    """The slower rank's cost per message."""
+    return max(sum(r[s] for s in STEPS) for r in ranks)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bytes", type=int, default=8, help="message size (8)")
+    ap.add_argument("--windows", type=int, default=500, help="windows of 64 messages per run (500)")
+    ap.add_argument("--repeats", type=int, default=5, help="runs of each library, alternating (5)")
+    ap.add_argument("--json", help="write the settings, every run and the rows here")
+    args = ap.parse_args()
+
+    import shutil
+    import tempfile
+
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    mpiexec = mpiexec if os.access(mpiexec, os.X_OK) else shutil.which("mpiexec")
+    gpurun, mpirun, env = bench_p2p._launchers(None, mpiexec)
+    runs = {lib: [] for lib in LIBS}
+    with tempfile.TemporaryDirectory() as tmp:
+        prog = os.path.join(tmp, "cost_rank.py")
+        with open(prog, "w") as f:
+            f.write(RANK_PROGRAM)
+        spec = [str(args.bytes), str(args.windows)]
+        for rep in range(args.repeats):
+            print(f"# run {rep + 1}/{args.repeats} ...", flush=True)
+            for lib in LIBS:
+                if lib == "mpi4py" and mpirun is None:
+                    continue
+                launcher = mpirun if lib == "mpi4py" else gpurun
+                runs[lib].append(bench_p2p.run([*launcher, sys.executable, prog, lib, *spec], env=env)[0])
+
+    peer = runs["mpi4py"]
+    print(f"\n# per message: Isend + Irecv + Waitall, {args.bytes}-byte messages in windows of 64, 2 ranks of one "
+          f"host; ns, median [min-max] of {args.repeats} runs; ratio: mpi4py's message time / this one's, run by run")
+    print(f"{'API':>12} {'post (send)':>12} {'wait (send)':>12} {'free (send)':>12} {'post (recv)':>12} "
+          f"{'wait (recv)':>12} {'free (recv)':>12} {'message':>18} {'#wrong':>6} {'ratio':>18}")
+    rows = []
+    for lib in LIBS:
+        mine = runs[lib]
+        if not mine:
+            continue
+        cells = {f"{s}_{side}": summary.spread([r[i][s] for r in mine])
+                 for i, side in ((0, "send"), (1, "recv")) for s in STEPS}
+        message = [message_ns(r) for r in mine]
+        wrong = sum(x["wrong"] for r in mine for x in r)
+        ratios = [message_ns(p) / m for p, m in zip(peer, message)] if len(peer) == len(message) else []
+        row = dict(api=lib, message=summary.spread(message), wrong=wrong,
+                   ratio=summary.spread(ratios) if ratios else None, **cells)
+        rows.append(row)
+        parts = [f"{cells[f'{s}_{side}'][0]:12.0f}" for side in ("send", "recv") for s in STEPS]
+        print(f"{lib:>12} {' '.join(parts)} {summary.spread_text(message, '{:.0f}'):>18} {wrong:6d} "
+              f"{summary.spread_text(ratios) if ratios else '-':>18}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(settings=context.describe(command=" ".join(sys.argv), bytes=args.bytes,
+                                                     windows=args.windows, repeats=args.repeats),
+                           runs=runs, rows=rows), f, indent=1)
+    return 1 if any(r["wrong"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
