@@ -88,6 +88,11 @@
 
 /* Defaults of the tunables kept in gc_direct (the Python layer may change them per group). */
 #define GC_DIRECT_ONESHOT_MAX (64u << 10)  /* allreduce/reduce: one-shot up to this many bytes */
+/* ... and above 4 ranks up to GC_DIRECT_ONESHOT_READ / nranks: a one-shot rank reads every rank's
+ * whole input (nranks x bytes), a two-shot one about 3 x bytes for two more synchronizations;
+ * past this much reading per rank, memory traffic costs more than the synchronizations (16 ranks
+ * of a 16-core host: a 64 KiB one-shot all-reduce took 2.1x Open MPI's time). */
+#define GC_DIRECT_ONESHOT_READ (128u << 10)
 #define GC_DIRECT_ROUND_MAX (1u << 20)     /* two-shot round: fits L2 once split among ranks */
 #define GC_DIRECT_SPINS 256                /* pause-spins before yielding the core */
 #define GC_DIRECT_SPINS_OVERSUB 16         /* the same when ranks outnumber cores */
@@ -288,6 +293,12 @@ static inline int gc_direct_examine(const void *hdr, size_t size, uint64_t token
 
 /* Map this rank into a formatted segment. *nattached receives how many ranks have attached,
  * this one included (the last one may unlink the segment's name). */
+/* The one-shot limit of a group of nranks (see GC_DIRECT_ONESHOT_READ). */
+static inline size_t gc_direct_oneshot_default(int nranks)
+{
+    return nranks <= 4 ? GC_DIRECT_ONESHOT_MAX : GC_DIRECT_ONESHOT_READ / (size_t)nranks;
+}
+
 static inline int gc_direct_attach(gc_direct *g, void *base, size_t size, int rank, int nranks,
                                    int *nattached)
 {
@@ -317,7 +328,7 @@ static inline int gc_direct_attach(gc_direct *g, void *base, size_t size, int ra
     g->slot_bytes = h->slot_bytes;
     g->rank = rank;
     g->nranks = nranks;
-    g->oneshot_max = GC_DIRECT_ONESHOT_MAX;
+    g->oneshot_max = gc_direct_oneshot_default(nranks);
     g->round_max = GC_DIRECT_ROUND_MAX;
     /* With more ranks than cores the rank we wait for is often queued behind us on this
      * core: spinning only delays it, so yield almost at once. */

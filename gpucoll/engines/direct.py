@@ -6,7 +6,7 @@ Packed fast path: once a call of a kind that has one ran here, `fast_path()` bui
 communicator's HostFast (cython_src/direct.pyx), which the communicator's Allreduce, Bcast,
 Reduce and Allgather try first on NumPy arrays.
 """
-from ..base import dtypes
+from ..base import config, dtypes
 from ..base.call import IN_PLACE, KINDS, addresses
 
 ROWS = ("direct",)
@@ -54,6 +54,9 @@ class DirectEngine:
                                      creator_pid=ctx.pids[h.world_ranks[0]], timeout=self.timeout,
                                      check=self._check_alive)
             group.watch([ctx.watch_pid(w) for w in h.world_ranks])  # ranks that never attach
+            oneshot_max = config.HOST_ONESHOT_MAX.get()
+            if oneshot_max is not None:  # else the group's own, by its size (gc_direct.h)
+                group.oneshot_max = oneshot_max
             self._group = group
         return self._group
 
