@@ -13,6 +13,7 @@ are here too: a short call, and the wait of its request, that succeed stay in C:
     req.wait(30)                                     # True once done, False after 30 s
 """
 cimport cython
+from cpython.object cimport PyObject
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, strchr, strcmp
@@ -207,7 +208,14 @@ cdef int _plain(object buf, Py_buffer *view, int flags):
 # TYPE]` (the first count TYPEs of buf), TYPE a predefined datatype of plain contiguous values
 # (registered with its size by identity: predefined datatypes live as long as the process).
 # Anything else declines, and the general path reads it and says what is wrong.
-cdef dict _SPEC_SIZES = {}   # id(datatype) -> bytes per element
+# The registered datatypes (compared by address: no id() object, no dict lookup per message)
+# and their bytes per element; each registration keeps its datatype alive.
+cdef enum:
+    _MAX_SPEC_TYPES = 64
+cdef PyObject *_SPEC_TYPES[_MAX_SPEC_TYPES]
+cdef Py_ssize_t _SPEC_SIZES[_MAX_SPEC_TYPES]
+cdef int _N_SPEC_TYPES = 0
+cdef list _SPEC_KEEP = []
 cdef set _BARE = set()       # types whose whole buffer is the message
 cdef object _GUARDED = None  # the one bare type whose objects may hold no host bytes (MPI.buffer)
 
@@ -215,12 +223,31 @@ cdef object _GUARDED = None  # the one bare type whose objects may hold no host 
 def register_datatype(datatype, Py_ssize_t size):
     """Messages `[buf, datatype]` and `[buf, count, datatype]` take the short paths (datatype: a
     predefined object that lives as long as the process; size: its bytes, contiguous)."""
-    _SPEC_SIZES[id(datatype)] = size
+    global _N_SPEC_TYPES
+    for i in range(_N_SPEC_TYPES):
+        if _SPEC_TYPES[i] == <PyObject *>datatype:
+            _SPEC_SIZES[i] = size
+            return
+    if _N_SPEC_TYPES == _MAX_SPEC_TYPES:
+        raise ValueError(f"register_datatype: more than {_MAX_SPEC_TYPES} datatypes")
+    _SPEC_KEEP.append(datatype)
+    _SPEC_TYPES[_N_SPEC_TYPES], _SPEC_SIZES[_N_SPEC_TYPES] = <PyObject *>datatype, size
+    _N_SPEC_TYPES += 1
+
+
+cdef inline Py_ssize_t _spec_size(object datatype):
+    """Bytes per element of a registered datatype, or -1."""
+    cdef PyObject *p = <PyObject *>datatype
+    for i in range(_N_SPEC_TYPES):
+        if _SPEC_TYPES[i] == p:
+            return _SPEC_SIZES[i]
+    return -1
 
 
 def register_bytes_type(t, bint guarded=False):
     """Objects of exact type t are messages as they are (their whole contiguous buffer). guarded:
-    t's objects say whether they hold host bytes (`_device is None and not _released`)."""
+    t's objects say whether they hold host bytes (`_device is None and not _released`, attributes
+    in their __dict__)."""
     global _GUARDED
     if guarded:
         _GUARDED = t
@@ -275,6 +302,21 @@ cdef inline RequestHandle _handle(object state):
     return h
 
 
+cdef extern from "Python.h":
+    object PyObject_GenericGetDict(object o, void *context)
+    PyObject *PyDict_GetItem(object d, object key)
+
+
+cdef inline bint _holds_host_bytes(object obj) except -1:
+    """A guarded object (MPI.buffer) holds host bytes: `_device is None and not _released`, read
+    from its __dict__ (no attribute lookup through its classes)."""
+    cdef dict d = PyObject_GenericGetDict(obj, NULL)
+    cdef PyObject *device = PyDict_GetItem(d, "_device")
+    cdef PyObject *released = PyDict_GetItem(d, "_released")
+    return (device != NULL and <object>device is None and released != NULL
+            and <object>released is False)
+
+
 cdef inline int _host_bytes(object obj, Py_buffer *view, int flags, object ndarray, bint mpi) except -1:
     """obj's buffer when obj is a message as it is: 1, or 0 to decline. mpi: a bare ndarray only of
     a basic datatype's dtype (gpucoll.MPI reads any other as its general path says)."""
@@ -288,7 +330,7 @@ cdef inline int _host_bytes(object obj, Py_buffer *view, int flags, object ndarr
         return 0
     if t is ndarray or t in _BARE:
         return _plain(obj, view, flags)
-    if t is _GUARDED and obj._device is None and not obj._released:
+    if t is _GUARDED and _holds_host_bytes(obj):
         return _plain(obj, view, flags)
     return 0
 
@@ -306,10 +348,9 @@ cdef int _message(object msg, Py_buffer *view, int flags, object ndarray, bint m
             return 0
     elif n != 2:
         return 0
-    found = _SPEC_SIZES.get(id(msg[n - 1]))
-    if found is None:
+    size = _spec_size(msg[n - 1])
+    if size < 0:
         return 0
-    size = found
     if not _host_bytes(msg[0], view, flags, ndarray, False):
         return 0
     if count < 0:
