@@ -6,7 +6,7 @@ NP ?= 4
 STAMP := $(VENV)/.installed
 SOURCES := pyproject.toml setup.py $(wildcard cython_src/*.pyx cython_src/*.pxd cython_src/include/*.h)
 
-.PHONY: install demo docs-environment test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref test-mpi4py-demos bench bench-gloo bench-launch bench-multihost bench-p2p bench-p2p-mpi bench-p2p-mpi-alloc bench-p2p-hosts bench-reproduce bench-gpu calibrate-gpu clean
+.PHONY: install demo docs-environment test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref test-mpi4py-demos bench bench-many bench-request-cost bench-gloo bench-launch bench-multihost bench-p2p bench-p2p-mpi bench-p2p-mpi-alloc bench-p2p-hosts bench-reproduce bench-gpu calibrate-gpu clean
 
 install: $(STAMP)
 
@@ -88,6 +88,22 @@ bench: $(STAMP)
 	$(BENCH) -np 2 -o allgather $(SMALL_SWEEP) --vs mpi --json $(BENCH_OUT)/allgather-mpi-np2.json
 	$(BENCH) -np 2 -o bcast $(SMALL_SWEEP) --vs mpi --json $(BENCH_OUT)/bcast-mpi-np2.json
 	$(BENCH) -np 2 -o reduce $(SMALL_SWEEP) --vs mpi --json $(BENCH_OUT)/reduce-mpi-np2.json
+
+# Many ranks on one host (CPU ranks; a machine with at least RANKS_MANY cores): every host
+# collective at 8 and 16 ranks (RANKS_MANY="8 16"), 8 B to 64 MiB, beside Open MPI.
+RANKS_MANY ?= 8 16
+MANY_SWEEP = -b 8 -e 64M -f 8 -n 50 -w 5 -c 1 --no-gpu --repeats $(REPEATS)
+bench-many: $(STAMP)
+	@mkdir -p $(BENCH_OUT)
+	for np in $(RANKS_MANY); do for kind in allreduce allgather bcast reduce alltoall reduce_scatter; do \
+	  $(BENCH) -np $$np -o $$kind $(MANY_SWEEP) --vs mpi --json $(BENCH_OUT)/many-$$kind-np$$np.json || exit 1; \
+	done; done
+
+# What one Isend + Irecv + Waitall per message costs through each API, beside mpi4py.
+bench-request-cost: $(STAMP)
+	@mkdir -p $(BENCH_OUT)
+	$(PY) benchmarks/bench_request_cost.py --repeats 5 --json $(BENCH_OUT)/request-cost.json
+	$(PY) benchmarks/bench_request_cost.py --repeats 5 --spec alloc --json $(BENCH_OUT)/request-cost-alloc.json
 
 # Host all-reduce beside torch.distributed's gloo, 2 and 4 ranks.
 bench-gloo: $(STAMP)

@@ -3,6 +3,7 @@ gpucoll's own API and through gpucoll.MPI (under gpurun), beside mpi4py (under m
 
     python benchmarks/bench_request_cost.py                  # 8 B messages, 5 runs of each
     python benchmarks/bench_request_cost.py --bytes 4096 --repeats 7 --json cost.json
+    python benchmarks/bench_request_cost.py --spec alloc     # [MPI.Alloc_mem(n), n, MPI.BYTE] messages
 
 Two ranks of one host, bound a core each. Rank 0 posts a window of 64 Isends, rank 1 as many
 Irecvs; each then calls Waitall and drops its list of requests; a barrier separates the windows.
@@ -31,7 +32,7 @@ from gpucoll.bench import context, summary  # noqa: E402
 RANK_PROGRAM = r'''
 import json, sys, time
 import numpy as np
-lib, nbytes, windows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+lib, nbytes, windows, spec = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 if lib == "mpi4py":
     from mpi4py import MPI
     comm, Waitall = MPI.COMM_WORLD, MPI.Request.Waitall
@@ -43,17 +44,24 @@ else:
     comm, Waitall = gpucoll.COMM_WORLD, gpucoll.Request.Waitall
 rank = comm.Get_rank()
 peer, W, pc = 1 - rank, 64, time.perf_counter
-a = (np.arange(nbytes) % 251).astype(np.uint8)
-b = np.zeros(nbytes, np.uint8)
+if spec == "alloc":  # as mpi4py's demos write messages: views a and b to stamp and check
+    amem, bmem = MPI.Alloc_mem(nbytes), MPI.Alloc_mem(nbytes)
+    a, b = np.frombuffer(amem, np.uint8), np.frombuffer(bmem, np.uint8)
+    a[:] = np.arange(nbytes) % 251
+    A, B = [amem, nbytes, MPI.BYTE], [bmem, nbytes, MPI.BYTE]
+else:
+    a = (np.arange(nbytes) % 251).astype(np.uint8)
+    b = np.zeros(nbytes, np.uint8)
+    A, B = a, b
 post, wait, free, wrong = [], [], [], 0
 for i in range(windows + 20):
     comm.Barrier()
     a[0] = i % 256
     t0 = pc()
     if rank == 0:
-        reqs = [comm.Isend(a, peer, 2) for _ in range(W)]
+        reqs = [comm.Isend(A, peer, 2) for _ in range(W)]
     else:
-        reqs = [comm.Irecv(b, peer, 2) for _ in range(W)]
+        reqs = [comm.Irecv(B, peer, 2) for _ in range(W)]
     t1 = pc()
     Waitall(reqs)
     t2 = pc()
@@ -84,6 +92,9 @@ def main():
     ap.add_argument("--bytes", type=int, default=8, help="message size (8)")
     ap.add_argument("--windows", type=int, default=500, help="windows of 64 messages per run (500)")
     ap.add_argument("--repeats", type=int, default=5, help="runs of each library, alternating (5)")
+    ap.add_argument("--spec", choices=("array", "alloc"), default="array",
+                    help="messages as NumPy arrays, or as mpi4py's demos write them: [MPI.Alloc_mem(n), n, "
+                         "MPI.BYTE] (gpucoll.MPI and mpi4py only)")
     ap.add_argument("--json", help="write the settings, every run and the rows here")
     args = ap.parse_args()
 
@@ -98,17 +109,19 @@ def main():
         prog = os.path.join(tmp, "cost_rank.py")
         with open(prog, "w") as f:
             f.write(RANK_PROGRAM)
-        spec = [str(args.bytes), str(args.windows)]
+        spec = [str(args.bytes), str(args.windows), args.spec]
+        libs = LIBS if args.spec == "array" else LIBS[1:]  # gpucoll's own API has no MPI datatypes
         for rep in range(args.repeats):
             print(f"# run {rep + 1}/{args.repeats} ...", flush=True)
-            for lib in LIBS:
+            for lib in libs:
                 if lib == "mpi4py" and mpirun is None:
                     continue
                 launcher = mpirun if lib == "mpi4py" else gpurun
                 runs[lib].append(bench_p2p.run([*launcher, sys.executable, prog, lib, *spec], env=env)[0])
 
     peer = runs["mpi4py"]
-    print(f"\n# per message: Isend + Irecv + Waitall, {args.bytes}-byte messages in windows of 64, 2 ranks of one "
+    form = "[MPI.Alloc_mem(n), n, MPI.BYTE] messages" if args.spec == "alloc" else "NumPy arrays"
+    print(f"\n# per message: Isend + Irecv + Waitall, {args.bytes}-byte {form} in windows of 64, 2 ranks of one "
           f"host; ns, median [min-max] of {args.repeats} runs; ratio: mpi4py's message time / this one's, run by run")
     print(f"{'API':>12} {'post (send)':>12} {'wait (send)':>12} {'free (send)':>12} {'post (recv)':>12} "
           f"{'wait (recv)':>12} {'free (recv)':>12} {'message':>18} {'#wrong':>6} {'ratio':>18}")
@@ -130,7 +143,7 @@ def main():
               f"{summary.spread_text(ratios) if ratios else '-':>18}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(settings=context.describe(command=" ".join(sys.argv), bytes=args.bytes,
+            json.dump(dict(settings=context.describe(command=" ".join(sys.argv), bytes=args.bytes, spec=args.spec,
                                                      windows=args.windows, repeats=args.repeats),
                            runs=runs, rows=rows), f, indent=1)
     return 1 if any(r["wrong"] for r in rows) else 0
