@@ -483,8 +483,8 @@ cdef class CallGate:
 
 
 cdef class HostFast:
-    """The packed host fast paths of a communicator's Allreduce, Bcast, Reduce, Allgather (NumPy
-    arrays) and Barrier over a direct group (installed by gpucoll/dispatch/dispatcher.py once a call ran on
+    """The packed host fast paths of a communicator's Allreduce, Bcast, Reduce, Allgather,
+    Reduce_scatter_block (NumPy arrays) and Barrier over a direct group (installed by gpucoll/dispatch/dispatcher.py once a call ran on
     the direct engine; Communicator tries them before it builds a Call).
 
     Each method is called with the user's arguments before anything else; it does the checks
@@ -582,6 +582,64 @@ cdef class HostFast:
                 self.gate.leave()
             if st:
                 self._failed(st, "allreduce", count, code, op, 0, seq)
+            return True
+        finally:
+            PyBuffer_Release(&rv)
+            if have_send:
+                PyBuffer_Release(&sv)
+
+    def reduce_scatter_block(self, sendbuf, recvbuf, op):
+        """Rank i's recvbuf = op over every rank's block i of sendbuf (IN_PLACE: the input is the
+        whole recvbuf, the result its first block)."""
+        cdef Py_buffer rv, sv
+        cdef bint have_send = False
+        cdef size_t block, total, count, isz
+        cdef uintptr_t raddr, saddr
+        cdef int st, code, op_code
+        if type(recvbuf) is not self.ndarray or type(op) is not self.op_type:
+            return False
+        dt = recvbuf.dtype
+        c = self.codes.get(dt)
+        if c is None:
+            return False
+        code, op_code = c, op.code
+        if not gc_op_valid(code, op_code):
+            return False
+        try:
+            PyObject_GetBuffer(recvbuf, &rv, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS)
+        except (BufferError, ValueError):
+            return False
+        try:
+            isz = <size_t>rv.itemsize
+            raddr = <uintptr_t>rv.buf
+            saddr = raddr
+            if sendbuf is self.in_place:
+                total = <size_t>rv.len
+                if (total // isz) % <size_t>self.size:
+                    return False
+                block = total // <size_t>self.size
+            else:
+                block = <size_t>rv.len
+                total = block * <size_t>self.size
+                have_send = _send_view(sendbuf, self.ndarray, dt, &sv, total, raddr, block, True)
+                if not have_send:
+                    return False
+                saddr = <uintptr_t>sv.buf
+            if block == 0:
+                return False
+            count = block // isz
+            if not self._direct("reduce_scatter", total, count, code, op, 0) or not self.gate.enter():
+                return False
+            seq = self.gate.next_seq()
+            self.calls += 1
+            try:
+                with nogil:
+                    st = gc_direct_reduce_scatter_block(&self.group.g, <const void *>saddr, <void *>raddr, count,
+                                                        code, op_code, self.timeout)
+            finally:
+                self.gate.leave()
+            if st:
+                self._failed(st, "reduce_scatter", count, code, op, 0, seq)
             return True
         finally:
             PyBuffer_Release(&rv)

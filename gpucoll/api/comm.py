@@ -266,6 +266,9 @@ class Communicator(ShortCalls):
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=_ops.SUM, stream=None):
         """Rank i's recvbuf = op over every rank's block i of sendbuf."""
+        fast = self._fast.host
+        if fast is not None and stream is None and fast.reduce_scatter_block(sendbuf, recvbuf, op):
+            return
         self._blocking(self._call(build.reduce_scatter_block, sendbuf, recvbuf, op), stream)
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op=_ops.SUM, stream=None):

@@ -1,4 +1,5 @@
-"""The native fast paths of host Bcast, Reduce, Allgather and Barrier (cython_src/direct.pyx HostFast),
+"""The native fast paths of host Bcast, Reduce, Allgather, Reduce_scatter_block and Barrier
+(cython_src/direct.pyx HostFast),
 2+ ranks.
 
     gpurun -np N python host_fast_kinds.py     # prints "RESULT {json}" on every rank
@@ -71,6 +72,19 @@ for dtype in ("float32", "float64", "int32", "int8", "uint64", "bool"):
         comm.Allgather(IN_PLACE, g)
         calls += 1
         check(f"allgather in place {dtype} {count}", g, everyone)
+        if dtype == "bool":
+            continue
+        ours = (np.arange(count * n) % 11 + r).astype(dtype)
+        summed = sum((np.arange(count * n) % 11 + q).astype(dtype) for q in range(n)).astype(dtype)
+        mine_block = summed[r * count:(r + 1) * count]
+        y = np.zeros(count, dtype)
+        comm.Reduce_scatter_block(ours, y, op=gpucoll.SUM)
+        calls += 1
+        check(f"reduce_scatter_block {dtype} {count}", y, mine_block)
+        z = ours.copy()
+        comm.Reduce_scatter_block(IN_PLACE, z, op=gpucoll.SUM)
+        calls += 1
+        check(f"reduce_scatter_block in place {dtype} {count}", z[:count], mine_block)
 for _ in range(5):
     comm.Barrier()
     calls += 1
@@ -111,6 +125,11 @@ for name, call in {
     "allgather dtypes": lambda: comm.Allgather(np.ones(4, np.int32), np.ones(4 * n)),
     "allgather overlap": lambda: comm.Allgather(big[1:3], big[:2 * n]),
     "allgather non-contiguous": lambda: comm.Allgather(np.ones(8)[::2], np.ones(4 * n)),
+    "reduce_scatter_block sizes": lambda: comm.Reduce_scatter_block(np.ones(4 * n + 1), np.ones(4)),
+    "reduce_scatter_block dtypes": lambda: comm.Reduce_scatter_block(np.ones(4 * n, np.int32), np.ones(4)),
+    "reduce_scatter_block IN_PLACE not divisible": lambda: comm.Reduce_scatter_block(IN_PLACE, np.ones(4 * n + 1)),
+    "reduce_scatter_block overlap": lambda: comm.Reduce_scatter_block(big[1:1 + 2 * n], big[:2]),
+    "reduce_scatter_block BAND on float": lambda: comm.Reduce_scatter_block(np.ones(4 * n), np.ones(4), op=gpucoll.BAND),
 }.items():
     try:
         call()
