@@ -52,8 +52,8 @@ class OrderedQueue:
         with self._cv:
             if self._closed:
                 raise RuntimeError(f"communicator {self._name} is freed")
+            self.gate.add_queued()  # first: an inline claim in another thread now declines
             self._queue.append((task, req))
-            self.gate.add_queued()
             if self._worker is None:
                 self._worker = threading.Thread(target=self._loop, name=f"gpucoll-{self._name}", daemon=True)
                 self._worker.start()
