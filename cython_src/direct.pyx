@@ -539,25 +539,34 @@ cdef class HostFast:
             self.hooks.fast_failed(kind, count, code, op, root, seq, exc)
         return 0
 
+    cdef bint _reduce_view(self, recvbuf, op, Py_buffer *rv, int *code, int *op_code) except -1:
+        """The receive buffer of a reduction taken into *rv, with its dtype's and op's codes: True
+        when recvbuf is an exact ndarray of a dtype gpucoll reduces, op an Op the dtype supports,
+        the buffer writable and contiguous; else False, holding nothing (the general path says
+        what is wrong)."""
+        if type(recvbuf) is not self.ndarray or type(op) is not self.op_type:
+            return False
+        c = self.codes.get(recvbuf.dtype)
+        if c is None:
+            return False
+        code[0], op_code[0] = c, op.code
+        if not gc_op_valid(code[0], op_code[0]):
+            return False
+        try:
+            PyObject_GetBuffer(recvbuf, rv, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS)
+        except (BufferError, ValueError):  # read-only, not contiguous
+            return False
+        return True
+
     def allreduce(self, sendbuf, recvbuf, op):
         cdef Py_buffer rv, sv
         cdef bint have_send = False
         cdef size_t count, nbytes
         cdef uintptr_t raddr, saddr
         cdef int st, code, op_code
-        if type(recvbuf) is not self.ndarray or type(op) is not self.op_type:
+        if not self._reduce_view(recvbuf, op, &rv, &code, &op_code):
             return False
         dt = recvbuf.dtype
-        c = self.codes.get(dt)
-        if c is None:
-            return False
-        code, op_code = c, op.code
-        if not gc_op_valid(code, op_code):
-            return False
-        try:
-            PyObject_GetBuffer(recvbuf, &rv, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS)
-        except (BufferError, ValueError):  # read-only, not contiguous: the general path says so
-            return False
         try:
             nbytes = <size_t>rv.len
             raddr = <uintptr_t>rv.buf
@@ -596,19 +605,9 @@ cdef class HostFast:
         cdef size_t block, total, count, isz
         cdef uintptr_t raddr, saddr
         cdef int st, code, op_code
-        if type(recvbuf) is not self.ndarray or type(op) is not self.op_type:
+        if not self._reduce_view(recvbuf, op, &rv, &code, &op_code):
             return False
         dt = recvbuf.dtype
-        c = self.codes.get(dt)
-        if c is None:
-            return False
-        code, op_code = c, op.code
-        if not gc_op_valid(code, op_code):
-            return False
-        try:
-            PyObject_GetBuffer(recvbuf, &rv, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS)
-        except (BufferError, ValueError):
-            return False
         try:
             isz = <size_t>rv.itemsize
             raddr = <uintptr_t>rv.buf
