@@ -13,7 +13,7 @@ from ..base import config
 from ..base.errors import InvalidUsageError
 from ..base.errors import TimeoutError as GpucollTimeout
 from ..base.mpi_constants import INTEGERS as _C
-from ..engines.p2p.host import P2PRequest, RequestHandle, register_mpi
+from ..engines.p2p.host import P2PRequest, RequestHandle
 from .status import reset
 
 UNDEFINED = _C["UNDEFINED"]
