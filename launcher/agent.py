@@ -21,10 +21,10 @@ import time
 
 from . import env as envmod
 from . import wire
-from .job import Job, Options, rank_cpus, remove_shared_memory
+from .job import Job, Options, rank_cpus, rank_starter, remove_shared_memory
 from .output import Sink, make_output_dir
 from .signals import SignalInbox
-from .spawn import LaunchError, become_subreaper, program_argv, start_rank
+from .spawn import LaunchError, become_subreaper, program_argv
 
 CONNECT_TIMEOUT_S = 120.0
 
@@ -125,7 +125,8 @@ def run_agent(master, node, secret, slots=None, host=None):
     opts = Options(len(start["ranks"]) or 1, start["command"], module=start.get("module"),
                    tag_output=start.get("tag_output", True), output_dir=start.get("output_dir"),
                    grace=start.get("grace", 3.0), exports=start.get("exports", {}),
-                   bind_to=start.get("bind_to"), verbose=start.get("verbose", False))
+                   bind_to=start.get("bind_to"), verbose=start.get("verbose", False),
+                   preload=start.get("preload"))
     try:
         argv = program_argv(opts.command, opts.module)
         make_output_dir(opts.output_dir)
@@ -140,10 +141,12 @@ def run_agent(master, node, secret, slots=None, host=None):
     job = AgentJob(opts, inbox, sock, host)
     try:
         try:
-            cpus = rank_cpus(opts, len(start["ranks"]), f"gpurun agent (node {node}, {host})")
+            who = f"gpurun agent (node {node}, {host})"
+            cpus = rank_cpus(opts, len(start["ranks"]), who)
+            envs = [envmod.rank_environ(common, r, local, opts.exports) for local, r in enumerate(start["ranks"])]
+            begin = rank_starter(opts, argv, envs[0] if envs else common, inbox, who)
             for local, r in enumerate(start["ranks"]):
-                env = envmod.rank_environ(common, r, local, opts.exports)
-                job.add(start_rank(r, argv, env, die_with_parent=True, cpus=cpus[local]))
+                job.add(begin(r, envs[local], stdin_inherit=False, cpus=cpus[local]))
         except LaunchError as exc:
             job.abort()
             wire.send(sock, {"type": "launch-error", "message": str(exc), "code": exc.exit_code})

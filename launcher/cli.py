@@ -136,11 +136,18 @@ RANK_COUNT = RankCount()
                    "(core: physical cores first), to a NUMA node's CPUs (numa), or not at all (none), within "
                    "gpurun's own CPU mask. Default: share when the host's ranks are no more than its cores, "
                    "core when no more than its CPUs, else none; none when srun or mpirun started gpurun.")
-@click.option("-v", "--verbose", is_flag=True, help="Say on stderr how the ranks were bound, or why not.")
+@click.option("--preload", "preload", multiple=True, metavar="MOD[,MOD]",
+              help="Also import these modules in gpurun before forking the ranks of a Python program "
+                   "(NumPy and gpucoll always are). Repeatable. A module that starts a thread or "
+                   "initialises CUDA at import makes the job start its ranks anew.")
+@click.option("--no-preload", is_flag=True, help="Start every rank as a new interpreter instead of forking "
+              "it from gpurun's, which has NumPy and gpucoll imported.")
+@click.option("-v", "--verbose", is_flag=True, help="Say on stderr how the ranks were bound and started, or why "
+              "not.")
 @click.version_option(__version__, "-V", "--version", prog_name="gpurun")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="PROGRAM [ARGS]...")
 def gpurun(nprocs, module, tag_output, output_dir, timeout, grace, exports, command, hosts, hostfile,
-           launcher, launcher_cmd, nnodes, node_rank, master, bind_to, verbose):
+           launcher, launcher_cmd, nnodes, node_rank, master, bind_to, preload, no_preload, verbose):
     import os
 
     from .env import parse_exports
@@ -153,11 +160,15 @@ def gpurun(nprocs, module, tag_output, output_dir, timeout, grace, exports, comm
         exported = parse_exports(exports, os.environ)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="-x") from None
+    if no_preload and preload:
+        raise click.UsageError("--preload and --no-preload exclude each other")
+    preload = False if no_preload else [m.strip() for item in preload for m in item.split(",") if m.strip()]
     if module:
         # `-m` is a flag, so that the module's own options are never parsed as gpurun's.
         module, command = command[0], command[1:]
     opts = Options(nprocs, command, module=module or None, tag_output=tag_output, output_dir=output_dir,
-                   timeout=timeout, grace=grace, exports=exported, bind_to=bind_to, verbose=verbose)
+                   timeout=timeout, grace=grace, exports=exported, bind_to=bind_to, verbose=verbose,
+                   preload=preload)
     if multi is None:
         raise SystemExit(launch(opts))
     if multi.launcher == "agent":

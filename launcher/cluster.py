@@ -324,7 +324,7 @@ class Head:
                 "store": self.store_address, "command": self.opts.command, "module": self.opts.module,
                 "exports": self.opts.exports, "tag_output": self.opts.tag_output,
                 "output_dir": self.opts.output_dir, "grace": self.opts.grace, "cwd": os.getcwd(),
-                "bind_to": bind_to, "verbose": self.opts.verbose,
+                "bind_to": bind_to, "verbose": self.opts.verbose, "preload": self.opts.preload,
             })
 
     def _on_control(self, node):

@@ -19,7 +19,7 @@ import time
 
 from . import binding
 from . import env as envmod
-from . import report
+from . import report, warm
 from .output import RankStream, Sink, make_output_dir, open_output_file
 from .signals import ENDING, FORWARDED, SignalInbox
 from .spawn import LaunchError, become_subreaper, kill_orphans, program_argv, reap_orphans, start_rank
@@ -35,7 +35,7 @@ class Options:
     """What the command line asked for."""
 
     def __init__(self, nprocs, command, module=None, tag_output=True, output_dir=None,
-                 timeout=None, grace=3.0, exports=(), bind_to=None, verbose=False):
+                 timeout=None, grace=3.0, exports=(), bind_to=None, verbose=False, preload=None):
         self.nprocs = nprocs
         self.command = list(command)
         self.module = module
@@ -46,6 +46,7 @@ class Options:
         self.exports = dict(exports)
         self.bind_to = bind_to      # binding.CHOICES, or None: gpurun's default
         self.verbose = verbose
+        self.preload = preload      # modules to preload besides the default; False: fork nothing (warm.py)
 
 
 def launch(opts):
@@ -68,11 +69,12 @@ def launch(opts):
             os.environ, opts.nprocs, opts.nprocs, host, store.port, secret_hex, job_id)
         job = Job(opts, inbox)
         cpus = rank_cpus(opts, opts.nprocs, "gpurun")
+        start = rank_starter(opts, argv, envmod.rank_environ(common, 0, 0, opts.exports), inbox, "gpurun")
         # The ranks start while gpurun has one thread (see start_rank); the store serves
         # from its own thread once they are all started, answering those that came early.
         for r in range(opts.nprocs):
             env = envmod.rank_environ(common, r, r, opts.exports)
-            job.add(start_rank(r, argv, env, stdin_inherit=(r == 0), cpus=cpus[r]))
+            job.add(start(r, env, stdin_inherit=(r == 0), cpus=cpus[r]))
         store.start()
         return job.run()
     except LaunchError as exc:
@@ -88,6 +90,19 @@ def launch(opts):
         inbox.close()
         if job_id is not None:
             remove_shared_memory(job_id, secret_hex)
+
+
+def rank_starter(opts, argv, sample_env, inbox, who):
+    """start(rank, env, stdin_inherit, cpus) -> Rank for this host's ranks: forked from this
+    interpreter warmed up (warm.py) where that cannot be told from a fresh start, else
+    started anew. Under --verbose (or with --preload) `who` says which, and why."""
+    say = (lambda text: Sink(2).write(f"{who}: {text}\n".encode())) if opts.verbose or opts.preload else None
+    ready = warm.prepare(argv, opts.preload, sample_env, note=say)
+    if ready is None:
+        return lambda r, env, stdin_inherit, cpus: start_rank(r, argv, env, stdin_inherit=stdin_inherit, cpus=cpus)
+    if opts.verbose:
+        say(f"ranks forked from this interpreter, with {', '.join(ready.modules)} imported")
+    return lambda r, env, stdin_inherit, cpus: ready.start(r, env, stdin_inherit=stdin_inherit, cpus=cpus, inbox=inbox)
 
 
 def rank_cpus(opts, nlocal, who):

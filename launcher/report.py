@@ -24,6 +24,7 @@ EXIT_TIMEOUT = 124
 EXIT_SETUP = 125          # gpurun could not set the job up (no free port, a lost host...)
 EXIT_CANNOT_RUN = 126     # PROGRAM exists but cannot be run
 EXIT_NOT_FOUND = 127      # PROGRAM (or the interpreter its #! line names) does not exist
+EXIT_PRELOAD = 1          # a --preload module cannot be imported (as a program whose import fails)
 #: Lines of a rank's stderr kept for the report (output.RankStream clips each line).
 KEPT_LINES = 200
 #: Lines shown when the kept stderr holds no traceback.

@@ -47,13 +47,22 @@ class SignalInbox:
             got += chunk
         return list(got)
 
+    def reset_in_child(self):
+        """In a rank forked from gpurun: the handlers gpurun found (those a fresh interpreter
+        has), no wakeup pipe. The pipe's fds are closed with every other fd of gpurun's."""
+        signal.set_wakeup_fd(-1)
+        self._put_back()
+
     def close(self):
         """Put back the handlers that were there before."""
-        for sig, old in self._old.items():
-            signal.signal(sig, old if old is not None else signal.SIG_DFL)
+        self._put_back()
         signal.set_wakeup_fd(self._old_wakeup)
         os.close(self._rfd)
         os.close(self._wfd)
+
+    def _put_back(self):
+        for sig, old in self._old.items():
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)
 
 
 def name(signum):

@@ -194,7 +194,7 @@ def start_rank(rank, argv, env, stdin_inherit=False, die_with_parent=True, cpus=
             stderr=subprocess.PIPE,
             start_new_session=True,
             close_fds=True,
-            preexec_fn=_in_child(_die_with_parent() if die_with_parent else None, cpus),
+            preexec_fn=_in_child(parent_death_arm() if die_with_parent else None, cpus),
         )
     except FileNotFoundError:
         if os.path.exists(argv[0]):  # the file is there, so what is missing is its interpreter
@@ -219,7 +219,7 @@ def _in_child(arm, cpus):
     return prepare
 
 
-def _die_with_parent():
+def parent_death_arm():
     """A preexec_fn that sets PR_SET_PDEATHSIG to SIGKILL (Linux; else None)."""
     if not sys.platform.startswith("linux"):
         return None

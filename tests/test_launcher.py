@@ -106,11 +106,12 @@ def test_store_is_served_by_gpurun():
 
 
 def test_start_up_loads_only_what_it_uses():
-    """Start-up time is mostly imports: a rank that joins the job does not load the store's server
-    (asyncio), and gpurun's sweep of shared-memory names at the end does not load NumPy."""
+    """Start-up time is mostly imports: a rank started anew (as srun and mpiexec start them) that
+    joins the job does not load the store's server (asyncio), and gpurun's sweep of
+    shared-memory names at the end does not load NumPy."""
     code = ("import sys, gpucoll; gpucoll.COMM_WORLD.Barrier(); "
             "print(sorted(m for m in ('asyncio', 'gpucoll.bootstrap.store_server') if m in sys.modules))")
-    proc, _ = gpurun("-np", 2, *python_c(code))
+    proc, _ = gpurun("--no-preload", "-np", 2, *python_c(code))
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.splitlines()) == ["[0] []", "[1] []"], proc.stdout
     sweep = ("import sys; from gpucoll.launcher.job import remove_shared_memory; remove_shared_memory('j', '00' * 16); "

@@ -509,8 +509,12 @@ static int gc__wait_slow(gc_direct *g, int peer, uint64_t target, int64_t deadli
             next_check = now + GC_DIRECT_CHECK_NS;
             int failed = __atomic_load_n(&g->hdr->lost, __ATOMIC_ACQUIRE) > 0;
             for (int r = 0; r < g->nranks && !failed; r++)
+                /* The flag is read again once the rank is seen dead: it may have posted and
+                 * exited between the first read and the check. Death is final, so a post not
+                 * seen after it never comes. */
                 if (__atomic_load_n(gc__flag(g, r), __ATOMIC_ACQUIRE) < target &&
-                    gc__rank_dead(g, r)) {
+                    gc__rank_dead(g, r) &&
+                    __atomic_load_n(gc__flag(g, r), __ATOMIC_ACQUIRE) < target) {
                     int32_t none = 0;
                     /* Tell every other rank, so they name the dead one, not the ranks that
                      * stopped posting because they noticed it first. */
