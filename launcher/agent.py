@@ -19,6 +19,7 @@ import socket
 import sys
 import time
 
+from . import binding
 from . import env as envmod
 from . import wire
 from .job import Job, Options, rank_cpus, rank_starter, remove_shared_memory
@@ -143,7 +144,9 @@ def run_agent(master, node, secret, slots=None, host=None):
         try:
             who = f"gpurun agent (node {node}, {host})"
             cpus = rank_cpus(opts, len(start["ranks"]), who)
-            envs = [envmod.rank_environ(common, r, local, opts.exports) for local, r in enumerate(start["ranks"])]
+            nlocal = len(start["ranks"])
+            envs = [envmod.rank_environ(common, r, local, opts.exports, binding.threads_per_rank(cpus[local], nlocal))
+                    for local, r in enumerate(start["ranks"])]
             begin = rank_starter(opts, argv, envs[0] if envs else common, inbox, who)
             for local, r in enumerate(start["ranks"]):
                 job.add(begin(r, envs[local], stdin_inherit=False, cpus=cpus[local]))

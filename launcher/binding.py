@@ -149,3 +149,13 @@ def cpulist(cpus):
     if run:
         out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
     return ",".join(out)
+
+
+def threads_per_rank(cpus, nlocal, allowed=None):
+    """OMP_NUM_THREADS for a rank bound to `cpus` (None: unbound) among `nlocal` on this host:
+    its part of the CPUs gpurun may use, at most the CPUs it is bound to, at least 1. Without
+    it, every rank's OpenMP and BLAS pools would take every CPU of the host (torchrun, for the
+    same reason, sets 1)."""
+    allowed = os.sched_getaffinity(0) if allowed is None else allowed
+    share = max(1, len(allowed) // max(1, nlocal))
+    return share if cpus is None else max(1, min(len(cpus), share))

@@ -69,12 +69,13 @@ def launch(opts):
             os.environ, opts.nprocs, opts.nprocs, host, store.port, secret_hex, job_id)
         job = Job(opts, inbox)
         cpus = rank_cpus(opts, opts.nprocs, "gpurun")
-        start = rank_starter(opts, argv, envmod.rank_environ(common, 0, 0, opts.exports), inbox, "gpurun")
+        envs = [envmod.rank_environ(common, r, r, opts.exports, binding.threads_per_rank(cpus[r], opts.nprocs))
+                for r in range(opts.nprocs)]
+        start = rank_starter(opts, argv, envs[0], inbox, "gpurun")
         # The ranks start while gpurun has one thread (see start_rank); the store serves
         # from its own thread once they are all started, answering those that came early.
         for r in range(opts.nprocs):
-            env = envmod.rank_environ(common, r, r, opts.exports)
-            job.add(start(r, env, stdin_inherit=(r == 0), cpus=cpus[r]))
+            job.add(start(r, envs[r], stdin_inherit=(r == 0), cpus=cpus[r]))
         store.start()
         return job.run()
     except LaunchError as exc:

@@ -48,10 +48,14 @@ class SignalInbox:
         return list(got)
 
     def reset_in_child(self):
-        """In a rank forked from gpurun: the handlers gpurun found (those a fresh interpreter
-        has), no wakeup pipe. The pipe's fds are closed with every other fd of gpurun's."""
+        """In a rank forked from gpurun: the handlers a rank started anew has, and no wakeup
+        pipe (its fds are closed with every other fd of gpurun's). exec resets the signals
+        gpurun catches to their default, and Python then installs its KeyboardInterrupt
+        handler for SIGINT: even where gpurun itself was started with SIGINT ignored."""
         signal.set_wakeup_fd(-1)
-        self._put_back()
+        for sig in self._old:
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def close(self):
         """Put back the handlers that were there before."""

@@ -94,23 +94,23 @@ def _rebind_stdio(stdin_fd, stdout_fd, stderr_fd, unbuffered):
                 pass
     old = sys.__stdout__, sys.__stderr__, sys.__stdin__
     encoding = getattr(old[0], "encoding", None) or "utf-8"
-    sys.stdin = sys.__stdin__ = _stream(0, "r", encoding, getattr(old[2], "errors", "strict"), False)
+    sys.stdin = sys.__stdin__ = _stream(0, "r", encoding, getattr(old[2], "errors", "strict"), unbuffered)
     sys.stdout = sys.__stdout__ = _stream(1, "w", encoding, getattr(old[0], "errors", "strict"), unbuffered)
     sys.stderr = sys.__stderr__ = _stream(2, "w", encoding, "backslashreplace", unbuffered)
 
 
 def _stream(fd, mode, encoding, errors, unbuffered):
-    """A std stream as CPython's create_stdio builds it: binary-buffered unless unbuffered
-    (then written through), line-buffered on a terminal and always for stderr."""
+    """A std stream as CPython's create_stdio builds it: unbuffered output goes straight to
+    the fd (stdin stays buffered for read1) and is written through; buffered streams are
+    line-buffered on a terminal, and stderr always."""
     raw = io.FileIO(fd, mode + "b", closefd=False)
-    buffered = not (unbuffered and mode == "w")
-    if buffered:
-        buf = io.BufferedReader(raw) if mode == "r" else io.BufferedWriter(raw)
-    else:
+    if unbuffered and mode == "w":
         buf = raw
-    line = buffered and (raw.isatty() or fd == 2)
+    else:
+        buf = io.BufferedReader(raw) if mode == "r" else io.BufferedWriter(raw)
+    line = not unbuffered and (raw.isatty() or fd == 2)
     stream = io.TextIOWrapper(buf, encoding=encoding, errors=errors, newline="\n" if mode == "w" else None,
-                              line_buffering=line, write_through=not buffered)
+                              line_buffering=line, write_through=unbuffered)
     stream.mode = mode
     return stream
 
@@ -160,6 +160,15 @@ def _user_traceback(exc):
     return exc.with_traceback(tb)
 
 
+def _flush_quietly():
+    """What CPython does right after the program's code (pythonrun.c's flush_io)."""
+    for stream in (sys.stderr, sys.stdout):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
 def _exit_code(status):
     """Python's exit status for what ended the program (0, a SystemExit or an exception)."""
     if status == 0:
@@ -177,7 +186,9 @@ def _exit_code(status):
 
 
 def _finalize(status):
-    """End as Py_FinalizeEx does: report, join threads, atexit, flush; the exit status."""
+    """End as CPython does: flush what the program wrote, report how it ended, then as
+    Py_FinalizeEx: join threads, atexit, flush again; the exit status."""
+    _flush_quietly()
     code = _exit_code(status)
     threading._shutdown()  # what the interpreter calls: wait for non-daemon threads
     atexit._run_exitfuncs()

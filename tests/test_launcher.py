@@ -423,3 +423,21 @@ def test_flood_of_idle_connections_to_the_store(tmp_path):
     for line in own:
         assert re.search(r"gpucoll WARN \[BOOTSTRAP\] store 127\.0\.0\.1:\d+ turned away \d+ connection\(s\) "
                          r"that had not authenticated: \d+ over the limit of 256 waiting to authenticate", line), line
+
+
+def test_each_rank_gets_its_share_of_threads():
+    # OMP_NUM_THREADS: the CPUs each rank may use (1 for one CPU each), unless gpurun's own
+    # environment sets it; -x wins over both. OpenMP and OpenBLAS size their pools by it.
+    code = "import os; print(os.environ.get('OMP_NUM_THREADS'))"
+    cpus = len(os.sched_getaffinity(0))
+    cases = [(("--bind-to", "none", "-np", 1), {}, str(cpus)),
+             (("--bind-to", "core", "-np", 2), {}, "1"),
+             (("--bind-to", "none", "-np", 2 * cpus), {}, "1"),
+             (("-np", 2), {"OMP_NUM_THREADS": "3"}, "3"),
+             (("-x", "OMP_NUM_THREADS=5", "-np", 2), {"OMP_NUM_THREADS": "3"}, "5")]
+    for args, extra, want in cases:
+        env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+        proc, _ = gpurun(*args, *python_c(code), env=dict(env, **extra))
+        assert proc.returncode == 0, proc.stderr
+        got = {line.split()[-1] for line in proc.stdout.splitlines()}
+        assert got == {want}, (args, extra, proc.stdout)

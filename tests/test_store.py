@@ -226,6 +226,38 @@ def test_many_waiters_wake_together(server):
         c.close()
 
 
+def test_gather_answers_once_every_key_exists(server, client):
+    # An all-gather's second half: one request that returns prefix0..prefixN-1 in order,
+    # parked until the last is set; values may be empty or binary.
+    client.set("ag/1", b"")
+    t, box = in_thread(client.gather, "ag/", 3, 10)
+    with connect(server) as other:
+        other.set("ag/2", b"\x00two")
+        time.sleep(0.2)
+        assert box == []                             # ag/0 is still missing
+        other.set("ag/0", b"zero")
+    t.join(5)
+    assert box == [[b"zero", b"", b"\x00two"]]
+    assert client.gather("ag/", 3) == [b"zero", b"", b"\x00two"]
+    assert client.gather("nothing/", 0) == []
+    with pytest.raises(errors.TimeoutError, match=r"2 of the 5 keys under 'ag/' were.*'ag/3', 'ag/4'"):
+        client.gather("ag/", 5, timeout=0.1)
+    prefixed = PrefixStore(client, "c7")
+    for i in range(2):
+        prefixed.set(f"v{i}", str(i).encode())
+    assert prefixed.gather("v", 2) == [b"0", b"1"]
+
+
+def test_gather_larger_than_a_value_is_refused(client):
+    with StoreServer(HOST, 0, SECRET, max_value_size=1024).start() as small:
+        with connect(small) as c:
+            for i in range(3):
+                c.set(f"big/{i}", b"x" * 500)
+            with pytest.raises(errors.StoreError, match="3 values under 'big/' take 1512 bytes"):
+                c.gather("big/", 3)
+            assert c.gather("big/", 2) == [b"x" * 500] * 2   # the connection is still good
+
+
 def test_get_timeout_names_key_and_address(server, client):
     start = time.monotonic()
     with pytest.raises(errors.TimeoutError) as info:

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import threading
+import time
 
 from ..base import config, log
 from ..base.errors import InvalidUsageError
@@ -101,8 +102,12 @@ def init():
                 log.warn("ENV", "unknown variable(s) %s: nothing reads them (a typo?)", ", ".join(bad))
             from .comm import Communicator
 
+            started = time.monotonic()
             ctx = Context(connect())
             _world = Communicator(ctx, "world", range(ctx.size))
+            store = getattr(ctx.boot, "store", None)
+            log.info("BOOTSTRAP", "COMM_WORLD ready in %.1f ms after %d store request(s)",
+                     (time.monotonic() - started) * 1e3, store.requests if store is not None else 0)
             _owner_pid = os.getpid()
             atexit.register(_finalize)
         return _world

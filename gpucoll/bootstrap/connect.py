@@ -6,7 +6,6 @@ traffic (host names, addresses); collectives run over the transports.
 """
 import os
 import socket
-import struct
 import sys
 import time
 
@@ -123,25 +122,12 @@ def _abort_job_on_uncaught_exception(comm):
     sys.excepthook = hook
 
 
-def _pack(parts):
-    return b"".join(struct.pack("!I", len(p)) + p for p in parts)
-
-
-def _unpack(blob, count):
-    parts, pos = [], 0
-    for _ in range(count):
-        (n,) = struct.unpack_from("!I", blob, pos)
-        parts.append(blob[pos + 4:pos + 4 + n])
-        pos += 4 + n
-    return parts
-
-
 class StoreBootstrap(Bootstrap):
     """Exchange through the TCP rendezvous store.
 
-    allgather: every rank sets `ag/<seq>/<rank>`; rank 0 waits for all of them and
-    publishes the concatenation as `ag/<seq>/all`, which the others read: two round
-    trips per rank, whatever the size."""
+    allgather: every rank sets `ag/<seq>/<rank>` and gathers `ag/<seq>/` (the store answers
+    once every rank's key is there): two requests per rank whatever the size, and no rank
+    reads the others' keys one by one."""
 
     def __init__(self, info):
         super().__init__(info)
@@ -201,17 +187,11 @@ class StoreBootstrap(Bootstrap):
         self.store.set(prefix + str(self.rank), bytes(data))
         deadline = time.monotonic() + self._timeout
         try:
-            if self.rank == 0:
-                keys = [prefix + str(r) for r in range(self.size)]
-                self.store.wait(keys, timeout=self._timeout)
-                parts = [self.store.get(k) for k in keys]
-                self.store.set(prefix + "all", _pack(parts))
-                return parts
-            return _unpack(self.store.get(prefix + "all", timeout=self._timeout), self.size)
+            return self.store.gather(prefix, self.size, timeout=self._timeout)
         except GpucollTimeout:
             waited = max(0.0, self._timeout - (deadline - time.monotonic()))
             missing = self._missing([(r, prefix + str(r)) for r in range(self.size)])
-            who = f"rank(s) {ranges(missing)} never joined" if missing else "rank 0 did not publish the result"
+            who = f"rank(s) {ranges(missing)} never joined" if missing else "the store did not answer"
             raise BootstrapError(
                 f"bootstrap exchange #{seq} timed out after {waited:.0f} s: {who} "
                 f"(store {self.address}, size {self.size}). Check that every rank was started and "

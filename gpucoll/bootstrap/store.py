@@ -127,6 +127,7 @@ class StoreClient:
         self._secret = as_secret(secret)
         self._lock = threading.Lock()
         self._sock = None
+        self.requests = 0  # sent so far: what joining a job costs the store (docs/launcher.md)
         self._connect()
 
     @classmethod
@@ -233,6 +234,7 @@ class StoreClient:
             if sock is None:
                 raise StoreError(f"the connection to the store at {self.address} is closed.")
             patience = self.timeout if wait is None else wait + REPLY_GRACE
+            self.requests += 1
             try:
                 sock.settimeout(None if math.isinf(patience) else patience)
                 sock.sendall(frame)
@@ -357,6 +359,22 @@ class StoreClient:
         if isinstance(result, _Missing):
             self._raise_timeout(result, f"{result.total} of the {len(raws)} keys waited for were", timeout)
 
+    def gather(self, prefix, count, timeout=None):
+        """The values of the keys `prefix + "0"` to `prefix + str(count - 1)`, in order, once
+        all exist: one request however many there are (an all-gather is a set and a gather
+        on every rank). TimeoutError after `timeout` names the missing keys."""
+        raw, timeout = self._key(prefix), self._deadline(timeout)
+        if not 0 <= count < (1 << 32):
+            raise InvalidUsageError(f"gather() of {count} keys: give a count from 0 to 2**32-1.")
+        frame = wire.frame(wire.GATHER, wire.key(raw), wire.u32(count), wire.f64(timeout))
+        result = self._request(frame, wire.VALUE, wire.Fields.value, wait=timeout)
+        if isinstance(result, _Missing):
+            self._raise_timeout(result, f"{result.total} of the {count} keys under {prefix!r} were", timeout)
+        try:
+            return wire.unpack_parts(result, count)
+        except wire.ProtocolError as exc:
+            raise StoreError(f"the store at {self.address} sent a malformed answer: {exc}") from None
+
     def delete(self, key):
         """Remove `key`; True if it existed."""
         return bool(self._request(wire.frame(wire.DELETE, wire.key(self._key(key))), wire.INT, wire.Fields.i64))
@@ -430,6 +448,10 @@ class PrefixStore:
         if isinstance(keys, (str, bytes)):
             keys = [keys]
         self.store.wait([self._k(k) for k in keys], timeout=timeout)
+
+    def gather(self, prefix, count, timeout=None):
+        """See StoreClient.gather."""
+        return self.store.gather(self._k(prefix), count, timeout=timeout)
 
     def delete(self, key):
         """See StoreClient.delete."""

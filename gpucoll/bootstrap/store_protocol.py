@@ -46,6 +46,7 @@ WAIT = 0x14
 DELETE = 0x15
 NUM_KEYS = 0x16
 PING = 0x17
+GATHER = 0x18     # the values of prefix+"0" .. prefix+"N-1", waiting for them: one VALUE of packed parts
 
 # Replies (server -> client).
 HELLO = 0x80
@@ -59,7 +60,7 @@ ERROR = 0x87      # this request failed; the connection stays
 CLOSING = 0x88    # the server drops this connection, and says why
 
 NAMES = {AUTH: "AUTH", SET: "SET", GET: "GET", ADD: "ADD", COMPARE_SET: "COMPARE_SET",
-         WAIT: "WAIT", DELETE: "DELETE", NUM_KEYS: "NUM_KEYS", PING: "PING",
+         WAIT: "WAIT", DELETE: "DELETE", NUM_KEYS: "NUM_KEYS", PING: "PING", GATHER: "GATHER",
          HELLO: "HELLO", WELCOME: "WELCOME", AUTH_FAILED: "AUTH_FAILED", OK: "OK",
          VALUE: "VALUE", INT: "INT", TIMED_OUT: "TIMED_OUT", ERROR: "ERROR",
          CLOSING: "CLOSING"}
@@ -113,6 +114,27 @@ def f64(x):
 
 def hello(nonce, max_value_size):
     return frame(HELLO, MAGIC, _U16.pack(VERSION), u64(max_value_size), nonce)
+
+
+def pack_parts(parts):
+    """Values as one GATHER answer: each a u32 length and its bytes, in order."""
+    return b"".join(_U32.pack(len(p)) + p for p in parts)
+
+
+def unpack_parts(blob, count):
+    """The `count` values of a GATHER answer."""
+    view, parts, pos = memoryview(blob), [], 0
+    for _ in range(count):
+        if pos + 4 > len(view):
+            raise ProtocolError("GATHER answer is truncated")
+        (n,) = _U32.unpack_from(view, pos)
+        if pos + 4 + n > len(view):
+            raise ProtocolError("GATHER answer is truncated")
+        parts.append(bytes(view[pos + 4:pos + 4 + n]))
+        pos += 4 + n
+    if pos != len(view):
+        raise ProtocolError("GATHER answer has stray bytes")
+    return parts
 
 
 # --- reading frames -------------------------------------------------------------------

@@ -456,6 +456,24 @@ class _Connection(asyncio.Protocol):
         else:
             self._park(missing, timeout, lambda: wire.frame(wire.OK))
 
+    def _gather(self, fields):
+        prefix, count, timeout = fields.key(), fields.u32(), fields.f64()
+        fields.end()
+        data = self.server.data
+        keys = [prefix + str(i).encode() for i in range(count)]
+
+        def answer():
+            packed = wire.pack_parts([data[k] for k in keys])
+            if len(packed) > self.server.max_value_size:
+                return wire.frame(wire.ERROR, f"the {count} values under {_show(prefix)} take {len(packed)} bytes, "
+                                  f"over the store's limit of {self.server.max_value_size}".encode())
+            return wire.frame(wire.VALUE, wire.value(packed))
+        missing = [k for k in keys if k not in data]
+        if not missing:
+            self._reply(answer())
+        else:
+            self._park(missing, timeout, answer)
+
     def _delete(self, fields):
         key = fields.key()
         fields.end()
@@ -483,6 +501,7 @@ _HANDLERS = {
     wire.DELETE: _Connection._delete,
     wire.NUM_KEYS: _Connection._num_keys,
     wire.PING: _Connection._ping,
+    wire.GATHER: _Connection._gather,
 }
 
 

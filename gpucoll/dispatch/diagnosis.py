@@ -50,7 +50,9 @@ class Diagnosis:
             err = self._call_failed(exc)
         if isinstance(err, GpucollTimeout) and not getattr(err, "ranks", ()):
             err = self._name_late_ranks(err, call)
-        elif isinstance(err, LostPeerError):
+        elif isinstance(err, LostPeerError) and algo != "direct":
+            # The direct engine names who is gone from its segment; a look at the processes now
+            # would add survivors that have ended since their own report.
             self._name_dead_ranks(err)
         err.args = (f"{call.kind} #{call.seq} on communicator {h.name} (rank {h.rank} of {h.size}): "
                     f"{err.args[0] if err.args else err}",) + err.args[1:]

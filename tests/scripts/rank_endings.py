@@ -1,0 +1,35 @@
+"""Ways a Python program ends, for tests/test_warm_start.py: a forked rank must end each
+way as one started anew does (exit status, what reaches stderr, what runs at exit).
+
+    gpurun -np 1 python rank_endings.py MODE
+      exit-message   sys.exit("a message"): the message on stderr, status 1
+      exit-code      sys.exit(3)
+      raise          an uncaught ValueError: the traceback from this file's line, status 1
+      interrupt      an uncaught KeyboardInterrupt: Python ends by SIGINT itself
+      at-exit        a non-daemon thread finishes, then atexit runs, then the buffered line
+"""
+import atexit
+import sys
+import threading
+import time
+
+mode = sys.argv[1]
+if mode == "exit-message":
+    sys.exit("a message")
+elif mode == "exit-code":
+    sys.exit(3)
+elif mode == "raise":
+    raise ValueError("raised by the program")
+elif mode == "interrupt":
+    raise KeyboardInterrupt
+elif mode == "at-exit":
+    def late():
+        time.sleep(0.3)
+        print("thread done", file=sys.__stdout__, flush=True)
+
+    atexit.register(lambda: print("atexit ran", file=sys.__stdout__, flush=True))
+    threading.Thread(target=late).start()
+    sys.stdout = open(1, "w", buffering=1 << 16, closefd=False)  # flushed only at exit
+    sys.stdout.write("buffered line\n")
+else:
+    sys.exit(f"unknown mode {mode}")
