@@ -1,13 +1,16 @@
 """Start-to-exit time of a hello + barrier job: gpurun beside torchrun and mpiexec.
 
-    python benchmarks/bench_launch.py                 # -np 4 and 32, 5 runs each
+    python benchmarks/bench_launch.py                 # -np 4, 32 and 256, 5 runs each
     python benchmarks/bench_launch.py --np 4 --reps 9
     python benchmarks/bench_launch.py --bare        # the launchers alone: no library, no barrier
 
 Each launcher runs N ranks of the same tiny program in its own library (import, join the
-job, print the rank, barrier, exit): gpucoll under `gpurun -np N`, torch.distributed (gloo)
+job, print the rank, barrier, exit): gpucoll under `gpurun -np N` (its ranks forked from an
+interpreter that has imported NumPy and gpucoll) and `gpurun --no-preload` (each rank a new
+interpreter, as other launchers start them), torch.distributed (gloo)
 under `torchrun --standalone --nproc-per-node N`, mpi4py under `mpiexec -n N` (Open MPI), and
 the same mpi4py program importing NumPy first ("mpiexec+numpy": gpucoll imports NumPy, mpi4py does not).
+torchrun runs up to TORCHRUN_MAX ranks (each of its ranks imports torch: minutes on 2 cores beyond).
 The launchers take turns: each round runs every one of them once (the first round is an untimed
 warm-up), so a slow spell of a shared machine falls on all alike. The table gives the median of
 the timed runs with their range (min-max), and how many times longer than gpurun each peer took,
@@ -30,6 +33,7 @@ import time
 
 from gpucoll.bench import context, summary
 
+TORCHRUN_MAX = 32
 PROGRAMS = {
     "gpurun": "import gpucoll\nc = gpucoll.COMM_WORLD\nprint(c.rank)\nc.Barrier()\n",
     # One write per line: torchrun and mpiexec hand all ranks one shared stdout pipe.
@@ -44,6 +48,7 @@ PROGRAMS = {
 # gpucoll imports NumPy (its buffers), mpi4py does not: the same mpi4py job with NumPy loaded
 # first, as any mpi4py program with arrays has it, separates that import from the launchers.
 PROGRAMS["mpiexec+numpy"] = "import numpy\n" + PROGRAMS["mpiexec"]
+PROGRAMS["gpurun --no-preload"] = PROGRAMS["gpurun"]
 BARE = ("import os, sys\n"
         "sys.stdout.write((os.environ.get('RANK') or os.environ['OMPI_COMM_WORLD_RANK']) + '\\n')\n")
 
@@ -57,7 +62,7 @@ def beside_python(name):
 def launchers(script_dir, bare=False):
     """{name: (argv builder, extra env) or the reason it is skipped}."""
     out = {}
-    script = {name: os.path.join(script_dir, f"hello_{name}.py") for name in PROGRAMS}
+    script = {name: os.path.join(script_dir, f"hello_{name.split()[0]}.py") for name in PROGRAMS}
     for name, text in PROGRAMS.items():
         with open(script[name], "w") as f:
             f.write(BARE if bare else text)
@@ -65,6 +70,7 @@ def launchers(script_dir, bare=False):
     gpurun = beside_python("gpurun")
     gpurun = [gpurun] if gpurun else [sys.executable, "-m", "gpucoll.launcher"]
     out["gpurun"] = (lambda n: [*gpurun, "-np", str(n), script["gpurun"]], {})
+    out["gpurun --no-preload"] = (lambda n: [*gpurun, "--no-preload", "-np", str(n), script["gpurun"]], {})
 
     if importlib.util.find_spec("torch") is None:
         out["torchrun"] = "torch is not installed (pip install torch==2.13.0)"
@@ -127,7 +133,7 @@ def measure(jobs, nprocs, reps, timeout, missing):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--np", type=int, nargs="+", default=[4, 32], help="rank counts (4 32)")
+    parser.add_argument("--np", type=int, nargs="+", default=[4, 32, 256], help="rank counts (4 32 256)")
     parser.add_argument("--reps", type=int, default=5, help="timed rounds per rank count: runs of each launcher (5)")
     parser.add_argument("--only", nargs="+", choices=sorted(PROGRAMS), help="launchers to run")
     parser.add_argument("--bare", action="store_true", help="programs that only print their rank")
@@ -146,7 +152,7 @@ def main():
                 missing.append(f"{name}: {table[name]}")
         for nprocs in args.np:
             jobs = {name: (table[name][0](nprocs), table[name][1]) for name in names
-                    if not isinstance(table[name], str)}
+                    if not isinstance(table[name], str) and not (name == "torchrun" and nprocs > TORCHRUN_MAX)}
             times = measure(jobs, nprocs, args.reps, args.timeout, missing)
             base = times.get("gpurun")
             for name, runs in times.items():
@@ -156,14 +162,14 @@ def main():
                                  vs_gpurun_runs=ratios))
                 print(f"  {name} -np {nprocs}: median {statistics.median(runs):.3f} s", file=sys.stderr)
 
-    print(f"\n{'launcher':<14} {'ranks':>5} {'seconds: median [min-max]':>27} {'x gpurun: median [min-max]':>27}")
+    print(f"\n{'launcher':<20} {'ranks':>5} {'seconds: median [min-max]':>27} {'x gpurun: median [min-max]':>27}")
     for r in rows:
         ratio_text = summary.spread_text(r["vs_gpurun_runs"]) if r["vs_gpurun_runs"] else "-"
-        print(f"{r['launcher']:<14} {r['ranks']:>5} {summary.spread_text(r['runs'], '{:.3f}'):>27} {ratio_text:>27}")
+        print(f"{r['launcher']:<20} {r['ranks']:>5} {summary.spread_text(r['runs'], '{:.3f}'):>27} {ratio_text:>27}")
     print(f"\n{'bare programs (launcher cost only)' if args.bare else 'hello + barrier'}: "
           f"{args.reps} rounds after a warm-up round, each running every launcher once in turn; "
           f"'x gpurun' = a launcher's time / gpurun's in the same round (above 1: gpurun is faster). "
-          f"{os.cpu_count()} CPUs.")
+          f"{os.cpu_count()} CPUs; torchrun up to {TORCHRUN_MAX} ranks.")
     for m in missing:
         print(f"# left out: {m}")
     if args.json:

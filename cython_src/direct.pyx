@@ -484,8 +484,9 @@ cdef class CallGate:
 
 cdef class HostFast:
     """The packed host fast paths of a communicator's Allreduce, Bcast, Reduce, Allgather,
-    Reduce_scatter_block (NumPy arrays) and Barrier over a direct group (installed by gpucoll/dispatch/dispatcher.py once a call ran on
-    the direct engine; Communicator tries them before it builds a Call).
+    Alltoall, Reduce_scatter_block (NumPy arrays) and Barrier over a direct group (installed by
+    gpucoll/dispatch/dispatcher.py once a call ran on the direct engine; Communicator tries
+    them before it builds a Call).
 
     Each method is called with the user's arguments before anything else; it does the checks
     of the general path in C (exact ndarray types, a dtype gpucoll moves, the same dtype and
@@ -760,6 +761,15 @@ cdef class HostFast:
                 PyBuffer_Release(&sv)
 
     def allgather(self, sendbuf, recvbuf):
+        return self._blocks(sendbuf, recvbuf, False)
+
+    def alltoall(self, sendbuf, recvbuf):
+        return self._blocks(sendbuf, recvbuf, True)
+
+    cdef bint _blocks(self, sendbuf, recvbuf, bint all_to_all) except -1:
+        """Allgather (every rank contributes one block: recvbuf is size blocks) or Alltoall
+        (block j of every rank's sendbuf goes to rank j: both buffers are size blocks). IN_PLACE:
+        this rank's block of recvbuf (allgather), the whole of recvbuf (alltoall)."""
         cdef Py_buffer rv, sv
         cdef bint have_send = False
         cdef size_t total, block, count, isz
@@ -772,6 +782,7 @@ cdef class HostFast:
         if c is None:
             return False
         code = c
+        kind = "alltoall" if all_to_all else "allgather"
         try:
             PyObject_GetBuffer(recvbuf, &rv, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS)
         except (BufferError, ValueError):
@@ -783,24 +794,30 @@ cdef class HostFast:
                 return False
             block = total // <size_t>self.size
             raddr = <uintptr_t>rv.buf
-            saddr = raddr + <size_t>self.rank * block  # IN_PLACE: this rank's block is in place
+            saddr = raddr if all_to_all else raddr + <size_t>self.rank * block
             if sendbuf is not self.in_place:
-                have_send = _send_view(sendbuf, self.ndarray, dt, &sv, block, raddr, total, False)
+                have_send = _send_view(sendbuf, self.ndarray, dt, &sv, total if all_to_all else block, raddr,
+                                       total, False)
                 if not have_send:
                     return False
                 saddr = <uintptr_t>sv.buf
             count = block // isz
-            if not self._direct("allgather", total, count, code, None, 0) or not self.gate.enter():
+            if not self._direct(kind, total, count, code, None, 0) or not self.gate.enter():
                 return False
             seq = self.gate.next_seq()
             self.calls += 1
             try:
                 with nogil:
-                    st = gc_direct_allgather(&self.group.g, <const void *>saddr, <void *>raddr, block, self.timeout)
+                    if all_to_all:
+                        st = gc_direct_alltoall(&self.group.g, <const void *>saddr, <void *>raddr, block,
+                                                self.timeout)
+                    else:
+                        st = gc_direct_allgather(&self.group.g, <const void *>saddr, <void *>raddr, block,
+                                                 self.timeout)
             finally:
                 self.gate.leave()
             if st:
-                self._failed(st, "allgather", count, code, None, 0, seq)
+                self._failed(st, kind, count, code, None, 0, seq)
             return True
         finally:
             PyBuffer_Release(&rv)

@@ -162,7 +162,7 @@ def test_host_allreduce_fast_path_matches_the_general_one(gpurun_job, size):
 
 
 @pytest.mark.parametrize("size", [2, 3])
-def test_host_bcast_reduce_allgather_barrier_fast_paths_match_the_general_one(gpurun_job, size):
+def test_host_fast_paths_of_every_kind_match_the_general_one(gpurun_job, size):
     job = gpurun_job(size, "host_fast_kinds.py", timeout=120).check()
     res = job.json_lines()
     assert sorted(res) == list(range(size)), job.describe()

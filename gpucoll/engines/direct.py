@@ -10,7 +10,7 @@ from ..base import config, dtypes
 from ..base.call import IN_PLACE, KINDS, addresses
 
 ROWS = ("direct",)
-FAST_KINDS = frozenset({"allreduce", "bcast", "reduce", "allgather", "reduce_scatter", "barrier"})
+FAST_KINDS = frozenset({"allreduce", "bcast", "reduce", "allgather", "alltoall", "reduce_scatter", "barrier"})
 
 
 def _op(call):

@@ -1,4 +1,4 @@
-"""The native fast paths of host Bcast, Reduce, Allgather, Reduce_scatter_block and Barrier
+"""The native fast paths of host Bcast, Reduce, Allgather, Alltoall, Reduce_scatter_block and Barrier
 (cython_src/direct.pyx HostFast),
 2+ ranks.
 
@@ -72,6 +72,18 @@ for dtype in ("float32", "float64", "int32", "int8", "uint64", "bool"):
         comm.Allgather(IN_PLACE, g)
         calls += 1
         check(f"allgather in place {dtype} {count}", g, everyone)
+        # block j of rank q's send is (q, j)'s pattern: rank r receives block r of every rank
+        sends = [(np.arange(count * n) % 13 + 5 * q + 2 * (np.arange(count * n) // count)).astype(dtype)
+                 for q in range(n)]
+        wanted = np.concatenate([sends[q][r * count:(r + 1) * count] for q in range(n)])
+        t = np.zeros(count * n, dtype)
+        comm.Alltoall(sends[r], t)
+        calls += 1
+        check(f"alltoall {dtype} {count}", t, wanted)
+        t = sends[r].copy()
+        comm.Alltoall(IN_PLACE, t)
+        calls += 1
+        check(f"alltoall in place {dtype} {count}", t, wanted)
         if dtype == "bool":
             continue
         ours = (np.arange(count * n) % 11 + r).astype(dtype)
@@ -125,6 +137,10 @@ for name, call in {
     "allgather dtypes": lambda: comm.Allgather(np.ones(4, np.int32), np.ones(4 * n)),
     "allgather overlap": lambda: comm.Allgather(big[1:3], big[:2 * n]),
     "allgather non-contiguous": lambda: comm.Allgather(np.ones(8)[::2], np.ones(4 * n)),
+    "alltoall sizes": lambda: comm.Alltoall(np.ones(4 * n), np.ones(4 * n + n)),
+    "alltoall not divisible": lambda: comm.Alltoall(np.ones(4 * n + 1), np.ones(4 * n + 1)),
+    "alltoall dtypes": lambda: comm.Alltoall(np.ones(4 * n, np.int32), np.ones(4 * n)),
+    "alltoall overlap": lambda: comm.Alltoall(big[1:1 + 2 * n], big[:2 * n]),
     "reduce_scatter_block sizes": lambda: comm.Reduce_scatter_block(np.ones(4 * n + 1), np.ones(4)),
     "reduce_scatter_block dtypes": lambda: comm.Reduce_scatter_block(np.ones(4 * n, np.int32), np.ones(4)),
     "reduce_scatter_block IN_PLACE not divisible": lambda: comm.Reduce_scatter_block(IN_PLACE, np.ones(4 * n + 1)),
