@@ -6,7 +6,7 @@ NP ?= 4
 STAMP := $(VENV)/.installed
 SOURCES := pyproject.toml setup.py $(wildcard cython_src/*.pyx cython_src/*.pxd cython_src/include/*.h)
 
-.PHONY: install demo docs-environment test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref test-mpi4py-demos bench bench-many bench-request-cost bench-gloo bench-launch bench-multihost bench-p2p bench-p2p-mpi bench-p2p-mpi-alloc bench-p2p-hosts bench-reproduce bench-gpu calibrate-gpu clean
+.PHONY: install demo docs-environment test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref test-mpi4py-demos bench bench-many bench-request-cost bench-gloo bench-launch bench-multihost bench-p2p bench-p2p-mpi bench-p2p-mpi-alloc bench-p2p-hosts bench-reproduce bench-gpu calibrate-gpu calibrate-host clean
 
 install: $(STAMP)
 
@@ -157,6 +157,11 @@ bench-launch: $(STAMP)
 GPUS ?= 2
 bench-gpu:
 	OUT=$(BENCH_OUT)/gpu TESTS=0 NP=$(GPUS) PYTHON=$(PYTHON) bash benchmarks/bench_gpu_all.sh
+
+# The host rows of the cost table fitted on this machine, for 2, 4, 8, ... ranks up to its CPUs
+# (NP_HOST="8 16" for others): one-shot/two-shot crossover of the direct engine, schedules.
+calibrate-host: $(STAMP)
+	$(PY) benchmarks/calibrate_host.py --out $(BENCH_OUT)/calibrate-host $(if $(NP_HOST),--np $(NP_HOST))
 
 # The GPU rows of the cost table fitted on this machine's GPUs (one rank per GPU).
 calibrate-gpu:
