@@ -34,8 +34,8 @@ RUNS = (
     ("ring", {"GPUCOLL_ALGO": "ring"}, 32 << 10, 8 << 20),
     ("rhd", {"GPUCOLL_ALGO": "rhd"}, 32 << 10, 8 << 20),
 )
-# gc_direct_oneshot_default: 64 KiB up to 4 ranks, then 128 KiB / ranks
-ONESHOT_DEFAULT = (64 << 10, 4, 128 << 10)
+# gc_direct_oneshot_default: 64 KiB up to 4 ranks, then 32 KiB / ranks
+ONESHOT_DEFAULT = (64 << 10, 4, 32 << 10)
 
 
 def oneshot_default(nranks):

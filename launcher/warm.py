@@ -18,7 +18,7 @@ import shutil
 import signal
 import sys
 
-from .report import EXIT_PRELOAD
+from .report import EXIT_CANNOT_RUN, EXIT_PRELOAD
 from .spawn import LaunchError, Rank, parent_death_arm
 from .warm_child import Program, become_program
 
@@ -38,9 +38,21 @@ def program_of(argv):
     flag, rest = argv[1], argv[2:]
     if flag in ("-m", "-c"):
         return Program("module" if flag == "-m" else "code", rest[0], rest[1:]) if rest else None
-    if flag.startswith("-"):
+    if flag.startswith("-") or not _plain_source(flag):
         return None
     return Program("file", flag, rest)
+
+
+def _plain_source(path):
+    """A script a fork can run: a regular file of source (a zip application, a directory with
+    __main__.py or a missing file is left to the interpreter's own start)."""
+    if not os.path.isfile(path):
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) != b"PK\x03\x04"
+    except OSError:
+        return False
 
 
 def _is_this_python(exe):
@@ -111,7 +123,7 @@ class WarmInterpreter:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             for fd in (out_r, out_w, err_r, err_w):
                 os.close(fd)
-            raise LaunchError(f"cannot start rank {rank}: fork failed: {exc.strerror}", 126) from None
+            raise LaunchError(f"cannot start rank {rank}: fork failed: {exc.strerror}", EXIT_CANNOT_RUN) from None
         if pid == 0:
             become_program(self.program, env, (None if not stdin_inherit else 0, out_w, err_w), setup, blas)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)

@@ -12,6 +12,7 @@ under PYTHONHASHSEED (docs/launcher.md says so).
 """
 import atexit
 import builtins
+import gc
 import importlib
 import importlib.machinery
 import io
@@ -19,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 import types
 
 # Python's own statuses: an uncaught exception, and stdout that could not be flushed at exit.
@@ -74,7 +76,11 @@ def become_program(program, env, stdio, setup, blas_threads):
         os.write(2, f"gpurun: could not start the rank: {exc!r}\n".encode())
         os._exit(127)
     status = _run(program)
-    os._exit(_finalize(status))
+    try:
+        code = _finalize(status)
+    except BaseException:  # never fall back into gpurun's frames below this one
+        code = EXIT_EXCEPTION
+    os._exit(code)
 
 
 def _rebind_stdio(stdin_fd, stdout_fd, stderr_fd, unbuffered):
@@ -104,13 +110,14 @@ def _stream(fd, mode, encoding, errors, unbuffered):
     the fd (stdin stays buffered for read1) and is written through; buffered streams are
     line-buffered on a terminal, and stderr always."""
     raw = io.FileIO(fd, mode + "b", closefd=False)
+    raw.name = ("<stdin>", "<stdout>", "<stderr>")[fd]
     if unbuffered and mode == "w":
         buf = raw
     else:
         buf = io.BufferedReader(raw) if mode == "r" else io.BufferedWriter(raw)
     line = not unbuffered and (raw.isatty() or fd == 2)
-    stream = io.TextIOWrapper(buf, encoding=encoding, errors=errors, newline="\n" if mode == "w" else None,
-                              line_buffering=line, write_through=unbuffered)
+    stream = io.TextIOWrapper(buf, encoding=encoding, errors=errors, newline="\n", line_buffering=line,
+                              write_through=unbuffered)
     stream.mode = mode
     return stream
 
@@ -169,8 +176,9 @@ def _flush_quietly():
             pass
 
 
-def _exit_code(status):
-    """Python's exit status for what ended the program (0, a SystemExit or an exception)."""
+def _report(status):
+    """Python's exit status for what ended the program (0, a SystemExit or an exception),
+    printing what Python prints."""
     if status == 0:
         return 0
     if isinstance(status, SystemExit):
@@ -179,27 +187,67 @@ def _exit_code(status):
             return 0
         if isinstance(code, int):
             return code & 0xFF
-        print(code, file=sys.stderr)
+        try:
+            print(code, file=sys.stderr)
+        except Exception:
+            pass
         return EXIT_EXCEPTION
-    sys.excepthook(type(status), status, _user_traceback(status).__traceback__)
+    exc = _user_traceback(status)
+    try:
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+    except BaseException as hook_failed:  # as CPython: say so, then the original the default way
+        print("Error in sys.excepthook:", file=sys.__stderr__)
+        traceback.print_exception(_user_traceback(hook_failed), file=sys.__stderr__)
+        print("\nOriginal exception was:", file=sys.__stderr__)
+        traceback.print_exception(exc, file=sys.__stderr__)
     return EXIT_EXCEPTION
+
+
+def _flush_std_files():
+    """Py_FinalizeEx's last flush: streams that are gone or closed are skipped; a failure is
+    reported and makes the exit status 120 whatever it was."""
+    ok = True
+    for stream in (sys.stdout, sys.stderr):
+        if stream is None or getattr(stream, "closed", False):
+            continue
+        try:
+            stream.flush()
+        except Exception:
+            ok = False
+    return ok
+
+
+def _flush_open_files():
+    """Files the program left open, flushed as their deallocation at CPython's exit would, so
+    that no buffered data is lost. (Their __del__ runs there; here it does not, nor do other
+    objects' __del__ methods: os._exit keeps gpurun's frames below from running.)"""
+    for obj in gc.get_objects():
+        if isinstance(obj, (io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper)):
+            try:
+                if not obj.closed and obj.writable():
+                    obj.flush()
+            except Exception:
+                pass
 
 
 def _finalize(status):
     """End as CPython does: flush what the program wrote, report how it ended, then as
-    Py_FinalizeEx: join threads, atexit, flush again; the exit status."""
+    Py_FinalizeEx: join threads, atexit, flush the files left open, flush the std streams; the
+    exit status."""
     _flush_quietly()
-    code = _exit_code(status)
-    threading._shutdown()  # what the interpreter calls: wait for non-daemon threads
+    code = _report(status)
+    interrupted = isinstance(status, KeyboardInterrupt)
+    del status
+    try:
+        threading._shutdown()  # what the interpreter calls: wait for non-daemon threads
+    except KeyboardInterrupt:
+        pass
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            if stream is sys.stdout and code == 0:
-                code = EXIT_FLUSH_FAILED
-    if isinstance(status, KeyboardInterrupt) and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        # Python ends an interrupted program by the signal itself, so the parent sees -SIGINT.
+    _flush_open_files()
+    if not _flush_std_files():
+        code = EXIT_FLUSH_FAILED
+    if interrupted:
+        # Python ends an uncaught KeyboardInterrupt by SIGINT itself, so the parent sees -SIGINT.
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     return code

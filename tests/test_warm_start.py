@@ -52,11 +52,13 @@ def both_ways(*args, **kw):
 
 
 def assert_alike(warm, plain):
+    """Every observation alike but the random draws (each rank's own: the next test)."""
     for rank in plain:
-        draws = {k: (warm[rank].pop(k), plain[rank].pop(k)) for k in ("numpy_draw", "random_draw")}
+        for state in (warm[rank], plain[rank]):
+            del state["numpy_draw"], state["random_draw"]
+        assert sorted(warm[rank]) == sorted(plain[rank])
         for key in plain[rank]:
             assert warm[rank][key] == plain[rank][key], (rank, key, warm[rank][key], plain[rank][key])
-        assert draws
 
 
 @pytest.mark.parametrize("how", ["script", "module"])
@@ -67,16 +69,17 @@ def test_forked_rank_sees_what_a_new_one_sees(how):
         args, cwd = [STATE, "x", "--flag"], None
     else:
         args, cwd = ["-m", "rank_state", "x", "--flag"], SCRIPTS
-    warm, plain = both_ways("--bind-to", "core", "-np", 2, *args, stdin_text="typed at gpurun\n", cwd=cwd)
+    warm, plain = both_ways("--bind-to", "core", "-np", 2, *args, stdin_text="typed at\r\ngpurun\n", cwd=cwd)
     assert_alike(warm, plain)
     for rank, state in warm.items():
         assert state["argv"][1:] == ["x", "--flag"] and state["main"]["name"] == "__main__"
-        assert state["stdin_text"] == ("typed at gpurun\n" if rank == 0 else "")
+        assert state["stdin_text"] == ("typed at\r\ngpurun\n" if rank == 0 else "")  # no newline translation
+        assert state["stdout"]["name"] == "<stdout>"
         assert state["session_leader"] and state["parent_is_gpurun"] and state["pdeathsig"] == 9
         assert state["fds"] == [0, 1, 2] and state["blocked"] == []
         assert state["signals"]["SIGINT"] == "default_int_handler" and state["signals"]["SIGCHLD"] == "SIG_DFL"
         assert state["environ"]["GPUCOLL_RANK"] == str(rank)
-    assert warm[0]["affinity"] != warm[1]["affinity"] or os.cpu_count() == 1
+    assert warm[0]["affinity"] != warm[1]["affinity"] or len(os.sched_getaffinity(0)) == 1
 
 
 @pytest.mark.parametrize("preload", [(), ("--preload", "numpy.random")])
@@ -115,22 +118,30 @@ def test_python_c_is_forked_like_python_is_run():
     assert json.loads(outs[0].split("STATE ", 1)[1])["argv"] == ["-c", "a", "b"]
 
 
-@pytest.mark.parametrize("mode", ["exit-message", "exit-code", "raise", "interrupt", "at-exit"])
-def test_forked_rank_ends_as_a_new_one_does(mode):
+@pytest.mark.parametrize("mode", ["exit-message", "exit-code", "raise", "interrupt", "at-exit", "stdout-closed",
+                                  "hook-fails", "file-left-open"])
+def test_forked_rank_ends_as_a_new_one_does(mode, tmp_path):
     # The exit status, the traceback (starting at the program's own line, no frame of gpurun's),
     # sys.exit's message, the end by SIGINT, threads joined before atexit, buffers flushed.
-    warm = run("-np", 1, ENDINGS, mode)
-    plain = run("--no-preload", "-np", 1, ENDINGS, mode)
+    left_open = [tmp_path / "warm.txt", tmp_path / "plain.txt"]
+    extra = lambda i: [left_open[i]] if mode == "file-left-open" else []  # noqa: E731
+    warm = run("-np", 1, ENDINGS, mode, *extra(0))
+    plain = run("--no-preload", "-np", 1, ENDINGS, mode, *extra(1))
     assert FORKED in warm[2]
     assert warm[0] == plain[0] and warm[1] == plain[1]
     strip = lambda err: [l for l in err.splitlines() if "pid" not in l and "forked" not in l and "--no-preload" not in l]  # noqa: E731
     assert strip(warm[2]) == strip(plain[2])
-    expected = {"exit-message": 1, "exit-code": 3, "raise": 1, "interrupt": 130, "at-exit": 0}[mode]
+    expected = {"exit-message": 1, "exit-code": 3, "raise": 1, "interrupt": 130, "at-exit": 0, "stdout-closed": 0,
+                "hook-fails": 1, "file-left-open": 0}[mode]
     assert warm[0] == expected, warm
     if mode == "raise":
         assert f'Traceback (most recent call last):\n[0]   File "{ENDINGS}", line' in warm[2]
     if mode == "at-exit":
         assert warm[1].splitlines() == ["[0] buffered line", "[0] thread done", "[0] atexit ran"]
+    if mode == "hook-fails":
+        assert "Original exception was:" in warm[2] and "raised by the program" in warm[2]
+    if mode == "file-left-open":
+        assert [p.read_text() for p in left_open] == ["kept", "kept"]
 
 
 def test_a_preload_that_cannot_be_imported_stops_the_job_before_any_rank():
@@ -187,3 +198,19 @@ def test_joining_costs_each_rank_the_same_few_store_requests(nprocs):
               if "COMM_WORLD ready in" in line]
     assert len(counts) == nprocs, (out + err)[-3000:]
     assert set(counts) == {5}, sorted(set(counts))
+
+
+def test_a_forked_rank_may_fork_and_start_threads_itself():
+    code = ("import os, sys, threading, gpucoll\n"
+            "c = gpucoll.COMM_WORLD\n"
+            "t = threading.Thread(target=lambda: print('thread', c.rank, flush=True)); t.start(); t.join()\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    print('child of', c.rank, flush=True); os._exit(3)\n"
+            "_, status = os.waitpid(pid, 0)\n"
+            "c.Barrier()\n"
+            "print('child exit', os.waitstatus_to_exitcode(status), flush=True)\n")
+    rc, out, err, _ = run("-np", 2, *python_c(code))
+    assert rc == 0 and FORKED in err, err
+    lines = sorted(line.split(" ", 1)[1] for line in out.splitlines())
+    assert lines == ["child exit 3", "child exit 3", "child of 0", "child of 1", "thread 0", "thread 1"], out

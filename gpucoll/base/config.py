@@ -215,7 +215,7 @@ CACHE_DIR = declare("GPUCOLL_CACHE_DIR", "str", None,
 HOST_ONESHOT_MAX = declare("GPUCOLL_HOST_ONESHOT_MAX", "size", None,
                            "Host all-reduce and reduce within a host (direct engine): one-shot (every rank "
                            "reads every rank's input) up to this many bytes, two-shot above; unset: 64 KiB "
-                           "up to 4 ranks, 128 KiB divided by the ranks above. The same on every rank.")
+                           "up to 4 ranks, 32 KiB divided by the ranks above. The same on every rank.")
 GPU_ONESHOT_MAX = declare("GPUCOLL_GPU_ONESHOT_MAX", "size", None,
                           "GPU all-reduce: one-shot kernel up to this many bytes and never above; unset: the "
                           "cost table decides (gpucoll info shows its crossovers).")

@@ -459,11 +459,17 @@ class _Connection(asyncio.Protocol):
     def _gather(self, fields):
         prefix, count, timeout = fields.key(), fields.u32(), fields.f64()
         fields.end()
+        if count * 4 > self.server.max_value_size:  # could never fit an answer: refuse before listing keys
+            return self._error(f"a gather of {count} values under {_show(prefix)} cannot fit the store's limit "
+                               f"of {self.server.max_value_size} bytes")
         data = self.server.data
         keys = [prefix + str(i).encode() for i in range(count)]
 
         def answer():
-            packed = wire.pack_parts([data[k] for k in keys])
+            try:
+                packed = wire.pack_parts([data[k] for k in keys])
+            except KeyError as gone:
+                return wire.frame(wire.ERROR, f"key {_show(gone.args[0])} was deleted during the gather".encode())
             if len(packed) > self.server.max_value_size:
                 return wire.frame(wire.ERROR, f"the {count} values under {_show(prefix)} take {len(packed)} bytes, "
                                   f"over the store's limit of {self.server.max_value_size}".encode())

@@ -7,6 +7,10 @@ way as one started anew does (exit status, what reaches stderr, what runs at exi
       raise          an uncaught ValueError: the traceback from this file's line, status 1
       interrupt      an uncaught KeyboardInterrupt: Python ends by SIGINT itself
       at-exit        a non-daemon thread finishes, then atexit runs, then the buffered line
+      stdout-closed  the program closes sys.stdout: status 0 (Python skips a closed stream)
+      hook-fails     sys.excepthook itself raises: both tracebacks, status 1
+      file-left-open PATH  writes "kept" to PATH and never closes it: the buffered text must
+                     reach the file at exit
 """
 import atexit
 import sys
@@ -31,5 +35,17 @@ elif mode == "at-exit":
     threading.Thread(target=late).start()
     sys.stdout = open(1, "w", buffering=1 << 16, closefd=False)  # flushed only at exit
     sys.stdout.write("buffered line\n")
+elif mode == "stdout-closed":
+    print("gone")
+    sys.stdout.close()
+elif mode == "hook-fails":
+    def hook(*exc_info):
+        raise RuntimeError("the hook failed")
+
+    sys.excepthook = hook
+    raise ValueError("raised by the program")
+elif mode == "file-left-open":
+    left = open(sys.argv[2], "w")
+    left.write("kept")
 else:
     sys.exit(f"unknown mode {mode}")

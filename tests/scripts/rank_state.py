@@ -20,7 +20,7 @@ PR_GET_PDEATHSIG = 2
 
 
 def stream(s):
-    return {"fileno": s.fileno(), "encoding": s.encoding, "errors": s.errors, "line_buffering": s.line_buffering,
+    return {"name": s.name, "fileno": s.fileno(), "encoding": s.encoding, "errors": s.errors, "line_buffering": s.line_buffering,
             "write_through": s.write_through, "buffer": type(s.buffer).__name__, "mode": s.mode,
             "isatty": s.isatty(), "raw": type(getattr(s.buffer, "raw", s.buffer)).__name__}
 
