@@ -98,7 +98,12 @@
 #define GC_DIRECT_SPINS 256                /* pause-spins before yielding the core */
 #define GC_DIRECT_SPINS_OVERSUB 16         /* the same when ranks outnumber cores */
 #define GC_DIRECT_YIELD_NS 50000           /* then sched_yield for this long, then block */
-#define GC_DIRECT_CHECK_NS 1000000         /* deadline / liveness check period */
+#define GC_DIRECT_CHECK_NS 1000000         /* deadline / liveness check period, first ... */
+#define GC_DIRECT_CHECK_MAX_NS 32000000    /* ... doubling up to this: a blocked rank wakes for
+                                            * them, and hundreds of ranks waking every
+                                            * millisecond keep the cores busy */
+#define GC_DIRECT_LIVE_BATCH 4             /* missing ranks whose liveness one check reads, at
+                                            * least; nranks / 16 when more */
 
 typedef struct {
     uint64_t magic;       /* written last by the creator, so a reader never sees half a header */
@@ -173,6 +178,7 @@ typedef struct {
     int broken;               /* a wait failed: epochs are out of step, the group is unusable */
     const int32_t *watch;     /* per rank: its pid from the bootstrap (0: unknown), owned by the
                                  caller, watched while the rank has not attached (gc__rank_dead) */
+    int live_next;            /* the rank the next liveness check starts from (gc__wait_slow) */
     /* call signatures (see "Call signatures" above) */
     uint64_t calls;           /* calls that posted, the current one included */
     uint64_t call_base;       /* this rank's epoch when the current call began */
@@ -488,7 +494,8 @@ static int gc__wait_slow(gc_direct *g, int peer, uint64_t target, int64_t deadli
         if ((v = __atomic_load_n(f, __ATOMIC_ACQUIRE)) >= target)
             goto arrived;
     }
-    int64_t start = gc__now_ns(), next_check = start + GC_DIRECT_CHECK_NS;
+    int64_t start = gc__now_ns(), period = GC_DIRECT_CHECK_NS, next_check = start + period;
+    const int batch = g->nranks / 16 > GC_DIRECT_LIVE_BATCH ? g->nranks / 16 : GC_DIRECT_LIVE_BATCH;
     for (;;) {
         if ((v = __atomic_load_n(f, __ATOMIC_ACQUIRE)) >= target)
             goto arrived;
@@ -507,14 +514,23 @@ static int gc__wait_slow(gc_direct *g, int peer, uint64_t target, int64_t deadli
              * satisfied never fails (a mismatch found meanwhile belongs to a later call). */
             if ((v = __atomic_load_n(f, __ATOMIC_ACQUIRE)) >= target)
                 goto arrived;
-            next_check = now + GC_DIRECT_CHECK_NS;
+            period = period * 2 < GC_DIRECT_CHECK_MAX_NS ? period * 2 : GC_DIRECT_CHECK_MAX_NS;
+            next_check = now + period;
             int failed = __atomic_load_n(&g->hdr->lost, __ATOMIC_ACQUIRE) > 0;
-            for (int r = 0; r < g->nranks && !failed; r++)
+            /* A few missing ranks per check, round robin: a liveness check reads /proc (a few
+             * microseconds a rank), and hundreds of ranks waiting for each other would spend
+             * their cores on it. A dead rank is still found within 16 checks (at most 0.5 s
+             * once the period has grown), or nranks / GC_DIRECT_LIVE_BATCH in small groups. */
+            for (int k = 0, looked = 0; k < g->nranks && looked < batch && !failed; k++) {
+                int r = (g->live_next + k) % g->nranks;
+                if (__atomic_load_n(gc__flag(g, r), __ATOMIC_ACQUIRE) >= target)
+                    continue;
+                looked++;
+                g->live_next = (r + 1) % g->nranks;
                 /* The flag is read again once the rank is seen dead: it may have posted and
                  * exited between the first read and the check. Death is final, so a post not
                  * seen after it never comes. */
-                if (__atomic_load_n(gc__flag(g, r), __ATOMIC_ACQUIRE) < target &&
-                    gc__rank_dead(g, r) &&
+                if (gc__rank_dead(g, r) &&
                     __atomic_load_n(gc__flag(g, r), __ATOMIC_ACQUIRE) < target) {
                     int32_t none = 0;
                     /* Tell every other rank, so they name the dead one, not the ranks that
@@ -523,6 +539,7 @@ static int gc__wait_slow(gc_direct *g, int peer, uint64_t target, int64_t deadli
                                                 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
                     failed = 1;
                 }
+            }
             if (failed) {
                 gc__report(g, target, start);
                 return GC_ERR_PEER;

@@ -93,7 +93,8 @@ def create_or_attach(segments, comm_id, local_rank, local_size, creator_pid=0, t
     (slots of `slot_bytes`, default GPUCOLL_BUFFSIZE), the others wait up to `timeout` seconds
     (default GPUCOLL_TIMEOUT: the segment is made in a communicator's first collective, which
     rank 0 may reach late) for local rank 0, whose pid is `creator_pid` (0: unknown), to make
-    it, calling `check()` about every 0.1 s, which may raise to stop waiting. Raises
+    it, calling `check()` about every 0.1 s (1 s with 256 ranks and more: a check may read /proc
+    for every rank, and every rank waits here), which may raise to stop waiting. Raises
     TimeoutError when it does not, LostPeerError when it died after making it,
     SharedMemoryError when the name holds a file that this job did not make.
     """
@@ -107,6 +108,7 @@ def create_or_attach(segments, comm_id, local_rank, local_size, creator_pid=0, t
     else:
         deadline = time.monotonic() + timeout
         delay, checked = 0.0005, time.monotonic()
+        check_every = min(1.0, max(0.1, local_size / 256))
         while True:
             mm, state = _try_attach(path, token, local_size, creator_pid)
             if mm is not None:
@@ -115,7 +117,7 @@ def create_or_attach(segments, comm_id, local_rank, local_size, creator_pid=0, t
                 raise LostPeerError(f"local rank 0 (pid {creator_pid}) ended after creating the "
                                     f"shared-memory segment {path}, before local rank {local_rank} "
                                     "attached", ranks=(0,))
-            if check is not None and time.monotonic() - checked >= 0.1:
+            if check is not None and time.monotonic() - checked >= check_every:
                 check()
                 checked = time.monotonic()
             if time.monotonic() > deadline:
