@@ -92,11 +92,11 @@ def test_check_printed_reads_the_ranges_from_the_printed_tables(tmp_path, capsys
 
 # The labels that --check-printed is given (docs/benchmarks.md names them), and how many ratio
 # ranges each table prints: the collective tables' 79 rows, 30 per point-to-point table (one-way,
-# window, both ways at 10 sizes), the launch table's 6 peer rows.
+# window, both ways at 10 sizes), the launch table's 10 peer rows (2-core: 4 peers at 4 and 32 ranks, 2 at 256).
 PRINTED = [("**2 ranks vs Open MPI**", 17), ("**4 ranks vs Open MPI**", 17), ("**2 ranks vs gloo**", 12),
            ("**4 ranks vs gloo**", 12), ("**all-gather**", 7), ("**bcast**", 7), ("**reduce**", 7),
            ("### Host point to point", 30), ("### The same through gpucoll.MPI", 30),
-           ("### Point to point between two hosts", 30), ("### Start-to-exit", 6)]
+           ("### Point to point between two hosts", 30), ("### Start-to-exit", 10)]
 
 
 @pytest.mark.parametrize("label, rows", PRINTED, ids=[label for label, _ in PRINTED])
