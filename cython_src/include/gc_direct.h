@@ -495,6 +495,10 @@ static int gc__wait_slow(gc_direct *g, int peer, uint64_t target, int64_t deadli
             goto arrived;
     }
     int64_t start = gc__now_ns(), period = GC_DIRECT_CHECK_NS, next_check = start + period;
+    /* The periods grow, the deadline does not move: the check that follows it comes on time,
+     * before peers that went on after their own timeout can end and read as lost. */
+    if (deadline >= 0 && next_check > deadline)
+        next_check = deadline;
     const int batch = g->nranks / 16 > GC_DIRECT_LIVE_BATCH ? g->nranks / 16 : GC_DIRECT_LIVE_BATCH;
     for (;;) {
         if ((v = __atomic_load_n(f, __ATOMIC_ACQUIRE)) >= target)
@@ -516,6 +520,8 @@ static int gc__wait_slow(gc_direct *g, int peer, uint64_t target, int64_t deadli
                 goto arrived;
             period = period * 2 < GC_DIRECT_CHECK_MAX_NS ? period * 2 : GC_DIRECT_CHECK_MAX_NS;
             next_check = now + period;
+            if (deadline >= 0 && next_check > deadline && now < deadline)
+                next_check = deadline;
             int failed = __atomic_load_n(&g->hdr->lost, __ATOMIC_ACQUIRE) > 0;
             /* A few missing ranks per check, round robin: a liveness check reads /proc (a few
              * microseconds a rank), and hundreds of ranks waiting for each other would spend
