@@ -215,8 +215,14 @@ def _in_child(arm, cpus):
     def prepare():
         if arm is not None:
             arm()
-        os.sched_setaffinity(0, cpus)
+        bind(cpus)
     return prepare
+
+
+def bind(cpus):
+    """Bind this process, in a rank about to start, to `cpus` (None: gpurun's mask)."""
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)
 
 
 def parent_death_arm():

@@ -19,7 +19,7 @@ import signal
 import sys
 
 from .report import EXIT_CANNOT_RUN, EXIT_PRELOAD
-from .spawn import LaunchError, Rank, parent_death_arm
+from .spawn import LaunchError, Rank, bind, parent_death_arm
 from .warm_child import Program, become_program
 
 #: What every gpucoll rank imports on its way to COMM_WORLD and its first calls.
@@ -106,8 +106,7 @@ class WarmInterpreter:
             os.setsid()
             if arm is not None:
                 arm()
-            if cpus is not None:
-                os.sched_setaffinity(0, cpus)
+            bind(cpus)
             if inbox is not None:
                 inbox.reset_in_child()
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
