@@ -90,9 +90,10 @@ bench: $(STAMP)
 	$(BENCH) -np 2 -o reduce $(SMALL_SWEEP) --vs mpi --json $(BENCH_OUT)/reduce-mpi-np2.json
 
 # Many ranks on one host (CPU ranks; a machine with at least RANKS_MANY cores): every host
-# collective at 8 and 16 ranks (RANKS_MANY="8 16"), 8 B to 64 MiB, beside Open MPI.
+# collective at 8 and 16 ranks (RANKS_MANY="8 16"), 4 B to 64 MiB, beside Open MPI; the table:
+# benchmarks/readme_table.py --matrix $(BENCH_OUT)/many-*.json (several invocations pool).
 RANKS_MANY ?= 8 16
-MANY_SWEEP = -b 8 -e 64M -f 8 -n 50 -w 5 -c 1 --no-gpu --repeats $(REPEATS)
+MANY_SWEEP = -b 4 -e 64M -f 8 -n 50 -w 5 -c 1 --no-gpu --repeats $(REPEATS)
 bench-many: $(STAMP)
 	@mkdir -p $(BENCH_OUT)
 	for np in $(RANKS_MANY); do for kind in allreduce allgather bcast reduce alltoall reduce_scatter; do \
@@ -132,11 +133,12 @@ bench-p2p-hosts: $(STAMP) test-deps
 	@mkdir -p $(BENCH_OUT)
 	$(PY) benchmarks/bench_p2p.py --hosts --repeats $(REPEATS) --json $(BENCH_OUT)/p2p-hosts.json
 
-# Do the host tables reproduce? INVOCATIONS separate runs of `make bench bench-p2p` (each
-# REPEATS runs), then each invocation's medians against the others' pooled ranges.
+# Do the host tables reproduce? INVOCATIONS separate runs of `make $(REPRODUCE)` (each REPEATS
+# runs), then each invocation's medians against the others' pooled ranges.
 INVOCATIONS ?= 3
+REPRODUCE ?= bench bench-p2p
 bench-reproduce: $(STAMP)
-	for i in $$(seq $(INVOCATIONS)); do $(MAKE) bench bench-p2p BENCH_OUT=$(BENCH_OUT)/invocation-$$i || exit 1; done
+	for i in $$(seq $(INVOCATIONS)); do $(MAKE) $(REPRODUCE) BENCH_OUT=$(BENCH_OUT)/invocation-$$i || exit 1; done
 	cd $(BENCH_OUT) && for f in $$(cd invocation-1 && ls *.json); do for i in $$(seq $(INVOCATIONS)); do \
 	  echo "== $$f: invocation $$i against the others"; \
 	  $(abspath $(PY)) $(CURDIR)/benchmarks/readme_table.py --check invocation-$$i/$$f \

@@ -15,6 +15,12 @@ pooled range of the others; it lists the rows outside and exits 1 if there is on
 --check-printed does the same against the ranges docs/benchmarks.md prints, read from its Markdown:
 
     python benchmarks/readme_table.py --check-printed docs/benchmarks.md '**2 ranks vs Open MPI**' new.json
+
+--matrix prints one table per rank count of the collective sweeps given (make bench-many's files,
+any number of invocations pooled): a row per size, a column per collective, each cell the ratio
+peer time / gpucoll time, median [min-max] over every run:
+
+    python benchmarks/readme_table.py --matrix first/many-*.json again/many-*.json
 """
 import json
 import re
@@ -201,7 +207,39 @@ def _compare(new, ranges, digits=None):
     return outside
 
 
+def matrix_tables(paths):
+    """Markdown lines: per rank count, size x collective, each cell the pooled ratio (files of
+    the same collective and rank count are invocations of one command)."""
+    groups = {}
+    for path in paths:
+        with open(path) as f:
+            doc = json.load(f)
+        key = (doc["settings"]["nranks"], doc["rows"][0]["collective"])
+        groups.setdefault(key, []).append(path)
+    lines = []
+    for nranks in sorted({n for n, _ in groups}):
+        kinds = [k for n, k in groups if n == nranks]
+        cells = {k: ratios(pooled(groups[(nranks, k)])[0]) for k in kinds}
+        sizes = sorted({s for per in cells.values() for s in per}, key=_bytes)
+        lines += [f"**{nranks} ranks** (Open MPI time / gpucoll time, median [min-max] of every run)", "",
+                  "| size | " + " | ".join(kinds) + " |", "|---:|" + "---:|" * len(kinds)]
+        for size in sizes:
+            row = [_span(_median(cells[k][size]), min(cells[k][size]), max(cells[k][size]), _ratio)
+                   if size in cells[k] else "-" for k in kinds]
+            lines.append(f"| {size} | " + " | ".join(row) + " |")
+        lines.append("")
+    return lines
+
+
+def _bytes(label):
+    number, unit = label.split()
+    return int(number) << {"B": 0, "KiB": 10, "MiB": 20, "GiB": 30}[unit]
+
+
 def main(paths):
+    if paths and paths[0] == "--matrix":
+        print("\n".join(matrix_tables(paths[1:])))
+        return
     if paths and paths[0] == "--check":
         sys.exit(1 if check(paths[1], paths[2:]) else 0)
     if paths and paths[0] == "--check-printed":

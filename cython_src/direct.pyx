@@ -42,6 +42,8 @@ cdef extern from "gc_direct.h" nogil:
         const int32_t *watch
         size_t oneshot_max
         size_t round_max
+        size_t cma_min
+        uint64_t cma_calls
         int spins
         int64_t yield_ns
         int nmissing
@@ -279,6 +281,21 @@ cdef class DirectGroup:
     @round_max.setter
     def round_max(self, size_t value):
         self.g.round_max = value
+
+    @property
+    def single_copy_min(self):
+        """All-to-all send buffers of at least this many bytes (all blocks) are read straight
+        from each peer (process_vm_readv) when every rank can; 0: never."""
+        return self.g.cma_min
+
+    @single_copy_min.setter
+    def single_copy_min(self, size_t value):
+        self.g.cma_min = value
+
+    @property
+    def single_copy_calls(self):
+        """Calls of this rank that moved their data by single copy."""
+        return self.g.cma_calls
 
     def set_wait(self, int spins, double yield_s):
         """How a wait behaves: `spins` pause-spins, then `yield_s` seconds of sched_yield, then

@@ -216,6 +216,12 @@ HOST_ONESHOT_MAX = declare("GPUCOLL_HOST_ONESHOT_MAX", "size", None,
                            "Host all-reduce and reduce within a host (direct engine): one-shot (every rank "
                            "reads every rank's input) up to this many bytes, two-shot above; unset: 64 KiB "
                            "up to 4 ranks, 32 KiB divided by the ranks above. The same on every rank.")
+HOST_SINGLE_COPY_MIN = declare("GPUCOLL_HOST_SINGLE_COPY_MIN", "size", None,
+                               "Host all-to-all within a host (direct engine): send buffers of at least this "
+                               "many bytes (all blocks together) are read straight from each peer "
+                               "(process_vm_readv, one copy) when every rank may read every other's memory; "
+                               "smaller ones, in-place calls and ranks without that permission go through the "
+                               "shared segment. Unset: 4 MiB; 0: never. The same on every rank.")
 GPU_ONESHOT_MAX = declare("GPUCOLL_GPU_ONESHOT_MAX", "size", None,
                           "GPU all-reduce: one-shot kernel up to this many bytes and never above; unset: the "
                           "cost table decides (gpucoll info shows its crossovers).")

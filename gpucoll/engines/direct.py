@@ -57,6 +57,9 @@ class DirectEngine:
             oneshot_max = config.HOST_ONESHOT_MAX.get()
             if oneshot_max is not None:  # else the group's own, by its size (gc_direct.h)
                 group.oneshot_max = oneshot_max
+            single_copy_min = config.HOST_SINGLE_COPY_MIN.get()
+            if single_copy_min is not None:
+                group.single_copy_min = single_copy_min
             self._group = group
         return self._group
 
