@@ -132,11 +132,13 @@ def test_debug_info_names_algorithm_and_transport(gpurun_job):
     for rank in (0, 1):
         lines = [l for l in job.lines(rank, "stderr") if " gpucoll INFO [COLL] " in l]
         text = "\n".join(lines)
-        # host:pid:rank gpucoll INFO [COLL] <op> #<seq> <bytes> B <dtype> [<op>] [root r] <algorithm> via <transport>
-        found = re.findall(rf"^\S+:\d+:{rank} gpucoll INFO \[COLL\] allreduce #0 28 B float32 SUM (\S+) via (\S+)$",
+        # host:pid:rank gpucoll INFO [COLL] <op> #<seq> <bytes> B <dtype> [<op>] [root r] <algorithm> [<how>]
+        # via <transport>; <how>: the direct engine's own choice
+        found = re.findall(rf"^\S+:\d+:{rank} gpucoll INFO \[COLL\] allreduce #0 28 B float32 SUM (\S+)( .+)? via (\S+)$",
                            text, re.M)
         assert len(found) == 4, text
-        assert found[1:] == [("direct", "SHM/direct"), ("ring", "SHM"), (found[3][0], "TCP")], text
+        assert found[1:] == [("direct", " one-shot (up to 65536 B)", "SHM/direct"), ("ring", "", "SHM"),
+                             (found[3][0], "", "TCP")], text
         assert found[3][0] in ("ring", "rhd", "tree"), text
         assert re.search(r"\[COLL\] bcast #1 8 B int64 root 1 (\S+) via (\S+)$", text, re.M), text
 

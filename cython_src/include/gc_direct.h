@@ -14,7 +14,10 @@
  *                                invalidate the line another rank polls: its epoch, the count of
  *                                ranks blocked on it, the signatures of its last two calls and,
  *                                after a mismatch, what it found (gc_direct_line)
- *   S        slots[nranks][2]    per-rank staging buffers of slot_bytes, page aligned
+ *   S        slots[nranks][2]    per-rank staging buffers of slot_bytes, page aligned; nobody
+ *                                touches a slot before its owner writes it, so with several
+ *                                NUMA nodes its pages land on the owner's node (first touch):
+ *                                written once locally, read by the others
  *
  * Synchronisation. Each rank owns one flag and only ever raises it ("post"): the epoch is a
  * counter that is never reset, so there is no reset pass and no ABA problem. Every rank posts the

@@ -169,10 +169,11 @@ class Dispatcher:
             algo = self.choose(call)
             h.stats.host[algo] += 1
             if log.enabled("info", "COLL"):
-                log.info("COLL", "%s #%d %d B %s%s%s %s via %s", call.kind, call.seq, call.nbytes,
+                mode = self.direct.mode(call) if algo == "direct" else ""
+                log.info("COLL", "%s #%d %d B %s%s%s %s%s via %s", call.kind, call.seq, call.nbytes,
                          dtypes.name(call.code), f" {call.op.name}" if call.op else "",
                          f" root {call.root}" if call.kind in ROOTED else "",
-                         algo, _VIA.get(algo, self.transport.upper()))
+                         algo, f" {mode}" if mode else "", _VIA.get(algo, self.transport.upper()))
             self._rows.get(algo, self.schedules).run(call, algo)
         except GpucollError as exc:
             self.diagnosis.failed(call, algo, exc)

@@ -67,6 +67,21 @@ class DirectEngine:
         send, recv = addresses(call, self.view.rank)
         _RUN[call.kind](self.group(), call, send, recv, self.timeout)
 
+    def mode(self, call):
+        """How the group runs `call`, for the debug log: the rule of gc_direct.h, read from the
+        group's limits ('' where there is one way)."""
+        group = self.group()
+        if call.kind in ("allreduce", "reduce"):
+            oneshot = call.nbytes <= min(group.oneshot_max, group.slot_bytes)
+            return f"one-shot (up to {group.oneshot_max} B)" if oneshot else f"two-shot (above {group.oneshot_max} B)"
+        if call.kind == "alltoall":
+            send, recv = addresses(call, self.view.rank)
+            limit = group.single_copy_min
+            if limit and call.nbytes * self.view.size >= limit and send != recv:
+                return f"single copy (from {limit} B sent, where every rank may read the others)"
+            return "staged" + (" (in place)" if send == recv else f" (below {limit} B sent)" if limit else "")
+        return ""
+
     def announce(self, call):
         """A barrier of the segment carrying the call's signature (raises MismatchError on
         every rank when they differ): for calls run where nothing compares signatures."""
