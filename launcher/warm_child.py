@@ -78,7 +78,8 @@ def become_program(program, env, stdio, setup, blas_threads):
     status = _run(program)
     try:
         code = _finalize(status)
-    except BaseException:  # never fall back into gpurun's frames below this one
+    except BaseException as exc:  # never fall back into gpurun's frames below this one
+        os.write(2, f"gpurun: the rank's program ended, but ending its interpreter failed: {exc!r}\n".encode())
         code = EXIT_EXCEPTION
     os._exit(code)
 
@@ -221,8 +222,11 @@ def _flush_open_files():
     """Files the program left open, flushed as their deallocation at CPython's exit would, so
     that no buffered data is lost. (Their __del__ runs there; here it does not, nor do other
     objects' __del__ methods: os._exit keeps gpurun's frames below from running.)"""
+    files = (io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper)
     for obj in gc.get_objects():
-        if isinstance(obj, (io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper)):
+        # type(), not isinstance(): that reads obj.__class__, which a program's lazy proxies
+        # (CuPy's and torch's among them) may make raise
+        if issubclass(type(obj), files):
             try:
                 if not obj.closed and obj.writable():
                     obj.flush()

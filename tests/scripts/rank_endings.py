@@ -11,6 +11,7 @@ way as one started anew does (exit status, what reaches stderr, what runs at exi
       hook-fails     sys.excepthook itself raises: both tracebacks, status 1
       file-left-open PATH  writes "kept" to PATH and never closes it: the buffered text must
                      reach the file at exit
+      lazy-proxy     keeps an object whose __class__ raises (as lazy module proxies do): status 0
 """
 import atexit
 import sys
@@ -47,5 +48,13 @@ elif mode == "hook-fails":
 elif mode == "file-left-open":
     left = open(sys.argv[2], "w")
     left.write("kept")
+elif mode == "lazy-proxy":
+    class Proxy:
+        @property
+        def __class__(self):
+            raise RuntimeError("not loaded yet")
+
+    kept = Proxy()
+    print("done")
 else:
     sys.exit(f"unknown mode {mode}")
