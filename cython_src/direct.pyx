@@ -20,6 +20,8 @@ from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABL
                              PyBUF_SIMPLE)
 from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
+from cpython.number cimport PyNumber_AsSsize_t
+from libc.string cimport memcpy
 
 from gpucoll.base import dtypes, ops
 from gpucoll.base.call import BY_ID, KINDS  # the kinds' numbers: GC_KIND_* of gc_direct.h
@@ -81,6 +83,9 @@ cdef extern from "gc_direct.h" nogil:
     int gc_direct_alltoall(gc_direct *g, const void *send, void *recv, size_t nbytes,
                            double timeout_s)
     int gc_direct_barrier(gc_direct *g, double timeout_s)
+    int gc_direct_vexchange(gc_direct *g, const uint64_t *saddr, const uint64_t *sbytes, int nsend,
+                            const uint64_t *raddr, const uint64_t *rbytes, double timeout_s)
+    int GC_DIRECT_DECLINED
     int gc_direct_announce(gc_direct *g, int kind, uint64_t count, int dt, int op, int root,
                            double timeout_s)
 
@@ -401,6 +406,34 @@ cdef class DirectGroup:
                                     count_per_rank * itemsize, timeout_s)
         if st: self._raise(st)
 
+    def allgatherv(self, const uint64_t[::1] send_at, const uint64_t[::1] send_bytes,
+                   const uint64_t[::1] recv_at, const uint64_t[::1] recv_bytes, double timeout_s=-1.0):
+        """Rank j's one block (send_at[0], send_bytes[0] bytes) lands at recv_at[j] of every rank,
+        which expects recv_bytes[j] of it. Addresses are absolute. False: some rank's block does
+        not fit the slots, and nothing moved (every rank returns False, the caller moves the
+        data another way)."""
+        return self._vexchange(send_at, send_bytes, 1, recv_at, recv_bytes, timeout_s)
+
+    def alltoallv(self, const uint64_t[::1] send_at, const uint64_t[::1] send_bytes,
+                  const uint64_t[::1] recv_at, const uint64_t[::1] recv_bytes, double timeout_s=-1.0):
+        """send_bytes[j] bytes at send_at[j] go to rank j, landing at its recv_at[i] (i: this
+        rank), where it expects recv_bytes[i]. False as allgatherv."""
+        return self._vexchange(send_at, send_bytes, self.g.nranks, recv_at, recv_bytes, timeout_s)
+
+    cdef bint _vexchange(self, const uint64_t[::1] send_at, const uint64_t[::1] send_bytes, int nsend,
+                         const uint64_t[::1] recv_at, const uint64_t[::1] recv_bytes, double timeout_s) except -1:
+        cdef int n = self.g.nranks, st
+        if send_at.shape[0] != nsend or send_bytes.shape[0] != nsend or recv_at.shape[0] != n \
+                or recv_bytes.shape[0] != n:
+            raise InvalidUsageError(f"a v-collective of {n} ranks needs {nsend} send and {n} receive blocks")
+        with nogil:
+            st = gc_direct_vexchange(&self.g, &send_at[0], &send_bytes[0], nsend, &recv_at[0],
+                                     &recv_bytes[0], timeout_s)
+        if st == GC_DIRECT_DECLINED:
+            return False
+        if st: self._raise(st)
+        return True
+
     def barrier(self, double timeout_s=-1.0):
         """Return once every rank has entered the barrier."""
         with nogil:
@@ -420,6 +453,56 @@ cdef class DirectGroup:
 
 
 cdef size_t ANY_SIZE = <size_t>-1  # _send_view: a send buffer of any size
+
+
+cdef object _vspec(object spec, object ndarray, Py_buffer *view, uint64_t *at, uint64_t *nbytes, int n,
+                   bint writable):
+    """HostFast.vector's reading of [array, counts, displs, TYPE] or [array, (counts, displs),
+    TYPE]: the array's dtype, with its buffer taken into *view and each of the n blocks' address
+    and bytes in at[], nbytes[] (every block inside the array); None, holding nothing, for
+    anything else."""
+    cdef Py_ssize_t k, count, displ, total, isz
+    cdef uintptr_t base
+    t = type(spec)
+    if t is not list and t is not tuple:
+        return None
+    if len(spec) == 4:
+        arr, counts, displs, datatype = spec
+    elif len(spec) == 3:
+        arr, pair, datatype = spec
+        if (type(pair) is not tuple and type(pair) is not list) or len(pair) != 2:
+            return None
+        counts, displs = pair
+    else:
+        return None
+    if type(arr) is not ndarray:
+        return None
+    dt = arr.dtype
+    info = getattr(datatype, "_t", None)
+    if info is None or info.code is None or info.contents is not None or (info.np is not dt and info.np != dt):
+        return None
+    if (type(counts) is not list and type(counts) is not tuple) or (type(displs) is not list and
+                                                                    type(displs) is not tuple):
+        return None
+    if len(counts) != n or len(displs) != n:
+        return None
+    try:
+        PyObject_GetBuffer(arr, view, PyBUF_ANY_CONTIGUOUS | (PyBUF_WRITABLE if writable else 0))
+    except (BufferError, ValueError):
+        return None
+    base, isz = <uintptr_t>view.buf, view.itemsize
+    total = view.len // isz if isz > 0 else 0
+    try:
+        for k in range(n):
+            count, displ = PyNumber_AsSsize_t(counts[k], OverflowError), PyNumber_AsSsize_t(displs[k], OverflowError)
+            if count < 0 or displ < 0 or displ > total or count > total - displ:
+                PyBuffer_Release(view)
+                return None
+            at[k], nbytes[k] = <uint64_t>(base + <uintptr_t>(displ * isz)), <uint64_t>(count * isz)
+    except (TypeError, OverflowError):
+        PyBuffer_Release(view)
+        return None
+    return dt
 
 
 cdef inline int _send_view(object sendbuf, object ndarray, object dt, Py_buffer *sv, size_t want,
@@ -782,6 +865,68 @@ cdef class HostFast:
 
     def alltoall(self, sendbuf, recvbuf):
         return self._blocks(sendbuf, recvbuf, True)
+
+    def vector(self, sendbuf, recvbuf, bint all_to_all):
+        """Allgatherv (all_to_all False) or Alltoallv of NumPy arrays in the vector specs mpi4py
+        programs write: [array, counts, displs, TYPE] or [array, (counts, displs), TYPE], TYPE
+        the array's own datatype (anything with a `_t` whose `np` is the array's dtype, `code`
+        set and `contents` None: gpucoll.MPI's predefined datatypes); Allgatherv's sendbuf a
+        bare array of the same dtype, either's IN_PLACE. 0: declined, having done nothing (the
+        general path runs the call, over the same direct group); 1: done; 2: some rank's block
+        does not fit the group's slots, nothing moved, every rank returns 2 (the caller moves
+        the data by point to point)."""
+        cdef Py_buffer rv, sv
+        cdef bint have_recv = False, have_send = False
+        cdef int n = self.size, me = self.rank, nsend = 1 if not all_to_all else self.size, st
+        cdef uint64_t *tab = <uint64_t *>malloc(4 * <size_t>n * sizeof(uint64_t))
+        cdef uint64_t *rat = tab
+        cdef uint64_t *rby = tab + n
+        cdef uint64_t *sat = tab + 2 * n
+        cdef uint64_t *sby = tab + 3 * n
+        if tab == NULL:
+            raise MemoryError("a vector collective: no memory for its tables")
+        try:
+            dt = _vspec(recvbuf, self.ndarray, &rv, rat, rby, n, True)
+            if dt is None:
+                return 0
+            have_recv = True
+            if sendbuf is self.in_place:
+                if all_to_all:
+                    memcpy(sat, rat, n * sizeof(uint64_t))
+                    memcpy(sby, rby, n * sizeof(uint64_t))
+                else:
+                    sat[0], sby[0] = rat[me], rby[me]
+            elif all_to_all:
+                if _vspec(sendbuf, self.ndarray, &sv, sat, sby, n, False) is not dt:
+                    return 0
+                have_send = True
+            else:
+                if not _send_view(sendbuf, self.ndarray, dt, &sv, <size_t>rby[me], rat[me], 0, False):
+                    return 0
+                have_send = True
+                sat[0], sby[0] = <uint64_t><uintptr_t>sv.buf, <uint64_t>sv.len
+            if sby[me if all_to_all else 0] != rby[me]:
+                return 0  # the general path says what is wrong
+            if self.diagnosis.broken is not None or not self.gate.enter():
+                return 0
+            seq = self.gate.next_seq()
+            self.calls += 1
+            try:
+                with nogil:
+                    st = gc_direct_vexchange(&self.group.g, sat, sby, nsend, rat, rby, self.timeout)
+            finally:
+                self.gate.leave()
+            if st == GC_DIRECT_DECLINED:
+                return 2
+            if st:
+                self._failed(st, "alltoallv" if all_to_all else "allgatherv", 0, 0, None, 0, seq)
+            return 1
+        finally:
+            free(tab)
+            if have_recv:
+                PyBuffer_Release(&rv)
+            if have_send:
+                PyBuffer_Release(&sv)
 
     cdef bint _blocks(self, sendbuf, recvbuf, bint all_to_all) except -1:
         """Allgather (every rank contributes one block: recvbuf is size blocks) or Alltoall

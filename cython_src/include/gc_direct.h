@@ -160,8 +160,9 @@ typedef char gc__line_is_64_bytes[sizeof(gc_direct_line) == GC_DIRECT_LINE ? 1 :
 enum {
     GC_KIND_ALLREDUCE = 1, GC_KIND_BCAST = 2, GC_KIND_REDUCE = 3, GC_KIND_ALLGATHER = 4,
     GC_KIND_REDUCE_SCATTER = 5, GC_KIND_ALLTOALL = 6, GC_KIND_GATHER = 7, GC_KIND_SCATTER = 8,
-    GC_KIND_BARRIER = 9
+    GC_KIND_BARRIER = 9, GC_KIND_ALLGATHERV = 10, GC_KIND_ALLTOALLV = 11
 };
+#define GC_DIRECT_DECLINED 1 /* a v-collective too large for the slots: every rank says so */
 #define GC_SIG_NONE 15       /* dtype or op field of a call that has none (sizes in bytes) */
 
 /* A call's signature: kind (4 bits) | dtype (4) | op (4) | root (16 bits; -1 for none) |
@@ -1149,6 +1150,91 @@ static int gc_direct_alltoall(gc_direct *g, const void *send, void *recv, size_t
             GC__TRY(gc__wait(g, j, e, dl));
             memcpy(out + (size_t)j * bytes + off, gc__slot(g, j) + (size_t)me * piece, c);
         }
+    }
+    return GC_OK;
+}
+
+/* The v-collectives (blocks of any size per rank and pair, at any addresses). One generation:
+ * each rank's slot holds a table, then its data when it fits:
+ *
+ *   u64 [0]        1: this rank's data is in the slot
+ *   u64 [1 + j]    bytes this rank sends to rank j (all-gather: [1] only, the one block)
+ *   H              all-to-all: the block for rank j at H + j x piece; all-gather: the block
+ *
+ * Every rank reads every table after one post: it checks that what each peer sends it is
+ * what it expects (else a mismatch naming the peer, before any data is read), and copies the
+ * data out only when every rank's data is in its slot; otherwise every rank returns
+ * GC_DIRECT_DECLINED, having read the same tables, and the caller moves the data another way. */
+static inline size_t gc__vtable_bytes(int entries)
+{
+    return gc__round_up((size_t)(entries + 1) * sizeof(uint64_t), GC_DIRECT_LINE);
+}
+
+/* A peer sends this rank `theirs` bytes where it expects `ours`: a mismatch of the call. */
+static int gc__vmismatch(gc_direct *g, int kind, int peer, uint64_t theirs, uint64_t ours)
+{
+    g->sig = gc_direct_sig(kind, ours, GC_SIG_NONE, GC_SIG_NONE, -1);
+    return gc__mismatch(g, peer, gc_direct_sig(kind, theirs, GC_SIG_NONE, GC_SIG_NONE, -1));
+}
+
+/* alltoallv (nsend = N: saddr[j], sbytes[j] go to rank j) or allgatherv (nsend = 1: one block
+ * to every rank); this rank receives rbytes[j] at raddr[j] from each rank j. Addresses are
+ * absolute; the caller has checked that its own block's sizes agree (sbytes[me] == rbytes[me]). */
+static int gc_direct_vexchange(gc_direct *g, const uint64_t *saddr, const uint64_t *sbytes,
+                               int nsend, const uint64_t *raddr, const uint64_t *rbytes,
+                               double timeout_s)
+{
+    GC__TRY(gc__enter(g));
+    const int N = g->nranks, me = g->rank, all = nsend == 1;
+    const int kind = all ? GC_KIND_ALLGATHERV : GC_KIND_ALLTOALLV;
+    if (nsend != 1 && nsend != N)
+        return GC_ERR_USAGE;
+    const uint8_t *own = (const uint8_t *)(uintptr_t)saddr[all ? 0 : me];
+    uint8_t *own_dst = (uint8_t *)(uintptr_t)raddr[me];
+    if (N == 1) {
+        gc__copy(own_dst, own, rbytes[me]);
+        return GC_OK;
+    }
+    int64_t dl = gc__deadline(timeout_s);
+    const size_t head = gc__vtable_bytes(all ? 1 : N);
+    const size_t room = g->slot_bytes - head;
+    const size_t piece = all ? room : room / (size_t)N / GC_DIRECT_LINE * GC_DIRECT_LINE;
+    GC__TRY(gc__gen_begin(g, gc_direct_sig(kind, 0, GC_SIG_NONE, GC_SIG_NONE, -1), dl));
+    uint64_t *table = (uint64_t *)gc__slot(g, me);
+    uint8_t *data = (uint8_t *)table + head;
+    int fits = 1;
+    for (int j = 0; j < nsend; j++) {
+        table[1 + j] = sbytes[j];
+        if (j != me || all)
+            fits &= sbytes[j] <= piece;
+    }
+    if (fits) {
+        if (all)
+            memcpy(data, own, sbytes[0]);
+        else
+            for (int j = 0; j < N; j++)
+                if (j != me)
+                    memcpy(data + (size_t)j * piece, (const void *)(uintptr_t)saddr[j], sbytes[j]);
+    }
+    table[0] = (uint64_t)fits;
+    uint64_t e = gc__post(g);
+    GC__TRY(gc__wait_all(g, e, dl));
+    int staged = 1;
+    for (int k = 1; k < N; k++) {
+        int j = (me + k) % N;
+        const uint64_t *theirs = (const uint64_t *)gc__slot(g, j);
+        uint64_t sent = theirs[1 + (all ? 0 : me)];
+        if (sent != rbytes[j])
+            return gc__vmismatch(g, kind, j, sent, rbytes[j]);
+        staged &= theirs[0] != 0;
+    }
+    if (!staged || !fits)
+        return GC_DIRECT_DECLINED;
+    gc__copy(own_dst, own, rbytes[me]);
+    for (int k = 1; k < N; k++) {
+        int j = (me + k) % N;
+        const uint8_t *from = gc__slot(g, j) + head + (all ? 0 : (size_t)me * piece);
+        memcpy((void *)(uintptr_t)raddr[j], from, rbytes[j]);
     }
     return GC_OK;
 }

@@ -38,7 +38,11 @@ KINDS = {k.name: k for k in (
     Kind("gather",          7, True,  False, True),
     Kind("scatter",         8, True,  False, True),
     Kind("barrier",         9, False, False, False),
+    Kind("allgatherv",     10, False, False, False),
+    Kind("alltoallv",      11, False, False, False),
 )}
+# Run only by gpucoll.MPI's vector collectives, straight on the direct group (no Call is made).
+VECTOR_KINDS = frozenset({"allgatherv", "alltoallv"})
 BY_ID = {k.id: k for k in KINDS.values()}
 ROOTED = frozenset(k.name for k in KINDS.values() if k.rooted)
 

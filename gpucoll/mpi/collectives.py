@@ -13,13 +13,14 @@ Three paths, in order of preference:
              messages between the ranks, every one posted when the call is made.
 Blocking calls wait; I* calls return a Request at once; *_init calls a persistent Prequest.
 """
+import functools
 import operator
 
 import numpy as np
 
 from ..api.comm import IN_PLACE
 from ..base import dtypes as _dtypes
-from ..base.errors import InvalidUsageError
+from ..base.errors import GpucollError, InvalidUsageError
 from ..base.mpi_constants import INTEGERS as _C
 from ..calls.buffers import host_buffer
 from . import message as _m
@@ -535,6 +536,58 @@ class Collectives:
         return Prequest._persistent(lambda: self.Iexscan(sendbuf, recvbuf, op))
 
     # --- vector collectives (point to point between the ranks) ----------------------------------------
+    def _move(self, what, core, sends, recvs, local, blocking, by_p2p=False):
+        """Run an all-gather or all-to-all of blocks (sends: [(dest, packed bytes)], recvs:
+        [(source, Msg)], local() the rank's own block): within one host through the
+        communicator's direct group, in order with its other collectives (_direct_vector); else,
+        or when a block is too large for the group's slots (by_p2p: the native path found so on
+        every rank), by point to point."""
+        dispatch = core._dispatch
+        if by_p2p or dispatch.direct is None or self.Is_inter() or what == "Alltoallw":
+            dispatch.view.stats.host["p2p"] += 1
+            return _wait_if(self._vector(what, sends, recvs, local), blocking)
+        seq = dispatch.next_seq()
+        task = functools.partial(self._direct_vector, dispatch, seq, what, sends, recvs, local)
+        if blocking:
+            dispatch.queue.run(task)
+            return None
+        return dispatch.queue.submit(task, what.lower())
+
+    def _direct_vector(self, dispatch, seq, what, sends, recvs, local):
+        """Every block in one native call (gc_direct_vexchange); by point to point when it declines."""
+        rank, size = self.rank, self.size
+        kind = "allgatherv" if what == "Allgatherv" else "alltoallv"
+        landings = [(k, _Landing(msg)) for k, msg in recvs]
+        blocks = [(k, _bytes_of(data)) for k, data in sends]
+        recv_at, recv_bytes = np.zeros(size, np.uint64), np.zeros(size, np.uint64)
+        for k, land in landings:
+            recv_at[k], recv_bytes[k] = land.buf.ctypes.data, land.buf.nbytes
+        if kind == "allgatherv":
+            one = blocks[0][1] if blocks else _bytes_of(b"")
+            send_at, send_bytes = np.array([one.ctypes.data], np.uint64), np.array([one.nbytes], np.uint64)
+        else:
+            send_at, send_bytes = np.zeros(size, np.uint64), np.zeros(size, np.uint64)
+            for k, arr in blocks:
+                send_at[k], send_bytes[k] = arr.ctypes.data, arr.nbytes
+        group = dispatch.direct.group()
+        exchange = group.allgatherv if kind == "allgatherv" else group.alltoallv
+        try:
+            moved = exchange(send_at, send_bytes, recv_at, recv_bytes, dispatch.timeout)
+        except GpucollError as exc:
+            dispatch.fast_failed(kind, 0, _dtypes.UINT8, None, 0, seq, exc)
+        view = dispatch.view
+        if dispatch.fast_ok and view.fast.host is None:  # the native paths, from now on
+            view.fast.host = dispatch.direct.fast_path(dispatch)
+        if not moved:  # a block too large for the slots, on some rank: every rank goes this way
+            view.stats.host["p2p"] += 1
+            self._vector(what, sends, recvs, local).Wait()
+            return
+        view.stats.host["direct"] += 1
+        for _, land in landings:
+            land.finish()
+        if local is not None:
+            local()
+
     def _vector(self, what, sends, recvs, local):
         """Post every send and receive of a vector collective; local() runs the rank's own block now.
         sends: [(dest, packed bytes)], recvs: [(source, Msg)]."""
@@ -609,7 +662,7 @@ class Collectives:
     def Scatterv_init(self, sendbuf, recvbuf, root=0, info=None):
         return Prequest._persistent(lambda: self.Iscatterv(sendbuf, recvbuf, root))
 
-    def _allgatherv(self, sendbuf, recvbuf, blocking):
+    def _allgatherv(self, sendbuf, recvbuf, blocking, by_p2p=False):
         core = self._c("Allgatherv")
         size, rank = core.size, core.rank
         r = _m.vector(recvbuf, False, 0, size, what="Allgatherv recvbuf")
@@ -623,12 +676,14 @@ class Collectives:
             def local():
                 r.block(rank).store(data)
         others = [k for k in range(size) if k != rank]
-        state = self._vector("Allgatherv", [(k, data) for k in others], [(k, r.block(k)) for k in others], local)
-        return _wait_if(state, blocking)
+        return self._move("Allgatherv", core, [(k, data) for k in others], [(k, r.block(k)) for k in others], local,
+                          blocking, by_p2p)
 
     def Allgatherv(self, sendbuf, recvbuf):
         """Every rank's recvbuf [buf, counts, displs, type] gets rank i's sendbuf at displs[i]."""
-        self._allgatherv(sendbuf, recvbuf, True)
+        moved = self._fast_vector(sendbuf, recvbuf, False)
+        if moved != _FAST_DONE:
+            self._allgatherv(sendbuf, recvbuf, True, by_p2p=moved == _FAST_TOO_BIG)
 
     def Iallgatherv(self, sendbuf, recvbuf):
         return Request._of(self._allgatherv(sendbuf, recvbuf, False))
@@ -636,28 +691,38 @@ class Collectives:
     def Allgatherv_init(self, sendbuf, recvbuf, info=None):
         return Prequest._persistent(lambda: self.Iallgatherv(sendbuf, recvbuf))
 
-    def _alltoallv(self, sendbuf, recvbuf, blocking):
+    def _alltoallv(self, sendbuf, recvbuf, blocking, by_p2p=False):
         core = self._c("Alltoallv")
         size = core.size
         r = _m.vector(recvbuf, False, 0, size, what="Alltoallv recvbuf")
         s = r if _m.is_in_place(sendbuf) else _m.vector(sendbuf, True, 0, size, what="Alltoallv sendbuf")
         return self._exchange("Alltoallv", [s.block(k) for k in range(size)], [r.block(k) for k in range(size)],
-                              s is r, blocking)
+                              s is r, blocking, by_p2p)
 
-    def _exchange(self, what, sends, recvs, in_place, blocking):
+    def _exchange(self, what, sends, recvs, in_place, blocking, by_p2p=False):
         """Block k of sends goes to rank k; block k of recvs comes from rank k."""
         rank, size = self.rank, self.size
         data = [m.data() for m in sends]
         if in_place:  # the receives land where these come from: take them first
             data = [d.copy() for d in data]
         others = [k for k in range(size) if k != rank]
-        state = self._vector(what, [(k, data[k]) for k in others], [(k, recvs[k]) for k in others],
-                             lambda: recvs[rank].store(data[rank]))
-        return _wait_if(state, blocking)
+        return self._move(what, self._c(what), [(k, data[k]) for k in others], [(k, recvs[k]) for k in others],
+                          lambda: recvs[rank].store(data[rank]), blocking, by_p2p)
 
     def Alltoallv(self, sendbuf, recvbuf):
         """Rank i's block j (counts, displs) goes to rank j's block i."""
-        self._alltoallv(sendbuf, recvbuf, True)
+        moved = self._fast_vector(sendbuf, recvbuf, True)
+        if moved != _FAST_DONE:
+            self._alltoallv(sendbuf, recvbuf, True, by_p2p=moved == _FAST_TOO_BIG)
+
+    def _fast_vector(self, sendbuf, recvbuf, all_to_all):
+        """An intracommunicator's native path for NumPy arrays (HostFast.vector): _FAST_DONE,
+        _FAST_TOO_BIG (nothing moved, on every rank) or 0 (the general path runs the call)."""
+        s = self._s
+        if s is None or s.inter is not None:
+            return 0
+        fast = s.core._fast.host
+        return 0 if fast is None else fast.vector(sendbuf, recvbuf, all_to_all)
 
     def Ialltoallv(self, sendbuf, recvbuf):
         return Request._of(self._alltoallv(sendbuf, recvbuf, False))
@@ -709,6 +774,15 @@ def _wait_if(state, blocking):
         state.Wait()
         return None
     return state
+
+
+_FAST_DONE, _FAST_TOO_BIG = 1, 2  # HostFast.vector's answers (cython_src/direct.pyx)
+
+
+def _bytes_of(data):
+    """A packed block (an array or bytes) as a flat uint8 array over the same memory."""
+    arr = data if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
+    return arr.reshape(-1).view(np.uint8)
 
 
 def _no_gpu(msg, what):

@@ -1,0 +1,138 @@
+"""gpucoll.MPI's Allgatherv and Alltoallv within one host: every form, exact, and the way each
+took (tests/test_vector_direct.py).
+
+    gpurun -np 3 python vector_direct.py [mismatch]    -> "RESULT {json}" per rank
+
+Blocks have uneven counts (zeros among them) and displacements out of rank order with gaps.
+NumPy arrays in mpi4py's vector specs take the native path (HostFast.vector: `host_fast`
+counts them); other forms (bytearrays, a datatype that is not the array's) the general path,
+over the same direct group (`host` "direct"); blocks too large for the group's slots go by
+point to point, on every rank. `mismatch`: rank 1 expects one element more from rank 0 than
+rank 0 sends it.
+"""
+import json
+import sys
+
+import numpy as np
+
+from gpucoll import MPI
+
+comm = MPI.COMM_WORLD
+r, n = comm.rank, comm.size
+comm.Barrier()  # the communicator's native paths exist from its first collective on
+core = comm._s.core
+
+
+def layout(counts):
+    """Displacements in reverse rank order with a gap of 3 elements before each block."""
+    displs, at = [0] * n, 3
+    for k in reversed(range(n)):
+        displs[k] = at
+        at += counts[k] + 3
+    return displs, at
+
+
+def value(src, dst, i):
+    return src * 10_000 + dst * 100 + i
+
+
+def stats():
+    s = core.stats()
+    return s["host_fast"], s["host"].get("direct", 0), s["host"].get("p2p", 0)
+
+
+results = {}
+
+
+def check(name, fn, want):
+    before = stats()
+    got = fn()
+    after = stats()
+    results[name] = {"exact": bool(np.array_equal(got, want)),
+                     **{way: after[i] - before[i] for i, way in enumerate(("fast", "direct", "p2p"))}}
+
+
+if sys.argv[1:] == ["mismatch"]:
+    counts = [2] * n
+    if r == 1:
+        counts[0] = 3  # expects 3 from rank 0, which sends 2
+    displs, total = layout(counts)
+    out = np.zeros(total, np.int64)
+    try:
+        comm.Allgatherv(np.full(2, r, np.int64), [out, counts, displs, MPI.INT64_T])
+        results["first"] = "returned"
+    except Exception as exc:  # noqa: BLE001 - reported
+        results["first"] = type(exc).__name__ + ": " + str(exc)
+    try:
+        comm.Allreduce(np.ones(4), np.empty(4))
+        results["next"] = "returned"
+    except Exception as exc:  # noqa: BLE001 - reported
+        results["next"] = type(exc).__name__
+    print("RESULT " + json.dumps({"rank": r, **results}), flush=True)
+    sys.exit(0)
+
+for scale, tag in ((1, "small"), (300_000, "large")):  # large: 2.4 MB blocks, more than a slot holds per peer
+    # Allgatherv: rank k contributes counts[k] elements (rank 1 none at small scale)
+    counts = [(k * 2 + (0 if k == 1 and scale == 1 else 1)) * scale for k in range(n)]
+    displs, total = layout(counts)
+    want = np.zeros(total, np.int64)
+    for k in range(n):
+        want[displs[k]:displs[k] + counts[k]] = value(k, 0, np.arange(counts[k]))
+    mine = value(r, 0, np.arange(counts[r])).astype(np.int64)
+
+    def gather(spec_of):
+        out = np.zeros(total, np.int64)
+        comm.Allgatherv(mine, spec_of(out))
+        return out
+
+    check(f"allgatherv/{tag}/list4", lambda: gather(lambda o: [o, counts, displs, MPI.INT64_T]), want)
+    check(f"allgatherv/{tag}/pair", lambda: gather(lambda o: [o, (counts, displs), MPI.INT64_T]), want)
+
+    def in_place():
+        out = np.zeros(total, np.int64)
+        out[displs[r]:displs[r] + counts[r]] = mine
+        comm.Allgatherv(MPI.IN_PLACE, [out, counts, displs, MPI.INT64_T])
+        return out
+    check(f"allgatherv/{tag}/in-place", in_place, want)
+
+    def as_bytes():
+        raw = bytearray(total * 8)
+        comm.Allgatherv([mine, MPI.INT64_T], [raw, [c * 8 for c in counts], [d * 8 for d in displs], MPI.BYTE])
+        return np.frombuffer(raw, np.int64)
+    check(f"allgatherv/{tag}/bytearray", as_bytes, want)
+
+    # Alltoallv: rank r sends (r + 2 * k) % 3 * scale elements to rank k
+    sc = [((r + 2 * k) % 3) * scale for k in range(n)]
+    rc = [((k + 2 * r) % 3) * scale for k in range(n)]
+    sd, stotal = layout(sc)
+    rd, rtotal = layout(rc)
+    send = np.zeros(stotal, np.int64)
+    for k in range(n):
+        send[sd[k]:sd[k] + sc[k]] = value(r, k, np.arange(sc[k]))
+    want = np.zeros(rtotal, np.int64)
+    for k in range(n):
+        want[rd[k]:rd[k] + rc[k]] = value(k, r, np.arange(rc[k]))
+
+    def exchange(list4=True):
+        out = np.zeros(rtotal, np.int64)
+        if list4:
+            comm.Alltoallv([send, sc, sd, MPI.INT64_T], [out, rc, rd, MPI.INT64_T])
+        else:
+            comm.Alltoallv([send, (sc, sd), MPI.INT64_T], [out, (rc, rd), MPI.INT64_T])
+        return out
+    check(f"alltoallv/{tag}/list4", exchange, want)
+    check(f"alltoallv/{tag}/pair", lambda: exchange(False), want)
+
+    def as_bytes_a2a():
+        raw = bytearray(rtotal * 8)
+        comm.Alltoallv([send, sc, sd, MPI.INT64_T], [raw, [c * 8 for c in rc], [d * 8 for d in rd], MPI.BYTE])
+        return np.frombuffer(raw, np.int64)
+    check(f"alltoallv/{tag}/bytearray", as_bytes_a2a, want)
+
+    def nonblocking():
+        out = np.zeros(rtotal, np.int64)
+        comm.Ialltoallv([send, sc, sd, MPI.INT64_T], [out, rc, rd, MPI.INT64_T]).Wait()
+        return out
+    check(f"alltoallv/{tag}/nonblocking", nonblocking, want)
+
+print("RESULT " + json.dumps({"rank": r, **results}), flush=True)
