@@ -682,8 +682,10 @@ class Collectives:
     def Allgatherv(self, sendbuf, recvbuf):
         """Every rank's recvbuf [buf, counts, displs, type] gets rank i's sendbuf at displs[i]."""
         moved = self._fast_vector(sendbuf, recvbuf, False)
-        if moved != _FAST_DONE:
-            self._allgatherv(sendbuf, recvbuf, True, by_p2p=moved == _FAST_TOO_BIG)
+        if moved == _FAST_TOO_BIG:
+            self._allgatherv(sendbuf, recvbuf, True, by_p2p=True)
+        elif moved != _FAST_DONE:
+            self._allgatherv(sendbuf, recvbuf, True)
 
     def Iallgatherv(self, sendbuf, recvbuf):
         return Request._of(self._allgatherv(sendbuf, recvbuf, False))
@@ -712,8 +714,10 @@ class Collectives:
     def Alltoallv(self, sendbuf, recvbuf):
         """Rank i's block j (counts, displs) goes to rank j's block i."""
         moved = self._fast_vector(sendbuf, recvbuf, True)
-        if moved != _FAST_DONE:
-            self._alltoallv(sendbuf, recvbuf, True, by_p2p=moved == _FAST_TOO_BIG)
+        if moved == _FAST_TOO_BIG:
+            self._alltoallv(sendbuf, recvbuf, True, by_p2p=True)
+        elif moved != _FAST_DONE:
+            self._alltoallv(sendbuf, recvbuf, True)
 
     def _fast_vector(self, sendbuf, recvbuf, all_to_all):
         """An intracommunicator's native path for NumPy arrays (HostFast.vector): _FAST_DONE,
