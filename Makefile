@@ -6,7 +6,7 @@ NP ?= 4
 STAMP := $(VENV)/.installed
 SOURCES := pyproject.toml setup.py $(wildcard cython_src/*.pyx cython_src/*.pxd cython_src/include/*.h)
 
-.PHONY: install demo docs-environment test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref test-mpi4py-demos bench bench-many bench-request-cost bench-gloo bench-launch bench-multihost bench-p2p bench-p2p-mpi bench-p2p-mpi-alloc bench-p2p-hosts bench-reproduce bench-gpu calibrate-gpu calibrate-host clean
+.PHONY: install demo docs-environment test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref test-mpi4py-demos bench bench-many bench-vector bench-request-cost bench-gloo bench-launch bench-multihost bench-p2p bench-p2p-mpi bench-p2p-mpi-alloc bench-p2p-hosts bench-reproduce bench-gpu calibrate-gpu calibrate-host clean
 
 install: $(STAMP)
 
@@ -98,7 +98,14 @@ bench-many: $(STAMP)
 	@mkdir -p $(BENCH_OUT)
 	for np in $(RANKS_MANY); do for kind in allreduce allgather bcast reduce alltoall reduce_scatter; do \
 	  $(BENCH) -np $$np -o $$kind $(MANY_SWEEP) --vs mpi --json $(BENCH_OUT)/many-$$kind-np$$np.json || exit 1; \
-	done; done
+	done; \
+	$(PY) benchmarks/bench_vector.py --np $$np --repeats $(REPEATS) --json $(BENCH_OUT)/many-vector-np$$np.json || exit 1; \
+	done
+
+# Allgatherv and Alltoallv through gpucoll.MPI beside mpi4py, as mpi4py programs write them, 2 ranks.
+bench-vector: $(STAMP)
+	@mkdir -p $(BENCH_OUT)
+	$(PY) benchmarks/bench_vector.py --np 2 --repeats $(REPEATS) --json $(BENCH_OUT)/vector-np2.json
 
 # What one Isend + Irecv + Waitall per message costs through each API, beside mpi4py.
 bench-request-cost: $(STAMP)

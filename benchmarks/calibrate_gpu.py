@@ -48,17 +48,28 @@ def entry(collective, algorithm):
     return next(e for e in selector.GPU_TABLE if e.collective == name and e.algorithm == algorithm)
 
 
-def measure(collective, algorithm, lo, hi, settings, nranks, out):
-    path = os.path.join(out, f"{collective}-{algorithm}-np{nranks}.json")
-    env = dict(os.environ, GPUCOLL_ALGO=algorithm, **settings)
-    cmd = [sys.executable, "-m", "gpucoll.bench", "-np", str(nranks), "-g", "-o", collective, "-b", str(lo),
-           "-e", str(hi), "-f", "4", "-n", "50", "-w", "5", "-c", "1", "--json", path]
+def measure_rows(collective, lo, hi, settings, nranks, path, gpu):
+    """[(bytes, seconds)] of `collective` from lo to hi bytes (factor 4) on nranks ranks, GPU or
+    host buffers, with the environment variables `settings`, the JSON kept at `path`. A run that
+    fails, whose forced choice does not apply (gpucoll.bench says so), or with a wrong row ends
+    the calibration: a fit of the wrong algorithm or of wrong results is worse than none."""
+    env = dict(os.environ, **settings)
+    cmd = [sys.executable, "-m", "gpucoll.bench", "-np", str(nranks), "-g" if gpu else "--no-gpu", "-o", collective,
+           "-b", str(lo), "-e", str(hi), "-f", "4", "-n", "50", "-w", "5", "-c", "1", "--json", path]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0 or "does not apply" in proc.stderr:
-        raise SystemExit(f"{' '.join(cmd)} (GPUCOLL_ALGO={algorithm}) failed or fell back:\n"
-                         f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        raise SystemExit(f"{' '.join(cmd)} ({settings}) failed or fell back:\n{proc.stdout[-2000:]}\n"
+                         f"{proc.stderr[-2000:]}")
     with open(path) as f:
-        return [(r["size"], r["time_us"] * 1e-6) for r in json.load(f)["rows"]]
+        rows = json.load(f)["rows"]
+    if any(r.get("wrong") for r in rows):
+        raise SystemExit(f"{collective} on {nranks} ranks ({settings}) gave wrong results: {path}")
+    return [(r["size"], r["time_us"] * 1e-6) for r in rows]
+
+
+def measure(collective, algorithm, lo, hi, settings, nranks, out):
+    path = os.path.join(out, f"{collective}-{algorithm}-np{nranks}.json")
+    return measure_rows(collective, lo, hi, dict(GPUCOLL_ALGO=algorithm, **settings), nranks, path, gpu=True)
 
 
 def main():

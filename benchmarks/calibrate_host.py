@@ -13,15 +13,13 @@ GPUCOLL_HOST_ONESHOT_MAX sets it), and the first size at which a schedule would 
 direct engine. Many ranks on a many-core host differ from 2 on 2 cores: fit them where they run.
 """
 import argparse
-import json
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from calibrate_gpu import fit  # noqa: E402
+from calibrate_gpu import fit, measure_rows  # noqa: E402
 from gpucoll.algorithms import selector  # noqa: E402
 
 # The direct engine's two modes (cython_src/include/gc_direct.h): one-shot synchronises once and
@@ -45,19 +43,8 @@ def oneshot_default(nranks):
 
 def measure(name, settings, lo, hi, nranks, out):
     """[(bytes, seconds)] of the all-reduce with `settings`, every row checked."""
-    path = os.path.join(out, f"allreduce-{name}-np{nranks}.json")
-    env = dict(os.environ, **settings)
-    cmd = [sys.executable, "-m", "gpucoll.bench", "-np", str(nranks), "--no-gpu", "-o", "allreduce", "-b", str(lo),
-           "-e", str(hi), "-f", "4", "-n", "50", "-w", "5", "-c", "1", "--json", path]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0 or "does not apply to allreduce" in proc.stderr:
-        raise SystemExit(f"{' '.join(cmd)} ({settings}) failed or fell back:\n{proc.stdout[-2000:]}\n"
-                         f"{proc.stderr[-2000:]}")
-    with open(path) as f:
-        rows = json.load(f)["rows"]
-    if any(r.get("wrong") for r in rows):
-        raise SystemExit(f"{name} on {nranks} ranks gave wrong results: {path}")
-    return [(r["size"], r["time_us"] * 1e-6) for r in rows]
+    return measure_rows("allreduce", lo, hi, settings, nranks, os.path.join(out, f"allreduce-{name}-np{nranks}.json"),
+                        gpu=False)
 
 
 def model(name, nranks):

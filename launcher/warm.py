@@ -215,16 +215,15 @@ def _preload(extra):
 def _import_numpy_without_blas_threads():
     """Import NumPy with a BLAS pool of one thread, so that gpurun stays single-threaded;
     each rank grows its pool to what its own import would have made (_blas_sizer)."""
-    before = {name: os.environ.get(name) for name in ("OPENBLAS_NUM_THREADS",)}
+    before = os.environ.get("OPENBLAS_NUM_THREADS")
     os.environ["OPENBLAS_NUM_THREADS"] = "1"
     try:
         import numpy  # noqa: F401
     finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        if before is None:
+            del os.environ["OPENBLAS_NUM_THREADS"]
+        else:
+            os.environ["OPENBLAS_NUM_THREADS"] = before
 
 
 def _unsafe_to_fork():
