@@ -1,4 +1,4 @@
-"""Allgatherv and Alltoallv as mpi4py programs write them: gpucoll.MPI under gpurun beside mpi4py on
+"""Allgatherv, Alltoallv, Gatherv and Scatterv as mpi4py programs write them: gpucoll.MPI under gpurun beside mpi4py on
 Open MPI under mpiexec, N ranks of one host.
 
     python benchmarks/bench_vector.py --np 2 --repeats 3 --json bench-results/vector-np2.json
@@ -6,7 +6,8 @@ Open MPI under mpiexec, N ranks of one host.
 Each run starts the same rank program under `gpurun -np N` (`from gpucoll import MPI`) and then under
 `mpiexec -n N --bind-to core` (`from mpi4py import MPI`); --repeats alternates them. Messages are
 float64 NumPy arrays in vector specs, `[array, counts, displs, MPI.DOUBLE]`, with equal blocks;
-a size is the bytes every rank receives (N blocks). Each cell: the slowest rank's mean time per
+a size is N blocks (what each rank receives in Allgatherv and Alltoallv, what the root gathers or
+scatters; root 0). Each cell: the slowest rank's mean time per
 call, median [min-max] over the runs; ratio: Open MPI's time / gpucoll's, run by run (above 1:
 gpucoll is faster). Every run checks the last call's output on every rank (#wrong: elements that
 differ, summed over ranks and runs); a wrong element makes the exit status 1.
@@ -25,7 +26,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from gpucoll.bench import context  # noqa: E402
 from gpucoll.bench.sizes import human, parse_size  # noqa: E402
 
-KINDS = ("allgatherv", "alltoallv")
+KINDS = ("allgatherv", "alltoallv", "gatherv", "scatterv")
 
 RANK_PROGRAM = r'''
 import json, sys, time
@@ -44,9 +45,15 @@ for nbytes in sizes:
     send = (r * n + np.arange(n * k) // k).astype(np.float64)   # block j: r * n + j
     recv = np.empty(n * k, np.float64)
     mine = np.full(k, float(r))                                   # allgatherv: rank r's block is r
-    want = {"allgatherv": np.repeat(np.arange(n) + 0.0, k), "alltoallv": np.repeat(np.arange(n) * n + r + 0.0, k)}
+    part = np.empty(k, np.float64)
+    want = {"allgatherv": np.repeat(np.arange(n) + 0.0, k), "alltoallv": np.repeat(np.arange(n) * n + r + 0.0, k),
+            "gatherv": np.repeat(np.arange(n) + 0.0, k) if r == 0 else None, "scatterv": np.full(k, r + 0.0)}
     calls = {"allgatherv": lambda: comm.Allgatherv(mine, [recv, counts, displs, MPI.DOUBLE]),
-             "alltoallv": lambda: comm.Alltoallv([send, counts, displs, MPI.DOUBLE], [recv, counts, displs, MPI.DOUBLE])}
+             "alltoallv": lambda: comm.Alltoallv([send, counts, displs, MPI.DOUBLE], [recv, counts, displs, MPI.DOUBLE]),
+             "gatherv": lambda: comm.Gatherv(mine, [recv, counts, displs, MPI.DOUBLE] if r == 0 else None, root=0),
+             "scatterv": lambda: comm.Scatterv([mine_all, counts, displs, MPI.DOUBLE] if r == 0 else None, part,
+                                               root=0)}
+    mine_all = np.repeat(np.arange(n) + 0.0, k)     # scatterv: the root's block j is j
     row = {}
     reps = max(5, min(iters, (iters * 65536) // max(nbytes, 1)))
     for kind in sys.argv[4].split(","):
@@ -58,7 +65,8 @@ for nbytes in sizes:
         for _ in range(reps):
             fn()
         dt = comm.allreduce((time.perf_counter() - t0) / reps, op=MPI.MAX)
-        wrong = comm.allreduce(int((recv != want[kind]).sum()), op=MPI.SUM)
+        got = part if kind == "scatterv" else recv
+        wrong = comm.allreduce(0 if want[kind] is None else int((got != want[kind]).sum()), op=MPI.SUM)
         row[kind] = {"t": dt, "wrong": wrong}
     out[nbytes] = row
 if r == 0:

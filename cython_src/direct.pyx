@@ -21,7 +21,7 @@ from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABL
 from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 from cpython.number cimport PyNumber_AsSsize_t
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 from gpucoll.base import dtypes, ops
 from gpucoll.base.call import BY_ID, KINDS  # the kinds' numbers: GC_KIND_* of gc_direct.h
@@ -83,8 +83,8 @@ cdef extern from "gc_direct.h" nogil:
     int gc_direct_alltoall(gc_direct *g, const void *send, void *recv, size_t nbytes,
                            double timeout_s)
     int gc_direct_barrier(gc_direct *g, double timeout_s)
-    int gc_direct_vexchange(gc_direct *g, const uint64_t *saddr, const uint64_t *sbytes, int nsend,
-                            const uint64_t *raddr, const uint64_t *rbytes, double timeout_s)
+    int gc_direct_vexchange(gc_direct *g, int kind, int root, const uint64_t *saddr, const uint64_t *sbytes,
+                            int nsend, const uint64_t *raddr, const uint64_t *rbytes, double timeout_s)
     int GC_DIRECT_DECLINED
     int gc_direct_announce(gc_direct *g, int kind, uint64_t count, int dt, int op, int root,
                            double timeout_s)
@@ -409,30 +409,38 @@ cdef class DirectGroup:
     def allgatherv(self, const uint64_t[::1] send_at, const uint64_t[::1] send_bytes,
                    const uint64_t[::1] recv_at, const uint64_t[::1] recv_bytes, double timeout_s=-1.0):
         """Rank j's one block (send_at[0], send_bytes[0] bytes) lands at recv_at[j] of every rank,
-        which expects recv_bytes[j] of it. Addresses are absolute. False: some rank's block does
-        not fit the slots, and nothing moved (every rank returns False, the caller moves the
-        data another way)."""
-        return self._vexchange(send_at, send_bytes, 1, recv_at, recv_bytes, timeout_s)
+        which expects recv_bytes[j] of it (its own block copied when recv_bytes[rank] is not 0).
+        Addresses are absolute. False: some rank's block does not fit the slots, and nothing
+        moved between ranks (every rank returns False, the caller moves the data another way)."""
+        return self._vexchange(_KIND_ALLGATHERV, -1, send_at, send_bytes, recv_at, recv_bytes, timeout_s)
 
     def alltoallv(self, const uint64_t[::1] send_at, const uint64_t[::1] send_bytes,
                   const uint64_t[::1] recv_at, const uint64_t[::1] recv_bytes, double timeout_s=-1.0):
         """send_bytes[j] bytes at send_at[j] go to rank j, landing at its recv_at[i] (i: this
         rank), where it expects recv_bytes[i]. False as allgatherv."""
-        return self._vexchange(send_at, send_bytes, self.g.nranks, recv_at, recv_bytes, timeout_s)
+        return self._vexchange(_KIND_ALLTOALLV, -1, send_at, send_bytes, recv_at, recv_bytes, timeout_s)
 
-    cdef bint _vexchange(self, const uint64_t[::1] send_at, const uint64_t[::1] send_bytes, int nsend,
+    def gatherv(self, const uint64_t[::1] send_at, const uint64_t[::1] send_bytes,
+                const uint64_t[::1] recv_at, const uint64_t[::1] recv_bytes, int root, double timeout_s=-1.0):
+        """Each rank's one block goes to root, landing at its recv_at[j] (recv_bytes[j] expected;
+        all 0 off the root). False as allgatherv."""
+        return self._vexchange(_KIND_GATHERV, root, send_at, send_bytes, recv_at, recv_bytes, timeout_s)
+
+    def scatterv(self, const uint64_t[::1] send_at, const uint64_t[::1] send_bytes,
+                 const uint64_t[::1] recv_at, const uint64_t[::1] recv_bytes, int root, double timeout_s=-1.0):
+        """root's block j (send_at[j], send_bytes[j]; no blocks off the root) lands at recv_at[root]
+        of rank j, which expects recv_bytes[root]. False as allgatherv."""
+        return self._vexchange(_KIND_SCATTERV, root, send_at, send_bytes, recv_at, recv_bytes, timeout_s)
+
+    cdef bint _vexchange(self, int kind, int root, const uint64_t[::1] send_at, const uint64_t[::1] send_bytes,
                          const uint64_t[::1] recv_at, const uint64_t[::1] recv_bytes, double timeout_s) except -1:
-        cdef int n = self.g.nranks, st
-        if send_at.shape[0] != nsend or send_bytes.shape[0] != nsend or recv_at.shape[0] != n \
-                or recv_bytes.shape[0] != n:
-            raise InvalidUsageError(f"a v-collective of {n} ranks needs {nsend} send and {n} receive blocks")
-        with nogil:
-            st = gc_direct_vexchange(&self.g, &send_at[0], &send_bytes[0], nsend, &recv_at[0],
-                                     &recv_bytes[0], timeout_s)
-        if st == GC_DIRECT_DECLINED:
-            return False
-        if st: self._raise(st)
-        return True
+        cdef int n = self.g.nranks, nsend = send_at.shape[0], st
+        if (send_bytes.shape[0] != nsend or recv_at.shape[0] != n or recv_bytes.shape[0] != n
+                or nsend not in (0, 1, n)):
+            raise InvalidUsageError(f"a v-collective of {n} ranks takes 0, 1 or {n} send blocks and {n} receive "
+                                    f"blocks, not {nsend} and {recv_at.shape[0]}")
+        return _vcall(&self.g, kind, root, &send_at[0] if nsend else NULL, &send_bytes[0] if nsend else NULL,
+                      nsend, &recv_at[0], &recv_bytes[0], timeout_s, self)
 
     def barrier(self, double timeout_s=-1.0):
         """Return once every rank has entered the barrier."""
@@ -453,6 +461,40 @@ cdef class DirectGroup:
 
 
 cdef size_t ANY_SIZE = <size_t>-1  # _send_view: a send buffer of any size
+
+
+cdef object _bare(object arr, object ndarray, object codes, Py_buffer *view, bint writable):
+    """A bare contiguous ndarray of a dtype gpucoll moves (the one-block side of a vector
+    collective): its dtype, its buffer taken into *view; None, holding nothing, otherwise."""
+    if type(arr) is not ndarray or codes.get(arr.dtype) is None:
+        return None
+    try:
+        PyObject_GetBuffer(arr, view, PyBUF_ANY_CONTIGUOUS | (PyBUF_WRITABLE if writable else 0))
+    except (BufferError, ValueError):
+        return None
+    return arr.dtype
+
+
+cdef inline bint _writable(object arr):
+    return bool(arr.flags.writeable)
+
+
+cdef int _KIND_ALLGATHERV = KINDS["allgatherv"].id, _KIND_ALLTOALLV = KINDS["alltoallv"].id
+cdef int _KIND_GATHERV = KINDS["gatherv"].id, _KIND_SCATTERV = KINDS["scatterv"].id
+
+
+cdef int _vcall(gc_direct *g, int kind, int root, const uint64_t *sat, const uint64_t *sby, int nsend,
+                const uint64_t *rat, const uint64_t *rby, double timeout_s, DirectGroup group) except -1:
+    """gc_direct_vexchange without the GIL: 1 moved, 0 declined (too large for the slots); raises
+    the group's error otherwise."""
+    cdef int st
+    with nogil:
+        st = gc_direct_vexchange(g, kind, root, sat, sby, nsend, rat, rby, timeout_s)
+    if st == GC_DIRECT_DECLINED:
+        return 0
+    if st:
+        group._raise(st)
+    return 1
 
 
 cdef object _vspec(object spec, object ndarray, Py_buffer *view, uint64_t *at, uint64_t *nbytes, int n,
@@ -866,60 +908,112 @@ cdef class HostFast:
     def alltoall(self, sendbuf, recvbuf):
         return self._blocks(sendbuf, recvbuf, True)
 
-    def vector(self, sendbuf, recvbuf, bint all_to_all):
-        """Allgatherv (all_to_all False) or Alltoallv of NumPy arrays in the vector specs mpi4py
-        programs write: [array, counts, displs, TYPE] or [array, (counts, displs), TYPE], TYPE
-        the array's own datatype (anything with a `_t` whose `np` is the array's dtype, `code`
-        set and `contents` None: gpucoll.MPI's predefined datatypes); Allgatherv's sendbuf a
-        bare array of the same dtype, either's IN_PLACE. 0: declined, having done nothing (the
+    def vector(self, int kind, sendbuf, recvbuf, root=-1):
+        """Allgatherv, Alltoallv, Gatherv or Scatterv (kind: its number in gpucoll.base.call.KINDS)
+        of NumPy arrays in the vector specs mpi4py programs write: [array, counts, displs, TYPE] or
+        [array, (counts, displs), TYPE], TYPE the array's own datatype (anything with a `_t`
+        whose `np` is the array's dtype, `code` set and `contents` None: gpucoll.MPI's predefined
+        datatypes); the one-block sides bare arrays of the same dtype (of any basic dtype where
+        no spec says which), IN_PLACE where MPI allows it. 0: declined, having done nothing (the
         general path runs the call, over the same direct group); 1: done; 2: some rank's block
-        does not fit the group's slots, nothing moved, every rank returns 2 (the caller moves
-        the data by point to point)."""
+        does not fit the group's slots, nothing moved between ranks, every rank returns 2 (the
+        caller moves the data by point to point)."""
         cdef Py_buffer rv, sv
-        cdef bint have_recv = False, have_send = False
-        cdef int n = self.size, me = self.rank, nsend = 1 if not all_to_all else self.size, st
-        cdef uint64_t *tab = <uint64_t *>malloc(4 * <size_t>n * sizeof(uint64_t))
+        cdef bint have_recv = False, have_send = False, at_root
+        cdef int n = self.size, me = self.rank, nsend, r = -1, st
+        cdef uint64_t *tab
+        if kind == _KIND_GATHERV or kind == _KIND_SCATTERV:
+            if type(root) is not int or not 0 <= root < n:
+                return 0
+            r = root
+        elif kind != _KIND_ALLGATHERV and kind != _KIND_ALLTOALLV:
+            return 0
+        at_root = me == r
+        tab = <uint64_t *>malloc(4 * <size_t>n * sizeof(uint64_t))
+        if tab == NULL:
+            raise MemoryError("a vector collective: no memory for its tables")
         cdef uint64_t *rat = tab
         cdef uint64_t *rby = tab + n
         cdef uint64_t *sat = tab + 2 * n
         cdef uint64_t *sby = tab + 3 * n
-        if tab == NULL:
-            raise MemoryError("a vector collective: no memory for its tables")
+        memset(tab, 0, 4 * <size_t>n * sizeof(uint64_t))
         try:
-            dt = _vspec(recvbuf, self.ndarray, &rv, rat, rby, n, True)
-            if dt is None:
-                return 0
-            have_recv = True
-            if sendbuf is self.in_place:
-                if all_to_all:
+            # the receiving side: a spec (every kind but scatterv off the root... and gatherv off it)
+            if kind == _KIND_SCATTERV and not at_root:
+                dt = _bare(recvbuf, self.ndarray, self.codes, &rv, True)
+                if dt is None:
+                    return 0
+                have_recv = True
+                rat[r], rby[r] = <uint64_t><uintptr_t>rv.buf, <uint64_t>rv.len
+            elif kind == _KIND_GATHERV and not at_root:
+                dt = None
+            else:
+                specbuf = sendbuf if kind == _KIND_SCATTERV else recvbuf
+                dt = _vspec(specbuf, self.ndarray, &rv, rat if kind != _KIND_SCATTERV else sat,
+                            rby if kind != _KIND_SCATTERV else sby, n, kind != _KIND_SCATTERV)
+                if dt is None:
+                    return 0
+                have_recv = True  # (scatterv's root: the send spec's view, released the same way)
+            # the other side
+            if kind == _KIND_ALLTOALLV:
+                nsend = n
+                if sendbuf is self.in_place:
                     memcpy(sat, rat, n * sizeof(uint64_t))
                     memcpy(sby, rby, n * sizeof(uint64_t))
                 else:
+                    if _vspec(sendbuf, self.ndarray, &sv, sat, sby, n, False) is not dt:
+                        return 0
+                    have_send = True
+                if sby[me] != rby[me]:
+                    return 0  # the general path says what is wrong
+            elif kind == _KIND_SCATTERV:
+                if at_root:
+                    nsend = n
+                    if recvbuf is self.in_place:
+                        pass  # the root's block stays where it is
+                    else:
+                        if not _send_view(recvbuf, self.ndarray, dt, &sv, ANY_SIZE, 0, 0, False):
+                            return 0
+                        have_send = True  # (the root's receive buffer)
+                        if <uint64_t>sv.len != sby[me] or not _writable(recvbuf):
+                            return 0
+                        rat[me], rby[me] = <uint64_t><uintptr_t>sv.buf, sby[me]
+                else:
+                    nsend = 0
+            else:  # allgatherv, gatherv: one block
+                nsend = 1
+                if sendbuf is self.in_place:
+                    if dt is None:
+                        return 0  # IN_PLACE off the root of a gatherv: the general path says so
                     sat[0], sby[0] = rat[me], rby[me]
-            elif all_to_all:
-                if _vspec(sendbuf, self.ndarray, &sv, sat, sby, n, False) is not dt:
-                    return 0
-                have_send = True
-            else:
-                if not _send_view(sendbuf, self.ndarray, dt, &sv, <size_t>rby[me], rat[me], 0, False):
-                    return 0
-                have_send = True
-                sat[0], sby[0] = <uint64_t><uintptr_t>sv.buf, <uint64_t>sv.len
-            if sby[me if all_to_all else 0] != rby[me]:
-                return 0  # the general path says what is wrong
+                    if kind == _KIND_GATHERV:
+                        rby[me] = 0  # the root's block is in place already
+                else:
+                    if dt is None:
+                        dt = _bare(sendbuf, self.ndarray, self.codes, &sv, False)
+                        if dt is None:
+                            return 0
+                    elif not _send_view(sendbuf, self.ndarray, dt, &sv, ANY_SIZE, 0, 0, False):
+                        return 0
+                    have_send = True
+                    sat[0], sby[0] = <uint64_t><uintptr_t>sv.buf, <uint64_t>sv.len
+                    if (kind == _KIND_ALLGATHERV or at_root) and sby[0] != rby[me]:
+                        return 0
+                    if kind == _KIND_GATHERV and not at_root:
+                        rby[me] = 0
             if self.diagnosis.broken is not None or not self.gate.enter():
                 return 0
             seq = self.gate.next_seq()
             self.calls += 1
             try:
                 with nogil:
-                    st = gc_direct_vexchange(&self.group.g, sat, sby, nsend, rat, rby, self.timeout)
+                    st = gc_direct_vexchange(&self.group.g, kind, r, sat, sby, nsend, rat, rby, self.timeout)
             finally:
                 self.gate.leave()
             if st == GC_DIRECT_DECLINED:
                 return 2
             if st:
-                self._failed(st, "alltoallv" if all_to_all else "allgatherv", 0, 0, None, 0, seq)
+                self._failed(st, BY_ID[kind].name, 0, 0, None, max(r, 0), seq)
             return 1
         finally:
             free(tab)

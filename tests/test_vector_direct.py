@@ -1,5 +1,5 @@
-"""gpucoll.MPI's Allgatherv and Alltoallv within one host go through the communicator's direct
-group (gc_direct_vexchange): NumPy arrays in mpi4py's vector specs by the native path
+"""gpucoll.MPI's Allgatherv, Alltoallv, Gatherv and Scatterv within one host go through the
+communicator's direct group (gc_direct_vexchange): NumPy arrays in mpi4py's vector specs by the native path
 (HostFast.vector), every other form by the general path; blocks too large for the slots by
 point to point on every rank. Exact every way (tests/scripts/vector_direct.py)."""
 import pytest

@@ -160,7 +160,8 @@ typedef char gc__line_is_64_bytes[sizeof(gc_direct_line) == GC_DIRECT_LINE ? 1 :
 enum {
     GC_KIND_ALLREDUCE = 1, GC_KIND_BCAST = 2, GC_KIND_REDUCE = 3, GC_KIND_ALLGATHER = 4,
     GC_KIND_REDUCE_SCATTER = 5, GC_KIND_ALLTOALL = 6, GC_KIND_GATHER = 7, GC_KIND_SCATTER = 8,
-    GC_KIND_BARRIER = 9, GC_KIND_ALLGATHERV = 10, GC_KIND_ALLTOALLV = 11
+    GC_KIND_BARRIER = 9, GC_KIND_ALLGATHERV = 10, GC_KIND_ALLTOALLV = 11, GC_KIND_GATHERV = 12,
+    GC_KIND_SCATTERV = 13
 };
 #define GC_DIRECT_DECLINED 1 /* a v-collective too large for the slots: every rank says so */
 #define GC_SIG_NONE 15       /* dtype or op field of a call that has none (sizes in bytes) */
@@ -1157,83 +1158,107 @@ static int gc_direct_alltoall(gc_direct *g, const void *send, void *recv, size_t
 /* The v-collectives (blocks of any size per rank and pair, at any addresses). One generation:
  * each rank's slot holds a table, then its data when it fits:
  *
- *   u64 [0]        1: this rank's data is in the slot
- *   u64 [1 + j]    bytes this rank sends to rank j (all-gather: [1] only, the one block)
- *   H              all-to-all: the block for rank j at H + j x piece; all-gather: the block
+ *   u64 [0]        1: this rank's data is in the slot (or it has none to stage)
+ *   u64 [1 + j]    bytes this rank sends to rank j; one block for every receiver: [1] only
+ *   H              per receiver j: its block at H + j x piece; one block for all: at H
  *
- * Every rank reads every table after one post: it checks that what each peer sends it is
- * what it expects (else a mismatch naming the peer, before any data is read), and copies the
- * data out only when every rank's data is in its slot; otherwise every rank returns
- * GC_DIRECT_DECLINED, having read the same tables, and the caller moves the data another way. */
+ * Every rank reads every table after one post (which also compares the call signatures, the
+ * root included): each receiver checks that what a peer sends it is what it expects (else a
+ * mismatch naming the peer, before any data is read), and the data is copied out only when
+ * every rank's data is in its slot; otherwise every rank returns GC_DIRECT_DECLINED, having
+ * read the same tables, and the caller moves the data another way.
+ *
+ *   kind                  sends                          receives from
+ *   GC_KIND_ALLGATHERV    one block, to every rank       every rank
+ *   GC_KIND_ALLTOALLV     block j to rank j (nsend = N)  every rank
+ *   GC_KIND_GATHERV       one block, to root             root: every rank; others: none
+ *   GC_KIND_SCATTERV      root: block j to rank j        root (others); root: itself only
+ */
 static inline size_t gc__vtable_bytes(int entries)
 {
     return gc__round_up((size_t)(entries + 1) * sizeof(uint64_t), GC_DIRECT_LINE);
 }
 
 /* A peer sends this rank `theirs` bytes where it expects `ours`: a mismatch of the call. */
-static int gc__vmismatch(gc_direct *g, int kind, int peer, uint64_t theirs, uint64_t ours)
+static int gc__vmismatch(gc_direct *g, int kind, int root, int peer, uint64_t theirs, uint64_t ours)
 {
-    g->sig = gc_direct_sig(kind, ours, GC_SIG_NONE, GC_SIG_NONE, -1);
-    return gc__mismatch(g, peer, gc_direct_sig(kind, theirs, GC_SIG_NONE, GC_SIG_NONE, -1));
+    g->sig = gc_direct_sig(kind, ours, GC_SIG_NONE, GC_SIG_NONE, root);
+    return gc__mismatch(g, peer, gc_direct_sig(kind, theirs, GC_SIG_NONE, GC_SIG_NONE, root));
 }
 
-/* alltoallv (nsend = N: saddr[j], sbytes[j] go to rank j) or allgatherv (nsend = 1: one block
- * to every rank); this rank receives rbytes[j] at raddr[j] from each rank j. Addresses are
- * absolute; the caller has checked that its own block's sizes agree (sbytes[me] == rbytes[me]). */
-static int gc_direct_vexchange(gc_direct *g, const uint64_t *saddr, const uint64_t *sbytes,
-                               int nsend, const uint64_t *raddr, const uint64_t *rbytes,
-                               double timeout_s)
+/* This rank's part of a v-collective (see the table above; root -1 for the unrooted kinds):
+ * saddr[j], sbytes[j] for j < nsend (nsend 1: one block, 0: nothing to send); this rank
+ * receives rbytes[j] at raddr[j] from each rank j it receives from (raddr, rbytes: N entries).
+ * Addresses are absolute. Its own block is copied when rbytes[me] is not 0 (the caller has
+ * checked that the sizes agree). */
+static int gc_direct_vexchange(gc_direct *g, int kind, int root, const uint64_t *saddr,
+                               const uint64_t *sbytes, int nsend, const uint64_t *raddr,
+                               const uint64_t *rbytes, double timeout_s)
 {
     GC__TRY(gc__enter(g));
-    const int N = g->nranks, me = g->rank, all = nsend == 1;
-    const int kind = all ? GC_KIND_ALLGATHERV : GC_KIND_ALLTOALLV;
-    if (nsend != 1 && nsend != N)
+    const int N = g->nranks, me = g->rank;
+    const int rooted = kind == GC_KIND_GATHERV || kind == GC_KIND_SCATTERV;
+    if ((rooted && (root < 0 || root >= N)) || (!rooted && root != -1) || nsend < 0 || nsend > N ||
+        (nsend > 1 && nsend != N))
         return GC_ERR_USAGE;
-    const uint8_t *own = (const uint8_t *)(uintptr_t)saddr[all ? 0 : me];
-    uint8_t *own_dst = (uint8_t *)(uintptr_t)raddr[me];
-    if (N == 1) {
-        gc__copy(own_dst, own, rbytes[me]);
+    const int one = nsend == 1;  /* one block for every receiver */
+    const void *own = nsend == 0 ? NULL : (const void *)(uintptr_t)saddr[one ? 0 : me];
+    if (rbytes[me])
+        gc__copy((void *)(uintptr_t)raddr[me], own, rbytes[me]);
+    if (N == 1)
         return GC_OK;
-    }
     int64_t dl = gc__deadline(timeout_s);
-    const size_t head = gc__vtable_bytes(all ? 1 : N);
+    const size_t head = gc__vtable_bytes(one ? 1 : N);
     const size_t room = g->slot_bytes - head;
-    const size_t piece = all ? room : room / (size_t)N / GC_DIRECT_LINE * GC_DIRECT_LINE;
-    GC__TRY(gc__gen_begin(g, gc_direct_sig(kind, 0, GC_SIG_NONE, GC_SIG_NONE, -1), dl));
+    const size_t piece = one ? room : room / (size_t)N / GC_DIRECT_LINE * GC_DIRECT_LINE;
+    GC__TRY(gc__gen_begin(g, gc_direct_sig(kind, 0, GC_SIG_NONE, GC_SIG_NONE, root), dl));
     uint64_t *table = (uint64_t *)gc__slot(g, me);
     uint8_t *data = (uint8_t *)table + head;
+    /* gather's root keeps its own block: nobody reads it from the slot */
+    const int stage = !(kind == GC_KIND_GATHERV && me == root);
     int fits = 1;
     for (int j = 0; j < nsend; j++) {
         table[1 + j] = sbytes[j];
-        if (j != me || all)
+        if (stage && (one || j != me))
             fits &= sbytes[j] <= piece;
     }
-    if (fits) {
-        if (all)
+    if (fits && stage) {
+        if (one)
             memcpy(data, own, sbytes[0]);
         else
-            for (int j = 0; j < N; j++)
+            for (int j = 0; j < nsend; j++)
                 if (j != me)
                     memcpy(data + (size_t)j * piece, (const void *)(uintptr_t)saddr[j], sbytes[j]);
     }
     table[0] = (uint64_t)fits;
     uint64_t e = gc__post(g);
     GC__TRY(gc__wait_all(g, e, dl));
-    int staged = 1;
+    int staged = fits;
+    for (int j = 0; j < N; j++)
+        staged &= ((const uint64_t *)gc__slot(g, j))[0] != 0;
+    /* The peers this rank receives from, each checked before any copy. */
+    const int all = !rooted || (kind == GC_KIND_GATHERV && me == root);
     for (int k = 1; k < N; k++) {
         int j = (me + k) % N;
+        if (!all && !(kind == GC_KIND_SCATTERV && j == root))
+            continue;
         const uint64_t *theirs = (const uint64_t *)gc__slot(g, j);
-        uint64_t sent = theirs[1 + (all ? 0 : me)];
+        int their_one = kind == GC_KIND_ALLGATHERV || kind == GC_KIND_GATHERV;
+        uint64_t sent = theirs[1 + (their_one ? 0 : me)];
         if (sent != rbytes[j])
-            return gc__vmismatch(g, kind, j, sent, rbytes[j]);
-        staged &= theirs[0] != 0;
+            return gc__vmismatch(g, kind, root, j, sent, rbytes[j]);
     }
-    if (!staged || !fits)
+    if (!staged)
         return GC_DIRECT_DECLINED;
-    gc__copy(own_dst, own, rbytes[me]);
     for (int k = 1; k < N; k++) {
         int j = (me + k) % N;
-        const uint8_t *from = gc__slot(g, j) + head + (all ? 0 : (size_t)me * piece);
+        if (!all && !(kind == GC_KIND_SCATTERV && j == root))
+            continue;
+        int their_one = kind == GC_KIND_ALLGATHERV || kind == GC_KIND_GATHERV;
+        size_t their_head = gc__vtable_bytes(their_one ? 1 : N);
+        size_t their_piece = their_one ? 0 : (g->slot_bytes - their_head) / (size_t)N / GC_DIRECT_LINE *
+                                                 GC_DIRECT_LINE;
+        const uint8_t *from = gc__slot(g, j) + their_head + (size_t)me * their_piece;
         memcpy((void *)(uintptr_t)raddr[j], from, rbytes[j]);
     }
     return GC_OK;

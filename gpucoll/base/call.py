@@ -40,9 +40,11 @@ KINDS = {k.name: k for k in (
     Kind("barrier",         9, False, False, False),
     Kind("allgatherv",     10, False, False, False),
     Kind("alltoallv",      11, False, False, False),
+    Kind("gatherv",        12, True,  False, False),
+    Kind("scatterv",       13, True,  False, False),
 )}
 # Run only by gpucoll.MPI's vector collectives, straight on the direct group (no Call is made).
-VECTOR_KINDS = frozenset({"allgatherv", "alltoallv"})
+VECTOR_KINDS = frozenset({"allgatherv", "alltoallv", "gatherv", "scatterv"})
 BY_ID = {k.id: k for k in KINDS.values()}
 ROOTED = frozenset(k.name for k in KINDS.values() if k.rooted)
 

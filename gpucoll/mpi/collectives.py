@@ -20,6 +20,7 @@ import numpy as np
 
 from ..api.comm import IN_PLACE
 from ..base import dtypes as _dtypes
+from ..base.call import KINDS, VECTOR_KINDS
 from ..base.errors import GpucollError, InvalidUsageError
 from ..base.mpi_constants import INTEGERS as _C
 from ..calls.buffers import host_buffer
@@ -536,7 +537,7 @@ class Collectives:
         return Prequest._persistent(lambda: self.Iexscan(sendbuf, recvbuf, op))
 
     # --- vector collectives (point to point between the ranks) ----------------------------------------
-    def _move(self, what, core, sends, recvs, local, blocking, by_p2p=False):
+    def _move(self, what, core, sends, recvs, local, blocking, by_p2p=False, root=-1):
         """Run an all-gather or all-to-all of blocks (sends: [(dest, packed bytes)], recvs:
         [(source, Msg)], local() the rank's own block): within one host through the
         communicator's direct group, in order with its other collectives (_direct_vector); else,
@@ -547,34 +548,37 @@ class Collectives:
             dispatch.view.stats.host["p2p"] += 1
             return _wait_if(self._vector(what, sends, recvs, local), blocking)
         seq = dispatch.next_seq()
-        task = functools.partial(self._direct_vector, dispatch, seq, what, sends, recvs, local)
+        task = functools.partial(self._direct_vector, dispatch, seq, what, sends, recvs, local, root)
         if blocking:
             dispatch.queue.run(task)
             return None
         return dispatch.queue.submit(task, what.lower())
 
-    def _direct_vector(self, dispatch, seq, what, sends, recvs, local):
+    def _direct_vector(self, dispatch, seq, what, sends, recvs, local, root):
         """Every block in one native call (gc_direct_vexchange); by point to point when it declines."""
-        rank, size = self.rank, self.size
-        kind = "allgatherv" if what == "Allgatherv" else "alltoallv"
+        size = self.size
+        kind = what.lower()
         landings = [(k, _Landing(msg)) for k, msg in recvs]
-        blocks = [(k, _bytes_of(data)) for k, data in sends]
         recv_at, recv_bytes = np.zeros(size, np.uint64), np.zeros(size, np.uint64)
         for k, land in landings:
             recv_at[k], recv_bytes[k] = land.buf.ctypes.data, land.buf.nbytes
-        if kind == "allgatherv":
-            one = blocks[0][1] if blocks else _bytes_of(b"")
-            send_at, send_bytes = np.array([one.ctypes.data], np.uint64), np.array([one.nbytes], np.uint64)
-        else:
+        blocks = [(k, _bytes_of(data)) for k, data in sends]
+        if kind in ("allgatherv", "gatherv"):  # one block for every receiver
+            ones = [blocks[0][1]] if blocks else ([_bytes_of(b"")] if kind == "allgatherv" else [])
+            send_at = np.array([a.ctypes.data for a in ones], np.uint64)
+            send_bytes = np.array([a.nbytes for a in ones], np.uint64)
+        elif blocks or kind == "alltoallv":  # a block per receiver
             send_at, send_bytes = np.zeros(size, np.uint64), np.zeros(size, np.uint64)
             for k, arr in blocks:
                 send_at[k], send_bytes[k] = arr.ctypes.data, arr.nbytes
+        else:  # scatterv off the root: nothing to send
+            send_at = send_bytes = np.zeros(0, np.uint64)
         group = dispatch.direct.group()
-        exchange = group.allgatherv if kind == "allgatherv" else group.alltoallv
+        args = (send_at, send_bytes, recv_at, recv_bytes) + ((root,) if root >= 0 else ())
         try:
-            moved = exchange(send_at, send_bytes, recv_at, recv_bytes, dispatch.timeout)
+            moved = getattr(group, kind)(*args, dispatch.timeout)
         except GpucollError as exc:
-            dispatch.fast_failed(kind, 0, _dtypes.UINT8, None, 0, seq, exc)
+            dispatch.fast_failed(kind, 0, _dtypes.UINT8, None, max(root, 0), seq, exc)
         view = dispatch.view
         if dispatch.fast_ok and view.fast.host is None:  # the native paths, from now on
             view.fast.host = dispatch.direct.fast_path(dispatch)
@@ -608,26 +612,28 @@ class Collectives:
                 land.finish()
         return Composite(parts, finish, f"I{what.lower()}")
 
-    def _gatherv(self, sendbuf, recvbuf, root, blocking):
+    def _gatherv(self, sendbuf, recvbuf, root, blocking, by_p2p=False):
         core = self._c("Gatherv")
         root = check_root(core, root)
         size, rank = core.size, core.rank
         if rank != root:
             s = _m.simple(sendbuf, True, root, what="Gatherv sendbuf")
             _no_gpu(s, "Gatherv")
-            state = self._vector("Gatherv", [(root, s.data())], [], None)
-        else:
-            r = _m.vector(recvbuf, False, root, size, what="Gatherv recvbuf")
-            s = None if _m.is_in_place(sendbuf) else _m.simple(sendbuf, True, what="Gatherv sendbuf")
-            _no_gpu(s, "Gatherv")
-            recvs = [(k, r.block(k)) for k in range(size) if k != root]
-            local = None if s is None else (lambda: r.block(root).store(s.data()))
-            state = self._vector("Gatherv", [], recvs, local)
-        return _wait_if(state, blocking)
+            return self._move("Gatherv", core, [(root, s.data())], [], None, blocking, by_p2p, root)
+        r = _m.vector(recvbuf, False, root, size, what="Gatherv recvbuf")
+        s = None if _m.is_in_place(sendbuf) else _m.simple(sendbuf, True, what="Gatherv sendbuf")
+        _no_gpu(s, "Gatherv")
+        recvs = [(k, r.block(k)) for k in range(size) if k != root]
+        local = None if s is None else (lambda: r.block(root).store(s.data()))
+        return self._move("Gatherv", core, [], recvs, local, blocking, by_p2p, root)
 
     def Gatherv(self, sendbuf, recvbuf, root=0):
         """root's recvbuf [buf, counts, displs, type] gets rank i's sendbuf at displs[i]."""
-        self._gatherv(sendbuf, recvbuf, root, True)
+        moved = self._fast_vector(_KIND["gatherv"], sendbuf, recvbuf, root)
+        if moved == _FAST_TOO_BIG:
+            self._gatherv(sendbuf, recvbuf, root, True, by_p2p=True)
+        elif moved != _FAST_DONE:
+            self._gatherv(sendbuf, recvbuf, root, True)
 
     def Igatherv(self, sendbuf, recvbuf, root=0):
         return Request._of(self._gatherv(sendbuf, recvbuf, root, False))
@@ -635,26 +641,28 @@ class Collectives:
     def Gatherv_init(self, sendbuf, recvbuf, root=0, info=None):
         return Prequest._persistent(lambda: self.Igatherv(sendbuf, recvbuf, root))
 
-    def _scatterv(self, sendbuf, recvbuf, root, blocking):
+    def _scatterv(self, sendbuf, recvbuf, root, blocking, by_p2p=False):
         core = self._c("Scatterv")
         root = check_root(core, root)
         size, rank = core.size, core.rank
         if rank != root:
             r = _m.simple(recvbuf, False, root, what="Scatterv recvbuf")
             _no_gpu(r, "Scatterv")
-            state = self._vector("Scatterv", [], [(root, r)], None)
-        else:
-            s = _m.vector(sendbuf, True, root, size, what="Scatterv sendbuf")
-            r = None if _m.is_in_place(recvbuf) else _m.simple(recvbuf, False, what="Scatterv recvbuf")
-            _no_gpu(r, "Scatterv")
-            sends = [(k, s.block(k).data()) for k in range(size) if k != root]
-            local = None if r is None else (lambda: r.store(s.block(root).data()))
-            state = self._vector("Scatterv", sends, [], local)
-        return _wait_if(state, blocking)
+            return self._move("Scatterv", core, [], [(root, r)], None, blocking, by_p2p, root)
+        s = _m.vector(sendbuf, True, root, size, what="Scatterv sendbuf")
+        r = None if _m.is_in_place(recvbuf) else _m.simple(recvbuf, False, what="Scatterv recvbuf")
+        _no_gpu(r, "Scatterv")
+        sends = [(k, s.block(k).data()) for k in range(size) if k != root]
+        local = None if r is None else (lambda: r.store(s.block(root).data()))
+        return self._move("Scatterv", core, sends, [], local, blocking, by_p2p, root)
 
     def Scatterv(self, sendbuf, recvbuf, root=0):
         """Rank i's recvbuf gets counts[i] elements at displs[i] of root's sendbuf."""
-        self._scatterv(sendbuf, recvbuf, root, True)
+        moved = self._fast_vector(_KIND["scatterv"], sendbuf, recvbuf, root)
+        if moved == _FAST_TOO_BIG:
+            self._scatterv(sendbuf, recvbuf, root, True, by_p2p=True)
+        elif moved != _FAST_DONE:
+            self._scatterv(sendbuf, recvbuf, root, True)
 
     def Iscatterv(self, sendbuf, recvbuf, root=0):
         return Request._of(self._scatterv(sendbuf, recvbuf, root, False))
@@ -681,7 +689,7 @@ class Collectives:
 
     def Allgatherv(self, sendbuf, recvbuf):
         """Every rank's recvbuf [buf, counts, displs, type] gets rank i's sendbuf at displs[i]."""
-        moved = self._fast_vector(sendbuf, recvbuf, False)
+        moved = self._fast_vector(_KIND["allgatherv"], sendbuf, recvbuf)
         if moved == _FAST_TOO_BIG:
             self._allgatherv(sendbuf, recvbuf, True, by_p2p=True)
         elif moved != _FAST_DONE:
@@ -713,20 +721,20 @@ class Collectives:
 
     def Alltoallv(self, sendbuf, recvbuf):
         """Rank i's block j (counts, displs) goes to rank j's block i."""
-        moved = self._fast_vector(sendbuf, recvbuf, True)
+        moved = self._fast_vector(_KIND["alltoallv"], sendbuf, recvbuf)
         if moved == _FAST_TOO_BIG:
             self._alltoallv(sendbuf, recvbuf, True, by_p2p=True)
         elif moved != _FAST_DONE:
             self._alltoallv(sendbuf, recvbuf, True)
 
-    def _fast_vector(self, sendbuf, recvbuf, all_to_all):
+    def _fast_vector(self, kind, sendbuf, recvbuf, root=-1):
         """An intracommunicator's native path for NumPy arrays (HostFast.vector): _FAST_DONE,
         _FAST_TOO_BIG (nothing moved, on every rank) or 0 (the general path runs the call)."""
         s = self._s
         if s is None or s.inter is not None:
             return 0
         fast = s.core._fast.host
-        return 0 if fast is None else fast.vector(sendbuf, recvbuf, all_to_all)
+        return 0 if fast is None else fast.vector(kind, sendbuf, recvbuf, root)
 
     def Ialltoallv(self, sendbuf, recvbuf):
         return Request._of(self._alltoallv(sendbuf, recvbuf, False))
@@ -781,6 +789,7 @@ def _wait_if(state, blocking):
 
 
 _FAST_DONE, _FAST_TOO_BIG = 1, 2  # HostFast.vector's answers (cython_src/direct.pyx)
+_KIND = {name: KINDS[name].id for name in VECTOR_KINDS}
 
 
 def _bytes_of(data):

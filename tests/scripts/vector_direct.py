@@ -1,5 +1,5 @@
-"""gpucoll.MPI's Allgatherv and Alltoallv within one host: every form, exact, and the way each
-took (tests/test_vector_direct.py).
+"""gpucoll.MPI's Allgatherv, Alltoallv, Gatherv and Scatterv within one host: every form, exact,
+and the way each took (tests/test_vector_direct.py).
 
     gpurun -np 3 python vector_direct.py [mismatch]    -> "RESULT {json}" per rank
 
@@ -71,7 +71,7 @@ if sys.argv[1:] == ["mismatch"]:
     print("RESULT " + json.dumps({"rank": r, **results}), flush=True)
     sys.exit(0)
 
-for scale, tag in ((1, "small"), (300_000, "large")):  # large: 2.4 MB blocks, more than a slot holds per peer
+for scale, tag in ((1, "small"), (600_000, "large")):  # large: blocks of 4.8 MB and more, over a slot
     # Allgatherv: rank k contributes counts[k] elements (rank 1 none at small scale)
     counts = [(k * 2 + (0 if k == 1 and scale == 1 else 1)) * scale for k in range(n)]
     displs, total = layout(counts)
@@ -134,5 +134,51 @@ for scale, tag in ((1, "small"), (300_000, "large")):  # large: 2.4 MB blocks, m
         comm.Ialltoallv([send, sc, sd, MPI.INT64_T], [out, rc, rd, MPI.INT64_T]).Wait()
         return out
     check(f"alltoallv/{tag}/nonblocking", nonblocking, want)
+
+    # Gatherv and Scatterv, root n - 1: the Allgatherv layout, only the root holds it
+    root = n - 1
+    counts = [(k * 2 + (0 if k == 1 and scale == 1 else 1)) * scale for k in range(n)]
+    displs, total = layout(counts)
+    everything = np.zeros(total, np.int64)
+    for k in range(n):
+        everything[displs[k]:displs[k] + counts[k]] = value(k, root, np.arange(counts[k]))
+    mine = value(r, root, np.arange(counts[r])).astype(np.int64)
+
+    def gatherv(pair=False, in_place=False):
+        out = np.zeros(total, np.int64)
+        spec = [out, (counts, displs), MPI.INT64_T] if pair else [out, counts, displs, MPI.INT64_T]
+        if in_place and r == root:
+            out[displs[r]:displs[r] + counts[r]] = mine
+        comm.Gatherv(MPI.IN_PLACE if in_place and r == root else mine, spec if r == root else None, root=root)
+        return out if r == root else everything
+    check(f"gatherv/{tag}/list4", gatherv, everything)
+    check(f"gatherv/{tag}/pair", lambda: gatherv(pair=True), everything)
+    check(f"gatherv/{tag}/in-place", lambda: gatherv(in_place=True), everything)
+
+    def gatherv_bytes():
+        raw = bytearray(total * 8)
+        spec = [raw, [c * 8 for c in counts], [d * 8 for d in displs], MPI.BYTE] if r == root else None
+        comm.Gatherv([mine, MPI.INT64_T], spec, root=root)
+        return np.frombuffer(raw, np.int64) if r == root else everything
+    check(f"gatherv/{tag}/bytearray", gatherv_bytes, everything)
+
+    def scatterv(pair=False, in_place=False):
+        out = np.zeros(counts[r], np.int64)
+        spec = [everything, (counts, displs), MPI.INT64_T] if pair else [everything, counts, displs, MPI.INT64_T]
+        if in_place and r == root:
+            comm.Scatterv(spec, MPI.IN_PLACE, root=root)
+            return everything[displs[r]:displs[r] + counts[r]]
+        comm.Scatterv(spec if r == root else None, out, root=root)
+        return out
+    check(f"scatterv/{tag}/list4", scatterv, everything[displs[r]:displs[r] + counts[r]])
+    check(f"scatterv/{tag}/pair", lambda: scatterv(pair=True), everything[displs[r]:displs[r] + counts[r]])
+    check(f"scatterv/{tag}/in-place", lambda: scatterv(in_place=True), everything[displs[r]:displs[r] + counts[r]])
+
+    def scatterv_bytes():
+        raw = bytearray(counts[r] * 8)
+        spec = [everything, counts, displs, MPI.INT64_T] if r == root else None
+        comm.Scatterv(spec, [raw, MPI.BYTE], root=root)
+        return np.frombuffer(raw, np.int64)
+    check(f"scatterv/{tag}/bytearray", scatterv_bytes, everything[displs[r]:displs[r] + counts[r]])
 
 print("RESULT " + json.dumps({"rank": r, **results}), flush=True)
