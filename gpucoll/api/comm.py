@@ -506,14 +506,22 @@ class CommSeam:
     - `p2p`: its point-to-point engine (gpucoll/engines/p2p/host.py: object messages, probes,
       synchronous sends);
     - `short`: the short paths of host point to point (gpucoll._native.p2p.ShortPaths); gpucoll.MPI
-      calls their mpi_* flavour (done: True, or its Request handle; or declined, nothing done).
+      calls their mpi_* flavour (done: True, or its Request handle; or declined, nothing done);
+    - `dispatch`: its dispatcher (gpucoll/dispatch/dispatcher.py), whose direct engine and ordered
+      queue run gpucoll.MPI's vector collectives within a host;
+    - `host_fast`: its native host fast paths (gpucoll._native.direct.HostFast), None until its
+      first call on the direct engine.
     """
 
-    __slots__ = ("context", "id", "p2p", "short", "_comm")
+    __slots__ = ("context", "id", "p2p", "short", "dispatch", "_comm")
 
     def __init__(self, comm):
         self.context, self.id, self.p2p, self._comm = comm._ctx, comm._id, comm._p2p, comm
-        self.short = comm._short
+        self.short, self.dispatch = comm._short, comm._dispatch
+
+    @property
+    def host_fast(self):
+        return self._comm._fast.host
 
     def child_id(self, letter):
         comm = self._comm

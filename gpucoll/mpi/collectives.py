@@ -543,7 +543,7 @@ class Collectives:
         communicator's direct group, in order with its other collectives (_direct_vector); else,
         or when a block is too large for the group's slots (by_p2p: the native path found so on
         every rank), by point to point."""
-        dispatch = core._dispatch
+        dispatch = core.seam.dispatch
         if by_p2p or dispatch.direct is None or self.Is_inter() or what == "Alltoallw":
             dispatch.view.stats.host["p2p"] += 1
             return _wait_if(self._vector(what, sends, recvs, local), blocking)
@@ -733,7 +733,7 @@ class Collectives:
         s = self._s
         if s is None or s.inter is not None:
             return 0
-        fast = s.core._fast.host
+        fast = s.core.seam.host_fast
         return 0 if fast is None else fast.vector(kind, sendbuf, recvbuf, root)
 
     def Ialltoallv(self, sendbuf, recvbuf):
