@@ -123,6 +123,25 @@ for scale, tag in ((1, "small"), (600_000, "large")):  # large: blocks of 4.8 MB
     check(f"alltoallv/{tag}/list4", exchange, want)
     check(f"alltoallv/{tag}/pair", lambda: exchange(False), want)
 
+    def in_place_a2a():  # the same counts both ways, so that the blocks can stay where they are
+        buf = np.zeros(stotal, np.int64)
+        buf[:] = send
+        comm.Alltoallv(MPI.IN_PLACE, [buf, same, sd, MPI.INT64_T])
+        return buf
+    same = [((r + k) % 3) * scale for k in range(n)]   # symmetric: rank r sends rank k what k sends r
+    sd, stotal = layout(same)
+    send = np.zeros(stotal, np.int64)
+    for k in range(n):
+        send[sd[k]:sd[k] + same[k]] = value(r, k, np.arange(same[k]))
+    want_in_place = np.zeros(stotal, np.int64)
+    for k in range(n):
+        want_in_place[sd[k]:sd[k] + same[k]] = value(k, r, np.arange(same[k]))
+    check(f"alltoallv/{tag}/in-place", in_place_a2a, want_in_place)
+    sd, stotal = layout(sc)
+    send = np.zeros(stotal, np.int64)
+    for k in range(n):
+        send[sd[k]:sd[k] + sc[k]] = value(r, k, np.arange(sc[k]))
+
     def as_bytes_a2a():
         raw = bytearray(rtotal * 8)
         comm.Alltoallv([send, sc, sd, MPI.INT64_T], [raw, [c * 8 for c in rc], [d * 8 for d in rd], MPI.BYTE])
