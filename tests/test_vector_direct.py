@@ -1,38 +1,33 @@
 """gpucoll.MPI's Allgatherv, Alltoallv, Gatherv and Scatterv within one host go through the
 communicator's direct group (gc_direct_vexchange): NumPy arrays in mpi4py's vector specs by the native path
-(HostFast.vector), every other form by the general path; blocks too large for the slots read
-straight from their senders, or by point to point on every rank. Exact every way
-(tests/scripts/vector_direct.py)."""
+(HostFast.vector), every other form by the general path; blocks too large for the slots by
+point to point on every rank. Exact every way (tests/scripts/vector_direct.py)."""
 import pytest
 
 NATIVE = {"fast": 1, "direct": 0, "p2p": 0}
 GENERAL = {"fast": 0, "direct": 1, "p2p": 0}
 
 
-def expected(name, single_copy):
-    """Where each call of vector_direct.py goes: small blocks through the slots, large ones (more
-    than a slot holds) read straight from their senders, or, with single copy off and for an
-    all-to-all in place (whose peers must not read it while it receives), by point to point."""
+def expected(name):
     kind, scale, form = name.split("/")
-    way = NATIVE if form in ("list4", "pair", "in-place") else GENERAL
-    if scale == "large" and (not single_copy or name == "alltoallv/large/in-place"):
-        return {"fast": way["fast"], "direct": 0, "p2p": 1}  # the native path finds so on every rank
-    return way
+    native = form in ("list4", "pair", "in-place")
+    if scale == "small":
+        return NATIVE if native else GENERAL
+    return {"fast": int(native), "direct": 0, "p2p": 1}  # too large: the native path finds so, then p2p
 
 
-@pytest.mark.parametrize("np_, single_copy", [(2, True), (3, True), (3, False)])
-def test_every_form_exact_and_the_way_it_took(np_, single_copy):
+@pytest.mark.parametrize("np_", [2, 3])
+def test_every_form_exact_and_the_way_it_took(np_):
     from conftest import run_job
 
-    env = None if single_copy else {"GPUCOLL_HOST_SINGLE_COPY_MIN": "0"}
-    job = run_job(np_, "vector_direct.py", env=env, timeout=120).check()
+    job = run_job(np_, "vector_direct.py", timeout=120).check()
     res = job.json_lines()
     assert sorted(res) == list(range(np_)), job.describe()
     for rank, got in res.items():
         for name, row in got.items():
             if name == "rank":
                 continue
-            assert row == {"exact": True, **expected(name, single_copy)}, (rank, name, row)
+            assert row == {"exact": True, **expected(name)}, (rank, name, row)
 
 
 def test_a_block_of_another_size_than_expected_is_a_mismatch_on_every_rank():

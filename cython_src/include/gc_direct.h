@@ -1156,22 +1156,17 @@ static int gc_direct_alltoall(gc_direct *g, const void *send, void *recv, size_t
 }
 
 /* The v-collectives (blocks of any size per rank and pair, at any addresses). One generation:
- * each rank's slot holds a table, then its data when it stages it:
+ * each rank's slot holds a table, then its data when it fits:
  *
- *   u64 [0]            bit 0: this rank's data is in the slot (or it has none to stage);
- *                      bit 1: this rank can read every peer's memory (gc__cma_probe)
- *   u64 [1 + j]        bytes this rank sends to rank j (E entries: N, or 1 for one block that
- *   u64 [1 + E + j]    every receiver gets), and where they are in this rank's memory
- *   H                  the staged data: receiver j's block at H + j x piece, or the one block
+ *   u64 [0]        1: this rank's data is in the slot (or it has none to stage)
+ *   u64 [1 + j]    bytes this rank sends to rank j; one block for every receiver: [1] only
+ *   H              per receiver j: its block at H + j x piece; one block for all: at H
  *
  * Every rank reads every table after one post (which also compares the call signatures, the
  * root included): each receiver checks that what a peer sends it is what it expects (else a
- * mismatch naming the peer, before any data is read). Then, alike on every rank: when every
- * rank staged its data, the receivers copy it out of the slots; else, when every rank can read
- * every other's memory, they read each block straight from its sender (one copy), and nobody
- * returns before every rank is done reading (a second post); else every rank returns
- * GC_DIRECT_DECLINED and the caller moves the data another way. A rank stages what fits the
- * slot, unless it sends g->cma_min bytes or more in all and single copy is on (cma_min > 0).
+ * mismatch naming the peer, before any data is read), and the data is copied out only when
+ * every rank's data is in its slot; otherwise every rank returns GC_DIRECT_DECLINED, having
+ * read the same tables, and the caller moves the data another way.
  *
  *   kind                  sends                          receives from
  *   GC_KIND_ALLGATHERV    one block, to every rank       every rank
@@ -1179,33 +1174,9 @@ static int gc_direct_alltoall(gc_direct *g, const void *send, void *recv, size_t
  *   GC_KIND_GATHERV       one block, to root             root: every rank; others: none
  *   GC_KIND_SCATTERV      root: block j to rank j        root (others); root: itself only
  */
-enum { GC__V_STAGED = 1, GC__V_CAN_READ = 2 };
-
-static inline int gc__v_one(int kind) { return kind == GC_KIND_ALLGATHERV || kind == GC_KIND_GATHERV; }
-
-/* Table entries of a rank's slot (see above) for its kind: bytes, then addresses. */
-static inline size_t gc__vtable_bytes(const gc_direct *g, int kind)
+static inline size_t gc__vtable_bytes(int entries)
 {
-    size_t entries = gc__v_one(kind) ? 1 : (size_t)g->nranks;
-    return gc__round_up((1 + 2 * entries) * sizeof(uint64_t), GC_DIRECT_LINE);
-}
-
-static inline size_t gc__vpiece(const gc_direct *g, int kind)
-{
-    size_t room = g->slot_bytes - gc__vtable_bytes(g, kind);
-    return gc__v_one(kind) ? room : room / (size_t)g->nranks / GC_DIRECT_LINE * GC_DIRECT_LINE;
-}
-
-/* Does this rank receive from rank j in this call? */
-static inline int gc__v_from(const gc_direct *g, int kind, int root, int j)
-{
-    if (j == g->rank)
-        return 0;
-    if (kind == GC_KIND_GATHERV)
-        return g->rank == root;
-    if (kind == GC_KIND_SCATTERV)
-        return j == root;
-    return 1;
+    return gc__round_up((size_t)(entries + 1) * sizeof(uint64_t), GC_DIRECT_LINE);
 }
 
 /* A peer sends this rank `theirs` bytes where it expects `ours`: a mismatch of the call. */
@@ -1226,100 +1197,71 @@ static int gc_direct_vexchange(gc_direct *g, int kind, int root, const uint64_t 
 {
     GC__TRY(gc__enter(g));
     const int N = g->nranks, me = g->rank;
-    int ok = 0;
-    if (kind == GC_KIND_ALLGATHERV)
-        ok = root == -1 && nsend == 1;
-    else if (kind == GC_KIND_ALLTOALLV)
-        ok = root == -1 && nsend == N;
-    else if (kind == GC_KIND_GATHERV)
-        ok = root >= 0 && root < N && (nsend == 1 || (nsend == 0 && me == root));
-    else if (kind == GC_KIND_SCATTERV)
-        ok = root >= 0 && root < N && nsend == (me == root ? N : 0);
-    if (!ok)
+    const int rooted = kind == GC_KIND_GATHERV || kind == GC_KIND_SCATTERV;
+    if ((rooted && (root < 0 || root >= N)) || (!rooted && root != -1) || nsend < 0 || nsend > N ||
+        (nsend > 1 && nsend != N))
         return GC_ERR_USAGE;
-    const int one = gc__v_one(kind), E = one ? 1 : N;
+    const int one = nsend == 1;  /* one block for every receiver */
     const void *own = nsend == 0 ? NULL : (const void *)(uintptr_t)saddr[one ? 0 : me];
     if (rbytes[me])
         gc__copy((void *)(uintptr_t)raddr[me], own, rbytes[me]);
     if (N == 1)
         return GC_OK;
     int64_t dl = gc__deadline(timeout_s);
-    const size_t piece = gc__vpiece(g, kind);
+    const size_t head = gc__vtable_bytes(one ? 1 : N);
+    const size_t room = g->slot_bytes - head;
+    const size_t piece = one ? room : room / (size_t)N / GC_DIRECT_LINE * GC_DIRECT_LINE;
     GC__TRY(gc__gen_begin(g, gc_direct_sig(kind, 0, GC_SIG_NONE, GC_SIG_NONE, root), dl));
     uint64_t *table = (uint64_t *)gc__slot(g, me);
-    uint8_t *data = (uint8_t *)table + gc__vtable_bytes(g, kind);
-    /* what this rank hands to others (gather's root keeps its own block) */
-    const int gives = nsend > 0 && !(kind == GC_KIND_GATHERV && me == root);
+    uint8_t *data = (uint8_t *)table + head;
+    /* gather's root keeps its own block: nobody reads it from the slot */
+    const int stage = !(kind == GC_KIND_GATHERV && me == root);
     int fits = 1;
-    uint64_t total = 0;
-    for (int j = 0; j < E; j++) {
-        uint64_t n = j < nsend && (one || j != me) && gives ? sbytes[j] : 0;
-        table[1 + j] = j < nsend ? sbytes[j] : 0;
-        table[1 + E + j] = j < nsend ? saddr[j] : 0;
-        fits &= n <= piece;
-        total += kind == GC_KIND_ALLGATHERV ? n * (uint64_t)(N - 1) : n;
+    for (int j = 0; j < nsend; j++) {
+        table[1 + j] = sbytes[j];
+        if (stage && (one || j != me))
+            fits &= sbytes[j] <= piece;
     }
-    /* An all-to-all in place (its blocks received where it sends from) must not be read by its
-     * peers while it receives: staged, or declined. */
-    int in_place = 0;
-    for (int j = 0; kind == GC_KIND_ALLTOALLV && j < N && !in_place; j++)
-        for (int i = 0; j != me && i < N && !in_place; i++)
-            in_place = i != me && sbytes[j] && rbytes[i] && saddr[j] < raddr[i] + rbytes[i] &&
-                       raddr[i] < saddr[j] + sbytes[j];
-    int stage = fits && (in_place || !(g->cma_min && total >= g->cma_min));
-    if (stage && gives) {
+    if (fits && stage) {
         if (one)
             memcpy(data, own, sbytes[0]);
         else
-            for (int j = 0; j < N; j++)
+            for (int j = 0; j < nsend; j++)
                 if (j != me)
                     memcpy(data + (size_t)j * piece, (const void *)(uintptr_t)saddr[j], sbytes[j]);
     }
-    int can_read = g->cma_min && !in_place ? gc__cma_probe(g) : 0;  /* probed once per group */
-    table[0] = (uint64_t)(stage ? GC__V_STAGED : 0) | (uint64_t)(can_read ? GC__V_CAN_READ : 0);
+    table[0] = (uint64_t)fits;
     uint64_t e = gc__post(g);
     GC__TRY(gc__wait_all(g, e, dl));
-    uint64_t every = GC__V_STAGED | GC__V_CAN_READ;
+    int staged = fits;
     for (int j = 0; j < N; j++)
-        every &= ((const uint64_t *)gc__slot(g, j))[0];
-    for (int j = 0; j < N; j++) {
-        if (!gc__v_from(g, kind, root, j))
+        staged &= ((const uint64_t *)gc__slot(g, j))[0] != 0;
+    /* The peers this rank receives from, each checked before any copy. */
+    const int all = !rooted || (kind == GC_KIND_GATHERV && me == root);
+    for (int k = 1; k < N; k++) {
+        int j = (me + k) % N;
+        if (!all && !(kind == GC_KIND_SCATTERV && j == root))
             continue;
-        uint64_t sent = ((const uint64_t *)gc__slot(g, j))[1 + (one ? 0 : me)];
+        const uint64_t *theirs = (const uint64_t *)gc__slot(g, j);
+        int their_one = kind == GC_KIND_ALLGATHERV || kind == GC_KIND_GATHERV;
+        uint64_t sent = theirs[1 + (their_one ? 0 : me)];
         if (sent != rbytes[j])
             return gc__vmismatch(g, kind, root, j, sent, rbytes[j]);
     }
-    if (every & GC__V_STAGED) {
-        for (int k = 1; k < N; k++) {
-            int j = (me + k) % N;
-            if (gc__v_from(g, kind, root, j))
-                memcpy((void *)(uintptr_t)raddr[j], gc__slot(g, j) + gc__vtable_bytes(g, kind) +
-                                                        (one ? 0 : (size_t)me * piece), rbytes[j]);
-        }
-        return GC_OK;
-    }
-    if (!(every & GC__V_CAN_READ))
+    if (!staged)
         return GC_DIRECT_DECLINED;
-    int64_t started = gc__now_ns();
     for (int k = 1; k < N; k++) {
         int j = (me + k) % N;
-        if (!gc__v_from(g, kind, root, j) || !rbytes[j])
+        if (!all && !(kind == GC_KIND_SCATTERV && j == root))
             continue;
-        uint64_t from = ((const uint64_t *)gc__slot(g, j))[1 + E + (one ? 0 : me)];
-        uint8_t *to = (uint8_t *)(uintptr_t)raddr[j];
-        for (uint64_t done = 0; done < rbytes[j];) {
-            struct iovec l = {to + done, rbytes[j] - done};
-            struct iovec rem = {(void *)(uintptr_t)(from + done), rbytes[j] - done};
-            ssize_t n = process_vm_readv((pid_t)g->procs[j].pid, &l, 1, &rem, 1, 0);
-            if (n > 0)
-                done += (uint64_t)n;
-            else if (n == 0 || errno != EINTR)
-                return gc__cma_failed(g, j, started);
-        }
+        int their_one = kind == GC_KIND_ALLGATHERV || kind == GC_KIND_GATHERV;
+        size_t their_head = gc__vtable_bytes(their_one ? 1 : N);
+        size_t their_piece = their_one ? 0 : (g->slot_bytes - their_head) / (size_t)N / GC_DIRECT_LINE *
+                                                 GC_DIRECT_LINE;
+        const uint8_t *from = gc__slot(g, j) + their_head + (size_t)me * their_piece;
+        memcpy((void *)(uintptr_t)raddr[j], from, rbytes[j]);
     }
-    g->cma_calls++;
-    e = gc__post(g);
-    return gc__wait_all(g, e, dl);
+    return GC_OK;
 }
 
 /* A barrier that carries the signature of a call (kind, count, dtype, op, root as in
