@@ -31,7 +31,7 @@ from gpucoll.base.ranks import ranges
 
 cdef extern from "gc_direct.h" nogil:
     int GC_OK, GC_ERR_TIMEOUT, GC_ERR_PEER, GC_ERR_USAGE, GC_ERR_NOMEM, GC_ERR_MISMATCH
-    int GC_SIG_NONE
+    int GC_SIG_NONE, GC_SIG_SINGLE_COPY
     int GC_DIRECT_READY, GC_DIRECT_NOT_READY, GC_DIRECT_FOREIGN, GC_DIRECT_CREATOR_GONE, GC_DIRECT_MISMATCH
     ctypedef int gc_dtype
     ctypedef int gc_op
@@ -108,7 +108,9 @@ def describe_signature(uint64_t sig):
     if kind == KINDS["barrier"].id:
         return name
     words = [f"{count} x {dtypes.name(dt)}" if dt != GC_SIG_NONE else f"{count} B"]
-    if op != GC_SIG_NONE:
+    if kind == KINDS["alltoall"].id and op == GC_SIG_SINGLE_COPY:
+        words.append("read from its senders (in place, or another GPUCOLL_HOST_SINGLE_COPY_MIN, stages them)")
+    elif op != GC_SIG_NONE:
         words.append(ops.ALL[op].name if op < len(ops.ALL) else f"op {op}")
     if root != 0xffff:
         words.append(f"root {root}")
@@ -961,9 +963,12 @@ cdef class HostFast:
                     memcpy(sat, rat, n * sizeof(uint64_t))
                     memcpy(sby, rby, n * sizeof(uint64_t))
                 else:
-                    if _vspec(sendbuf, self.ndarray, &sv, sat, sby, n, False) is not dt:
+                    sdt = _vspec(sendbuf, self.ndarray, &sv, sat, sby, n, False)
+                    if sdt is None:
                         return 0
-                    have_send = True
+                    have_send = True  # released below, whatever follows
+                    if sdt is not dt and sdt != dt:
+                        return 0
                 if sby[me] != rby[me]:
                     return 0  # the general path says what is wrong
             elif kind == _KIND_SCATTERV:

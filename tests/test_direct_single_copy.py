@@ -31,3 +31,16 @@ def test_the_variable_sets_the_limit():
     assert calls == {KIB: 0, 8 * KIB: 0, 64 * KIB: 1, 512 * KIB: 1, 2048 * KIB: 1}
     calls = single_copy_calls(4, env={"GPUCOLL_HOST_SINGLE_COPY_MIN": "0"})
     assert set(calls.values()) == {0}
+
+
+def test_ranks_that_would_move_an_all_to_all_differently_get_a_mismatch():
+    # rank 0 in place stages its blocks, the others would read theirs from their senders: every
+    # rank fails in that call instead of reading staged bytes as an address
+    from conftest import run_job
+
+    job = run_job(4, "alltoall_single_copy.py", "mixed", timeout=120).check()
+    res = job.json_lines()
+    assert sorted(res) == [0, 1, 2, 3], job.describe()
+    for rank, got in res.items():
+        assert got["outcome"].startswith("MismatchError: alltoall #"), (rank, got)
+    assert any("read from its senders" in got["outcome"] for got in res.values()), res

@@ -165,6 +165,8 @@ enum {
 };
 #define GC_DIRECT_DECLINED 1 /* a v-collective too large for the slots: every rank says so */
 #define GC_SIG_NONE 15       /* dtype or op field of a call that has none (sizes in bytes) */
+#define GC_SIG_SINGLE_COPY 14 /* op field of an all-to-all whose blocks are read from their senders:
+                               * a rank that stages them instead (in place, another limit) differs */
 
 /* A call's signature: kind (4 bits) | dtype (4) | op (4) | root (16 bits; -1 for none) |
  * count or bytes (36 bits; larger counts are folded in, so that they still compare). Never 0,
@@ -1041,8 +1043,8 @@ static int gc__cma_probe(gc_direct *g)
 {
     if (g->cma)
         return g->cma > 0;
-    g->cma = 1;
-    for (int r = 0; r < g->nranks && g->cma > 0; r++) {
+    int verdict = 1;
+    for (int r = 0; r < g->nranks && verdict > 0; r++) {
         const gc_direct_proc *p = &g->procs[r];
         int32_t pid = __atomic_load_n(&p->pid, __ATOMIC_ACQUIRE);
         uint64_t word = 0;
@@ -1050,22 +1052,27 @@ static int gc__cma_probe(gc_direct *g)
         struct iovec rem = {(void *)(uintptr_t)p->probe_addr, sizeof word};
         if (r == g->rank)
             continue;
-        if (pid <= 0 || p->pidns != g->pidns ||
-            process_vm_readv((pid_t)pid, &l, 1, &rem, 1, 0) != (ssize_t)sizeof word ||
+        if (pid <= 0)
+            return 0;  /* not attached yet (a communicator's first call): ask again next time */
+        if (p->pidns != g->pidns || process_vm_readv((pid_t)pid, &l, 1, &rem, 1, 0) != (ssize_t)sizeof word ||
             word != p->probe_value)
-            g->cma = -1;
+            verdict = -1;
     }
-    return g->cma > 0;
+    g->cma = verdict;
+    return verdict > 0;
 }
 
-/* A peer's buffer could not be read (it ended, or its memory went away): name it to every rank,
- * as a wait that finds it dead does, and break the group. */
+/* A peer's buffer could not be read: when it ended, name it to every rank, as a wait that finds
+ * it dead does; when it lives (its memory went away under the call), post as the call would,
+ * so that no other rank waits for this one in it. Either way this rank's group is broken. */
 static int gc__cma_failed(gc_direct *g, int peer, int64_t started_ns)
 {
     int32_t none = 0;
     if (gc__rank_dead(g, peer))
         __atomic_compare_exchange_n(&g->hdr->lost, &none, peer + 1, 0, __ATOMIC_ACQ_REL,
                                     __ATOMIC_ACQUIRE);
+    else
+        gc__post(g);
     g->nmissing = g->ndead = 0;
     g->missing[g->nmissing++] = peer;
     g->dead[g->ndead++] = peer;
@@ -1132,6 +1139,7 @@ static int gc_direct_alltoall(gc_direct *g, const void *send, void *recv, size_t
     uint64_t sig = gc_direct_sig(GC_KIND_ALLTOALL, bytes, GC_SIG_NONE, GC_SIG_NONE, -1);
     /* In place, a peer's block could be overwritten before this rank has read it. */
     if (g->cma_min && bytes * (size_t)N >= g->cma_min && send != recv) {
+        sig = gc_direct_sig(GC_KIND_ALLTOALL, bytes, GC_SIG_NONE, GC_SIG_SINGLE_COPY, -1);
         int st = gc__alltoall_cma(g, in, out, bytes, sig, dl);
         if (st <= 0)
             return st;

@@ -25,7 +25,7 @@ from ..base.errors import GpucollError, InvalidUsageError
 from ..base.mpi_constants import INTEGERS as _C
 from ..calls.buffers import host_buffer
 from . import message as _m
-from .composite import VCOLL_TAG, Composite, done
+from .composite import VCOLL_TAG, VDIRECT_TAG, Composite, done
 from .op import PREDEFINED as _OPS
 from .op import as_op, check, combine
 from .request import Prequest, Request
@@ -544,7 +544,10 @@ class Collectives:
         or when a block is too large for the group's slots (by_p2p: the native path found so on
         every rank), by point to point."""
         dispatch = core.seam.dispatch
-        if by_p2p or dispatch.direct is None or self.Is_inter() or what == "Alltoallw":
+        if by_p2p:  # the native path's table exchange found a block too large, on every rank
+            dispatch.view.stats.host["p2p"] += 1
+            return _wait_if(self._vector(what, sends, recvs, local, VDIRECT_TAG), blocking)
+        if dispatch.direct is None or self.Is_inter() or what == "Alltoallw":
             dispatch.view.stats.host["p2p"] += 1
             return _wait_if(self._vector(what, sends, recvs, local), blocking)
         seq = dispatch.next_seq()
@@ -556,6 +559,8 @@ class Collectives:
 
     def _direct_vector(self, dispatch, seq, what, sends, recvs, local, root):
         """Every block in one native call (gc_direct_vexchange); by point to point when it declines."""
+        if dispatch.diagnosis.broken:
+            raise GpucollError(f"this communicator is unusable: {dispatch.diagnosis.broken}")
         size = self.size
         kind = what.lower()
         landings = [(k, _Landing(msg)) for k, msg in recvs]
@@ -584,7 +589,7 @@ class Collectives:
             view.fast.host = dispatch.direct.fast_path(dispatch)
         if not moved:  # a block too large for the slots, on some rank: every rank goes this way
             view.stats.host["p2p"] += 1
-            self._vector(what, sends, recvs, local).Wait()
+            self._vector(what, sends, recvs, local, VDIRECT_TAG).Wait()
             return
         view.stats.host["direct"] += 1
         for _, land in landings:
@@ -592,7 +597,7 @@ class Collectives:
         if local is not None:
             local()
 
-    def _vector(self, what, sends, recvs, local):
+    def _vector(self, what, sends, recvs, local, tag=VCOLL_TAG):
         """Post every send and receive of a vector collective; local() runs the rank's own block now.
         sends: [(dest, packed bytes)], recvs: [(source, Msg)]."""
         core = self._c(what)
@@ -601,9 +606,9 @@ class Collectives:
         for source, msg in recvs:
             land = _Landing(msg)
             landings.append(land)
-            parts.append(p2p.irecv(host_buffer(land.buf, what, writable=True), source, VCOLL_TAG))
+            parts.append(p2p.irecv(host_buffer(land.buf, what, writable=True), source, tag))
         for dest, data in sends:
-            parts.append(p2p.isend(host_buffer(data, what), dest, VCOLL_TAG))
+            parts.append(p2p.isend(host_buffer(data, what), dest, tag))
         if local is not None:
             local()
 

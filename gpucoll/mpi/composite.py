@@ -10,6 +10,10 @@ import threading
 from ..base.request import CompletedRequest
 
 VCOLL_TAG = -1101  # point-to-point messages of gpucoll.MPI's composite collectives (below user tags)
+# ... and of the vector collectives that the direct group declined within a host: they are
+# posted in the communicator's call order (its ordered queue), while the others are posted as
+# they are called, so the two must never match each other's messages
+VDIRECT_TAG = -1102
 
 
 class Composite:

@@ -1,9 +1,12 @@
 """All-to-all on both sides of the direct engine's single-copy limit (GPUCOLL_HOST_SINGLE_COPY_MIN),
 out of place and in place, each exact; and how many calls went by single copy.
 
-    gpurun -np 4 python alltoall_single_copy.py      -> "RESULT {json}" per rank
+    gpurun -np 4 python alltoall_single_copy.py [mixed]     -> "RESULT {json}" per rank
+
+mixed: rank 0 calls in place and the others do not (erroneous: MPI asks all or none).
 """
 import json
+import sys
 
 import numpy as np
 
@@ -23,6 +26,20 @@ def sent(block):
 def expected(block):
     return (np.arange(n)[:, None] * 1_000_000 + r * 1_000 + np.arange(block)[None, :]).astype(np.int64).ravel()
 
+
+if sys.argv[1:] == ["mixed"]:  # rank 0 in place, the others not: an erroneous call, caught
+    block = (1 << 20) // 8
+    buf = sent(block)
+    try:
+        if r == 0:
+            comm.Alltoall(gpucoll.IN_PLACE, buf)
+        else:
+            comm.Alltoall(buf, np.empty_like(buf))
+        outcome = "returned"
+    except gpucoll.GpucollError as exc:
+        outcome = f"{type(exc).__name__}: {exc}"
+    print("RESULT " + json.dumps({"rank": r, "outcome": outcome}), flush=True)
+    sys.exit(0)
 
 exact, calls = {}, {}
 for block_bytes in (1 << 10, 8 << 10, 64 << 10, 512 << 10, 2 << 20):
