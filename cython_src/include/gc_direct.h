@@ -79,7 +79,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 #include "gc_proc.h"
@@ -1048,13 +1047,11 @@ static int gc__cma_probe(gc_direct *g)
         const gc_direct_proc *p = &g->procs[r];
         int32_t pid = __atomic_load_n(&p->pid, __ATOMIC_ACQUIRE);
         uint64_t word = 0;
-        struct iovec l = {&word, sizeof word};
-        struct iovec rem = {(void *)(uintptr_t)p->probe_addr, sizeof word};
         if (r == g->rank)
             continue;
         if (pid <= 0)
             return 0;  /* not attached yet (a communicator's first call): ask again next time */
-        if (p->pidns != g->pidns || process_vm_readv((pid_t)pid, &l, 1, &rem, 1, 0) != (ssize_t)sizeof word ||
+        if (p->pidns != g->pidns || gc_cma_move((pid_t)pid, (char *)&word, p->probe_addr, sizeof word, 0) ||
             word != p->probe_value)
             verdict = -1;
     }
@@ -1105,16 +1102,8 @@ static int gc__alltoall_cma(gc_direct *g, const uint8_t *in, uint8_t *out, size_
         int j = (me + k) % N;
         const gc_direct_proc *p = &g->procs[j];
         uint64_t from = ((const uint64_t *)gc__slot(g, j))[0] + (uint64_t)me * bytes;
-        uint8_t *to = out + (size_t)j * bytes;
-        for (size_t done = 0; done < bytes;) {
-            struct iovec l = {to + done, bytes - done};
-            struct iovec rem = {(void *)(uintptr_t)(from + done), bytes - done};
-            ssize_t n = process_vm_readv((pid_t)p->pid, &l, 1, &rem, 1, 0);
-            if (n > 0)
-                done += (size_t)n;
-            else if (n == 0 || errno != EINTR)
-                return gc__cma_failed(g, j, started);
-        }
+        if (gc_cma_move((pid_t)p->pid, (char *)out + (size_t)j * bytes, from, bytes, 0))
+            return gc__cma_failed(g, j, started);
     }
     g->cma_calls++;
     e = gc__post(g);

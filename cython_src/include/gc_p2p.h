@@ -78,6 +78,7 @@
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
+#include "gc_proc.h"
 
 #include "gc_chan.h"
 #include "gc_proc.h"      /* gc_pid_dead */
@@ -494,25 +495,6 @@ static inline void gc_p2p__claim_all(gc_p2p_req *r)
     r->claims = NULL;
 }
 
-/* Move n bytes between local memory and address remote of process pid (write: into pid's),
- * every one of them: 0, or the errno that stopped it. */
-static int gc_p2p__cma(pid_t pid, char *local, uint64_t remote, uint64_t n, int write)
-{
-    while (n) {
-        struct iovec l = {local, (size_t)n};
-        struct iovec r = {(void *)(uintptr_t)remote, (size_t)n};
-        ssize_t k = write ? process_vm_writev(pid, &l, 1, &r, 1, 0) : process_vm_readv(pid, &l, 1, &r, 1, 0);
-        if (k > 0) {
-            local += k;
-            remote += (uint64_t)k;
-            n -= (uint64_t)k;
-        } else if (k == 0 || errno != EINTR) {
-            return k == 0 ? EFAULT : errno;
-        }
-    }
-    return 0;
-}
-
 /* A receive matched an RTS of peer: take the bytes (cross-memory attach, else ask for DATA). */
 static void gc_p2p__rendezvous(gc_p2p *e, gc_p2p_req *r, int peer, const gc_p2p_hdr *h)
 {
@@ -600,7 +582,7 @@ static int gc_p2p__copy(gc_p2p *e)
     } else if (n > GC_P2P_CMA_CHUNK) {
         n = GC_P2P_CMA_CHUNK;  /* the next piece at the next pass: frames keep moving meanwhile */
     }
-    int err = gc_p2p__cma(p->pid, r->buf + at, r->raddr + at, n, 0);
+    int err = gc_cma_move(p->pid, r->buf + at, r->raddr + at, n, 0);
     if (err == ESRCH) {
         gc_p2p__lose(e, peer, GC_P2P_GONE, 0);   /* fails r with the peer's other requests */
         return 1;
@@ -644,7 +626,7 @@ static int gc_p2p__help(gc_p2p *e)
         if (k >= r->nchunks)
             break;
         uint64_t at = k * r->chunk, n = r->len - at < r->chunk ? r->len - at : r->chunk;
-        int err = gc_p2p__cma(p->pid, r->buf + at, r->raddr + at, n, 1);
+        int err = gc_cma_move(p->pid, r->buf + at, r->raddr + at, n, 1);
         if (err == ESRCH) {
             gc_p2p__lose(e, peer, GC_P2P_GONE, 0);
             gc_p2p__unref(r);

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 static inline int gc_pid_dead(int32_t pid)
@@ -37,6 +38,26 @@ static inline int gc_pid_dead(int32_t pid)
     buf[n] = 0;
     const char *p = strrchr(buf, ')'); /* "pid (comm) S ...": comm may itself hold ')' or spaces */
     return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+}
+
+/* Cross-memory attach: move n bytes between local memory and address remote of process pid
+ * (write: into pid's), every one of them (gc_p2p.h's rendezvous, gc_direct.h's single-copy
+ * all-to-all): 0, or the errno that stopped it. */
+static inline int gc_cma_move(pid_t pid, char *local, uint64_t remote, uint64_t n, int write)
+{
+    while (n) {
+        struct iovec l = {local, (size_t)n};
+        struct iovec r = {(void *)(uintptr_t)remote, (size_t)n};
+        ssize_t k = write ? process_vm_writev(pid, &l, 1, &r, 1, 0) : process_vm_readv(pid, &l, 1, &r, 1, 0);
+        if (k > 0) {
+            local += k;
+            remote += (uint64_t)k;
+            n -= (uint64_t)k;
+        } else if (k == 0 || errno != EINTR) {
+            return k == 0 ? EFAULT : errno;
+        }
+    }
+    return 0;
 }
 
 #endif
