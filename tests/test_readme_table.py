@@ -12,11 +12,11 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import readme_table  # noqa: E402
 
 
-def _doc(tmp_path, name, runs, wrong=0):
+def _doc(tmp_path, name, runs, wrong=0, collective="allreduce", nranks=2):
     rec = lambda t, w=0: dict(size=1024, time_us=t, busbw=1.0, wrong=w)  # noqa: E731
     doc = {"settings": {"command": "gpucoll-bench ...", "peer_label": "Open MPI 5 through mpi4py 4", "date": name,
-                        "machine": {"cpus": 2, "processor": "x"}},
-           "rows": [{"size": 1024}],
+                        "machine": {"cpus": 2, "processor": "x"}, "nranks": nranks},
+           "rows": [{"size": 1024, "collective": collective}],
            "runs": [{"gpucoll": [rec(ours, wrong)], "peer": [rec(theirs)]} for ours, theirs in runs]}
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(doc))
@@ -31,6 +31,16 @@ def test_invocations_are_pooled_and_ratios_taken_run_by_run(tmp_path):
     line = readme_table.collective_table(doc)[2]
     # times 1, 2, 2, 4 -> median 2 [1-4]; peer 3, 3, 4, 4 -> 3.5 [3-4]; ratios 1.5, 2, 1, 3 -> 1.75 [1-3]
     assert line == "| 1 KiB | 2 [1-4] | 1.00 | 3.5 [3-4] | 1.75 [1.00-3.00] |"
+
+
+def test_the_matrix_pools_invocations_per_collective_and_rank_count(tmp_path):
+    paths = [_doc(tmp_path, "ar8a", [(2.0, 3.0)], nranks=8), _doc(tmp_path, "ar8b", [(1.0, 3.0)], nranks=8),
+             _doc(tmp_path, "bc8", [(2.0, 5.0)], collective="bcast", nranks=8),
+             _doc(tmp_path, "ar16", [(2.0, 1.0)], nranks=16)]
+    text = "\n".join(readme_table.matrix_tables(paths))
+    assert "**8 ranks**" in text and "**16 ranks**" in text
+    assert "| 1 KiB | 2.25 [1.50-3.00] | 2.50 [2.50-2.50] |" in text  # all-reduce's two invocations pooled
+    assert "| 1 KiB | 0.50 [0.50-0.50] |" in text
 
 
 def test_a_wrong_row_gets_no_ratio(tmp_path):

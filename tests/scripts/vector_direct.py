@@ -36,6 +36,16 @@ def value(src, dst, i):
     return src * 10_000 + dst * 100 + i
 
 
+def filled(counts, value_of):
+    """(array, displs): the blocks of `counts` laid out as layout() says, block k holding
+    value_of(k, its element indices)."""
+    displs, total = layout(counts)
+    arr = np.zeros(total, np.int64)
+    for k in range(n):
+        arr[displs[k]:displs[k] + counts[k]] = value_of(k, np.arange(counts[k]))
+    return arr, displs
+
+
 def stats():
     s = core.stats()
     return s["host_fast"], s["host"].get("direct", 0), s["host"].get("p2p", 0)
@@ -74,10 +84,8 @@ if sys.argv[1:] == ["mismatch"]:
 for scale, tag in ((1, "small"), (600_000, "large")):  # large: blocks of 4.8 MB and more, over a slot
     # Allgatherv: rank k contributes counts[k] elements (rank 1 none at small scale)
     counts = [(k * 2 + (0 if k == 1 and scale == 1 else 1)) * scale for k in range(n)]
-    displs, total = layout(counts)
-    want = np.zeros(total, np.int64)
-    for k in range(n):
-        want[displs[k]:displs[k] + counts[k]] = value(k, 0, np.arange(counts[k]))
+    want, displs = filled(counts, lambda k, i: value(k, 0, i))
+    total = want.size
     mine = value(r, 0, np.arange(counts[r])).astype(np.int64)
 
     def gather(spec_of):
@@ -104,14 +112,9 @@ for scale, tag in ((1, "small"), (600_000, "large")):  # large: blocks of 4.8 MB
     # Alltoallv: rank r sends (r + 2 * k) % 3 * scale elements to rank k
     sc = [((r + 2 * k) % 3) * scale for k in range(n)]
     rc = [((k + 2 * r) % 3) * scale for k in range(n)]
-    sd, stotal = layout(sc)
-    rd, rtotal = layout(rc)
-    send = np.zeros(stotal, np.int64)
-    for k in range(n):
-        send[sd[k]:sd[k] + sc[k]] = value(r, k, np.arange(sc[k]))
-    want = np.zeros(rtotal, np.int64)
-    for k in range(n):
-        want[rd[k]:rd[k] + rc[k]] = value(k, r, np.arange(rc[k]))
+    send, sd = filled(sc, lambda k, i: value(r, k, i))
+    want, rd = filled(rc, lambda k, i: value(k, r, i))
+    rtotal = want.size
 
     def exchange(list4=True):
         out = np.zeros(rtotal, np.int64)
@@ -123,24 +126,17 @@ for scale, tag in ((1, "small"), (600_000, "large")):  # large: blocks of 4.8 MB
     check(f"alltoallv/{tag}/list4", exchange, want)
     check(f"alltoallv/{tag}/pair", lambda: exchange(False), want)
 
-    def in_place_a2a():  # the same counts both ways, so that the blocks can stay where they are
-        buf = np.zeros(stotal, np.int64)
-        buf[:] = send
-        comm.Alltoallv(MPI.IN_PLACE, [buf, same, sd, MPI.INT64_T])
+    # in place: the same counts both ways (rank r sends rank k what k sends r), so that every
+    # block can land where it left from
+    same = [((r + k) % 3) * scale for k in range(n)]
+    mixed, same_displs = filled(same, lambda k, i: value(r, k, i))
+    swapped, _ = filled(same, lambda k, i: value(k, r, i))
+
+    def in_place_a2a():
+        buf = mixed.copy()
+        comm.Alltoallv(MPI.IN_PLACE, [buf, same, same_displs, MPI.INT64_T])
         return buf
-    same = [((r + k) % 3) * scale for k in range(n)]   # symmetric: rank r sends rank k what k sends r
-    sd, stotal = layout(same)
-    send = np.zeros(stotal, np.int64)
-    for k in range(n):
-        send[sd[k]:sd[k] + same[k]] = value(r, k, np.arange(same[k]))
-    want_in_place = np.zeros(stotal, np.int64)
-    for k in range(n):
-        want_in_place[sd[k]:sd[k] + same[k]] = value(k, r, np.arange(same[k]))
-    check(f"alltoallv/{tag}/in-place", in_place_a2a, want_in_place)
-    sd, stotal = layout(sc)
-    send = np.zeros(stotal, np.int64)
-    for k in range(n):
-        send[sd[k]:sd[k] + sc[k]] = value(r, k, np.arange(sc[k]))
+    check(f"alltoallv/{tag}/in-place", in_place_a2a, swapped)
 
     def as_bytes_a2a():
         raw = bytearray(rtotal * 8)
@@ -156,11 +152,8 @@ for scale, tag in ((1, "small"), (600_000, "large")):  # large: blocks of 4.8 MB
 
     # Gatherv and Scatterv, root n - 1: the Allgatherv layout, only the root holds it
     root = n - 1
-    counts = [(k * 2 + (0 if k == 1 and scale == 1 else 1)) * scale for k in range(n)]
-    displs, total = layout(counts)
-    everything = np.zeros(total, np.int64)
-    for k in range(n):
-        everything[displs[k]:displs[k] + counts[k]] = value(k, root, np.arange(counts[k]))
+    everything, displs = filled(counts, lambda k, i: value(k, root, i))
+    total = everything.size
     mine = value(r, root, np.arange(counts[r])).astype(np.int64)
 
     def gatherv(pair=False, in_place=False):
