@@ -47,12 +47,14 @@ test-multihost: $(STAMP) test-deps
 
 # A GPU machine's Python that already holds CuPy (often with no network) gets the package built
 # in place (no downloads). GPUCOLL_TEST_REQUIRE=gpu: a missing GPU or a broken CuPy fails the
-# run instead of skipping every test.
+# run instead of skipping every test. GPU_TESTS picks files (a runner with a per-command time
+# limit runs the suite in parts, e.g. GPU_TESTS=tests/test_gpu_collectives.py).
+GPU_TESTS ?= tests
 test-gpu:
 	@$(PYTHON) -c "import cupy" || { echo "make test-gpu: $(PYTHON) cannot import CuPy; install it" \
 	  "(pip install cupy-cuda12x or cupy-cuda13x) or pass PYTHON=a Python that has it" >&2; exit 1; }
 	$(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
-	GPUCOLL_TEST_REQUIRE=gpu$${GPUCOLL_TEST_REQUIRE:+,$$GPUCOLL_TEST_REQUIRE} $(PYTHON) -m pytest -q -m gpu tests
+	GPUCOLL_TEST_REQUIRE=gpu$${GPUCOLL_TEST_REQUIRE:+,$$GPUCOLL_TEST_REQUIRE} $(PYTHON) -m pytest -q -m gpu $(GPU_TESTS)
 
 # mpi4py's own test suite (fetched from PyPI into .mpi4py-suite/) against gpucoll.MPI on 2, 3 and
 # 4 ranks, and the reference: the same suite with real mpi4py on Open MPI under mpiexec.
