@@ -32,13 +32,13 @@ RUNS = (
     ("ring", {"GPUCOLL_ALGO": "ring"}, 32 << 10, 8 << 20),
     ("rhd", {"GPUCOLL_ALGO": "rhd"}, 32 << 10, 8 << 20),
 )
-# gc_direct_oneshot_default: 64 KiB up to 4 ranks, then 32 KiB / ranks
-ONESHOT_DEFAULT = (64 << 10, 4, 32 << 10)
+# gc_direct_oneshot_default: 64 KiB up to 4 ranks, then 256 KiB / ranks^2
+ONESHOT_DEFAULT = (64 << 10, 4, 256 << 10)
 
 
 def oneshot_default(nranks):
-    small, upto, read = ONESHOT_DEFAULT
-    return small if nranks <= upto else read // nranks
+    small, upto, traffic = ONESHOT_DEFAULT
+    return small if nranks <= upto else traffic // (nranks * nranks)
 
 
 def measure(name, settings, lo, hi, nranks, out):

@@ -1,6 +1,7 @@
 """The direct engine's choice between one-shot and two-shot all-reduce and reduce scales with the
-ranks of a host (gc_direct.h, GC_DIRECT_ONESHOT_READ): a one-shot rank reads every rank's input,
-so above 4 ranks the limit is 32 KiB / ranks (8 ranks: 4 KiB); GPUCOLL_HOST_ONESHOT_MAX sets it.
+ranks of a host (gc_direct.h, GC_DIRECT_ONESHOT_TRAFFIC): every one-shot rank reads every rank's
+input, so above 4 ranks the limit is 256 KiB / ranks^2 (8 ranks: 4 KiB, 16: 1 KiB);
+GPUCOLL_HOST_ONESHOT_MAX sets it.
 Results are exact on both sides of the limit (tests/scripts/oneshot_scaling.py)."""
 import pytest
 
@@ -16,7 +17,7 @@ def limits(np_, env=None):
     return {got["oneshot_max"] for got in res.values()}
 
 
-@pytest.mark.parametrize("np_, limit", [(2, 64 << 10), (4, 64 << 10), (8, 4 << 10)])
+@pytest.mark.parametrize("np_, limit", [(2, 64 << 10), (4, 64 << 10), (8, 4 << 10), (16, 1 << 10)])
 def test_the_one_shot_limit_shrinks_with_the_ranks(np_, limit):
     assert limits(np_) == {limit}
 

@@ -93,12 +93,12 @@
 
 /* Defaults of the tunables kept in gc_direct (the Python layer may change them per group). */
 #define GC_DIRECT_ONESHOT_MAX (64u << 10)  /* allreduce/reduce: one-shot up to this many bytes */
-/* ... and above 4 ranks up to GC_DIRECT_ONESHOT_READ / nranks: a one-shot rank reads every rank's
- * whole input (nranks x bytes), a two-shot one about 3 x bytes for two more synchronizations;
- * past this much reading per rank, memory traffic costs more than the synchronizations. On a
- * 16-core host (make calibrate-host, each mode forced): 8 ranks, one-shot 8 KiB 11.7 us against
- * two-shot 16 KiB 12.6 us; 16 ranks, one-shot 2 KiB 11.4 us against two-shot 4 KiB 9.7 us. */
-#define GC_DIRECT_ONESHOT_READ (32u << 10)
+/* ... and above 4 ranks up to GC_DIRECT_ONESHOT_TRAFFIC / nranks^2: every one-shot rank reads every
+ * rank's whole input, so nranks^2 x bytes cross the shared cache, where two-shot moves about
+ * 3 x nranks x bytes for two more synchronizations. On a 16-core host (make calibrate-host, each
+ * mode forced): 8 ranks, one-shot 8 KiB 11.7 us against two-shot 16 KiB 12.6 us (limit 4 KiB);
+ * 16 ranks, one-shot 2 KiB 11.4 us against two-shot 4 KiB 9.7 us (limit 1 KiB). */
+#define GC_DIRECT_ONESHOT_TRAFFIC (256u << 10)
 #define GC_DIRECT_ROUND_MAX (1u << 20)     /* two-shot round: fits L2 once split among ranks */
 #define GC_DIRECT_SPINS 256                /* pause-spins before yielding the core */
 #define GC_DIRECT_SPINS_OVERSUB 16         /* the same when ranks outnumber cores */
@@ -326,10 +326,10 @@ static inline int gc_direct_examine(const void *hdr, size_t size, uint64_t token
 
 /* Map this rank into a formatted segment. *nattached receives how many ranks have attached,
  * this one included (the last one may unlink the segment's name). */
-/* The one-shot limit of a group of nranks (see GC_DIRECT_ONESHOT_READ). */
+/* The one-shot limit of a group of nranks (see GC_DIRECT_ONESHOT_TRAFFIC). */
 static inline size_t gc_direct_oneshot_default(int nranks)
 {
-    return nranks <= 4 ? GC_DIRECT_ONESHOT_MAX : GC_DIRECT_ONESHOT_READ / (size_t)nranks;
+    return nranks <= 4 ? GC_DIRECT_ONESHOT_MAX : GC_DIRECT_ONESHOT_TRAFFIC / ((size_t)nranks * (size_t)nranks);
 }
 
 static inline int gc_direct_attach(gc_direct *g, void *base, size_t size, int rank, int nranks,

@@ -215,7 +215,8 @@ CACHE_DIR = declare("GPUCOLL_CACHE_DIR", "str", None,
 HOST_ONESHOT_MAX = declare("GPUCOLL_HOST_ONESHOT_MAX", "size", None,
                            "Host all-reduce and reduce within a host (direct engine): one-shot (every rank "
                            "reads every rank's input) up to this many bytes, two-shot above; unset: 64 KiB "
-                           "up to 4 ranks, 32 KiB divided by the ranks above. The same on every rank.")
+                           "up to 4 ranks, 256 KiB divided by the square of the ranks above (8 ranks: 4 KiB, 16: 1 KiB). "
+                           "The same on every rank.")
 HOST_SINGLE_COPY_MIN = declare("GPUCOLL_HOST_SINGLE_COPY_MIN", "size", None,
                                "Host all-to-all within a host (direct engine): send buffers of at least this "
                                "many bytes (all blocks together) are read straight from each peer "

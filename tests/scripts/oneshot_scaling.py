@@ -14,7 +14,7 @@ r, n = comm.rank, comm.size
 comm.Barrier()  # the direct group exists from the first collective
 group = comm._dispatch.direct.group()
 exact = {}
-for nbytes in (1 << 10, 4 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10):
+for nbytes in (512, 1 << 10, 2 << 10, 4 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10):
     count = nbytes // 8
     x = np.arange(count, dtype=np.int64) * (r + 1)
     want = np.arange(count, dtype=np.int64) * (n * (n + 1) // 2)
