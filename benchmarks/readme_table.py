@@ -125,7 +125,7 @@ def pooled(paths):
             for r in doc["rows"]:
                 r[key] = runs[(r["launcher"], r["ranks"])]
         return doc, [d["settings"]["date"] for d in docs]
-    doc["runs"] = [run for d in docs for run in d["runs"]]
+    doc["runs"] = [run for d in docs for run in d.get("runs", [])]  # bench_vector keeps its runs in rows
     if "peer_label" not in doc["settings"]:
         for rows in zip(*(d["rows"] for d in docs)):
             for key in ("gpucoll", "peer", "ratio"):
@@ -209,26 +209,41 @@ def _compare(new, ranges, digits=None):
 
 def matrix_tables(paths):
     """Markdown lines: per rank count, size x collective, each cell the pooled ratio (files of
-    the same collective and rank count are invocations of one command)."""
+    the same command and rank count are invocations of one command)."""
     groups = {}
     for path in paths:
         with open(path) as f:
-            doc = json.load(f)
-        key = (doc["settings"]["nranks"], doc["rows"][0]["collective"])
-        groups.setdefault(key, []).append(path)
+            settings, rows = (doc := json.load(f))["settings"], doc["rows"]
+        nranks = settings.get("nranks", settings.get("np"))  # bench_vector.py says np
+        groups.setdefault((nranks, rows[0].get("collective", "vector")), []).append(path)
     lines = []
     for nranks in sorted({n for n, _ in groups}):
-        kinds = [k for n, k in groups if n == nranks]
-        cells = {k: ratios(pooled(groups[(nranks, k)])[0]) for k in kinds}
+        cells = {}
+        for (n, _), group in groups.items():
+            if n == nranks:
+                cells.update(_columns(group))
         sizes = sorted({s for per in cells.values() for s in per}, key=_bytes)
         lines += [f"**{nranks} ranks** (Open MPI time / gpucoll time, median [min-max] of every run)", "",
-                  "| size | " + " | ".join(kinds) + " |", "|---:|" + "---:|" * len(kinds)]
+                  "| size | " + " | ".join(cells) + " |", "|---:|" + "---:|" * len(cells)]
         for size in sizes:
-            row = [_span(_median(cells[k][size]), min(cells[k][size]), max(cells[k][size]), _ratio)
-                   if size in cells[k] else "-" for k in kinds]
+            row = [_span(_median(per[size]), min(per[size]), max(per[size]), _ratio)
+                   if size in per else "-" for per in cells.values()]
             lines.append(f"| {size} | " + " | ".join(row) + " |")
         lines.append("")
     return lines
+
+
+def _columns(paths):
+    """{collective: {size label: [ratio of each run]}} of invocations of one command: one
+    collective for gpucoll-bench, one per test for bench_vector.py."""
+    doc = pooled(paths)[0]
+    if "peer_label" in doc["settings"]:
+        return {doc["rows"][0]["collective"]: ratios(doc)}
+    columns = {}
+    for label, runs in ratios(doc).items():
+        test, size = label.split(" ", 1)
+        columns.setdefault(test, {})[size] = runs
+    return columns
 
 
 def _bytes(label):

@@ -43,6 +43,23 @@ def test_the_matrix_pools_invocations_per_collective_and_rank_count(tmp_path):
     assert "| 1 KiB | 0.50 [0.50-0.50] |" in text
 
 
+def _vector_doc(tmp_path, name, np, ratios):
+    """A bench_vector.py document: its runs kept in the rows, one row per test and size."""
+    rows = [{"test": test, "size": 1024, "gpucoll": [1e-6] * len(r), "peer": [x * 1e-6 for x in r], "ratio": r,
+             "gpucoll_wrong": 0, "peer_wrong": 0} for test, r in ratios.items()]
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({"settings": {"np": np, "date": name}, "rows": rows}))
+    return str(path)
+
+
+def test_the_matrix_takes_the_vector_forms_a_column_per_test(tmp_path):
+    paths = [_vector_doc(tmp_path, "v8a", 8, {"allgatherv": [2.0, 3.0], "gatherv": [0.5]}),
+             _vector_doc(tmp_path, "v8b", 8, {"allgatherv": [4.0], "gatherv": [1.5]})]
+    lines = readme_table.matrix_tables(paths)
+    assert "| size | allgatherv | gatherv |" in lines
+    assert "| 1 KiB | 3.00 [2.00-4.00] | 1.00 [0.50-1.50] |" in lines  # both invocations pooled per test
+
+
 def test_a_wrong_row_gets_no_ratio(tmp_path):
     doc, _ = readme_table.pooled([_doc(tmp_path, "bad", [(2.0, 3.0)], wrong=5)])
     assert readme_table.collective_table(doc)[2].endswith("| - (wrong) |")
