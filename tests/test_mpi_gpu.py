@@ -12,8 +12,19 @@ def test_mpi_module_with_gpu_arrays(gpurun_job):
     for r, got in res.items():
         assert got["collectives"] == [[3.0] * 5, [2.0] * 5, [0, 1, 2, 3]]
         assert "LAND on GPU buffers" in got["refused"]["land"]
-        assert "on GPU buffers" in got["refused"]["allgatherv"]
+        assert "derived datatype" in got["refused"]["derived"]
         assert got["host_interface"] == [3.0] * 3  # host memory behind __cuda_array_interface__
+        # the elements counts and displacements name, and no others
+        assert got["counted"] == [[-1.0, -1.0, 0.0, 1.0, 2.0, -1.0], [3.0, 3.0, r + 1.0, r + 1.0]]
+        host = got["through host"]
+        assert host["allgatherv"] == [0.0, 10.0, 11.0]
+        assert host["gatherv"] == ([0.0, 10.0, 11.0] if r == 0 else [0.0, 0.0, 0.0])
+        assert host["scatterv"] == [[0.0], [10.0, 11.0]][r]
+        assert host["ialltoallv"] == [r, 100 + r]
+        assert host["reduce_scatter"] == [[0.0], [2.0, 4.0]][r]  # the sum of both ranks' 0, 1, 2
+        assert host["scan"] == [[1, 1], [3, 3]][r] and host["exscan"] == [None, [1, 1]][r]
+        assert host["neighbours"] == [1.0 - r] * 2  # a ring of 2: both neighbours are the other rank
+    assert res[1]["counted recv"] == [-1, 0, 1, 2, 3, -1]
     assert res[1]["recv"] == [[0.0, 1.0, 2.0], 0, 3]
     for count, tag in ((5, 6), (70_000, 7)):  # Probe/Iprobe read the GPU message's envelope
         assert res[1][f"probe {count}"] == [0, tag, count, tag, count, True, True], res[1]

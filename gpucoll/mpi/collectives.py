@@ -29,6 +29,7 @@ from .composite import VCOLL_TAG, VDIRECT_TAG, Composite, done
 from .op import PREDEFINED as _OPS
 from .op import as_op, check, combine
 from .request import Prequest, Request
+from .staging import through_host
 
 ERR_ROOT = _C["ERR_ROOT"]
 _CORE_DTYPES = {np.dtype(n) for n in _dtypes.NAMES if n != "bfloat16"}
@@ -431,14 +432,13 @@ class Collectives:
     def Reduce_scatter_block_init(self, sendbuf, recvbuf, op=_SUM, info=None):
         return Prequest._persistent(lambda: self.Ireduce_scatter_block(sendbuf, recvbuf, op))
 
+    @through_host
     def _reduce_scatter(self, sendbuf, recvbuf, recvcounts, op, blocking):
         core = self._c("Reduce_scatter")
         rec = as_op(op)
         size, rank = core.size, core.rank
         r = _m.simple(recvbuf, False, what="Reduce_scatter recvbuf")
         s = None if _m.is_in_place(sendbuf) else _m.simple(sendbuf, True, what="Reduce_scatter sendbuf")
-        if r.gpu is not None or (s is not None and s.gpu is not None):
-            raise NotImplementedError("Reduce_scatter (with counts) on GPU buffers: use Reduce_scatter_block")
         if recvcounts is None:
             if s is None:
                 raise ValueError("Reduce_scatter: IN_PLACE needs the receive counts")
@@ -492,14 +492,13 @@ class Collectives:
     def Reduce_scatter_init(self, sendbuf, recvbuf, recvcounts=None, op=_SUM, info=None):
         return Prequest._persistent(lambda: self.Ireduce_scatter(sendbuf, recvbuf, recvcounts, op))
 
+    @through_host
     def _scan(self, sendbuf, recvbuf, op, blocking, exclusive):
         what = "Exscan" if exclusive else "Scan"
         core = self._c(what)
         rec = as_op(op)
         rank = core.rank
         s, r = self._reduction_msgs(sendbuf, recvbuf, what)
-        if r.gpu is not None or (s is not None and s.gpu is not None):
-            raise NotImplementedError(f"{what} on GPU buffers")
         if s is not None and s.count != r.count:
             raise ValueError(f"{what}: send count {s.count} and receive count {r.count} differ")
         mine, _ = (r if s is None else s).elements()
@@ -617,17 +616,16 @@ class Collectives:
                 land.finish()
         return Composite(parts, finish, f"I{what.lower()}")
 
+    @through_host
     def _gatherv(self, sendbuf, recvbuf, root, blocking, by_p2p=False):
         core = self._c("Gatherv")
         root = check_root(core, root)
         size, rank = core.size, core.rank
         if rank != root:
             s = _m.simple(sendbuf, True, root, what="Gatherv sendbuf")
-            _no_gpu(s, "Gatherv")
             return self._move("Gatherv", core, [(root, s.data())], [], None, blocking, by_p2p, root)
         r = _m.vector(recvbuf, False, root, size, what="Gatherv recvbuf")
         s = None if _m.is_in_place(sendbuf) else _m.simple(sendbuf, True, what="Gatherv sendbuf")
-        _no_gpu(s, "Gatherv")
         recvs = [(k, r.block(k)) for k in range(size) if k != root]
         local = None if s is None else (lambda: r.block(root).store(s.data()))
         return self._move("Gatherv", core, [], recvs, local, blocking, by_p2p, root)
@@ -646,17 +644,16 @@ class Collectives:
     def Gatherv_init(self, sendbuf, recvbuf, root=0, info=None):
         return Prequest._persistent(lambda: self.Igatherv(sendbuf, recvbuf, root))
 
+    @through_host
     def _scatterv(self, sendbuf, recvbuf, root, blocking, by_p2p=False):
         core = self._c("Scatterv")
         root = check_root(core, root)
         size, rank = core.size, core.rank
         if rank != root:
             r = _m.simple(recvbuf, False, root, what="Scatterv recvbuf")
-            _no_gpu(r, "Scatterv")
             return self._move("Scatterv", core, [], [(root, r)], None, blocking, by_p2p, root)
         s = _m.vector(sendbuf, True, root, size, what="Scatterv sendbuf")
         r = None if _m.is_in_place(recvbuf) else _m.simple(recvbuf, False, what="Scatterv recvbuf")
-        _no_gpu(r, "Scatterv")
         sends = [(k, s.block(k).data()) for k in range(size) if k != root]
         local = None if r is None else (lambda: r.store(s.block(root).data()))
         return self._move("Scatterv", core, sends, [], local, blocking, by_p2p, root)
@@ -675,6 +672,7 @@ class Collectives:
     def Scatterv_init(self, sendbuf, recvbuf, root=0, info=None):
         return Prequest._persistent(lambda: self.Iscatterv(sendbuf, recvbuf, root))
 
+    @through_host
     def _allgatherv(self, sendbuf, recvbuf, blocking, by_p2p=False):
         core = self._c("Allgatherv")
         size, rank = core.size, core.rank
@@ -683,7 +681,6 @@ class Collectives:
             data, local = r.block(rank).data().copy(), None
         else:
             s = _m.simple(sendbuf, True, what="Allgatherv sendbuf")
-            _no_gpu(s, "Allgatherv")
             data = s.data()
 
             def local():
@@ -706,6 +703,7 @@ class Collectives:
     def Allgatherv_init(self, sendbuf, recvbuf, info=None):
         return Prequest._persistent(lambda: self.Iallgatherv(sendbuf, recvbuf))
 
+    @through_host
     def _alltoallv(self, sendbuf, recvbuf, blocking, by_p2p=False):
         core = self._c("Alltoallv")
         size = core.size
@@ -747,6 +745,7 @@ class Collectives:
     def Alltoallv_init(self, sendbuf, recvbuf, info=None):
         return Prequest._persistent(lambda: self.Ialltoallv(sendbuf, recvbuf))
 
+    @through_host
     def _alltoallw(self, sendbuf, recvbuf, blocking):
         self._c("Alltoallw")
         size = self.size
@@ -804,8 +803,9 @@ def _bytes_of(data):
 
 
 def _no_gpu(msg, what):
+    """For the collectives across an intercommunicator, which run on host memory only."""
     if msg is not None and msg.gpu is not None:
-        raise NotImplementedError(f"{what} on GPU buffers (gpucoll runs vector collectives on host memory)")
+        raise NotImplementedError(f"{what} on GPU buffers across an intercommunicator")
 
 
 def _wblocks(msg, readonly, size, what):

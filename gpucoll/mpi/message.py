@@ -92,6 +92,37 @@ def _gpu_buffer(obj, what):
     return maybe_gpu_buffer(obj, what)
 
 
+class DeviceSpan:
+    """The elements of a GPU array that [buf, count, displ, TYPE] names, as a device array of
+    TYPE's dtype over the same memory (no copy); keeps the array alive."""
+
+    def __init__(self, owner, addr, count, dtype):
+        self.owner = owner
+        self._interface = {"version": 3, "shape": (count,), "typestr": dtype.str, "data": (addr, False),
+                           "strides": None}
+
+    @property
+    def __cuda_array_interface__(self):
+        return self._interface
+
+
+def _device_span(obj, count, displ, datatype, what):
+    """A DeviceSpan of count elements of datatype from displacement displ of a GPU array (a basic,
+    contiguous datatype: derived ones over GPU memory are not supported)."""
+    t = datatype._t
+    if t.np is None or t.contents is not None:
+        raise NotImplementedError(f"{what}: the derived datatype {datatype.Get_name() or 'given'} over a GPU "
+                                  "buffer (gpucoll takes counts and displacements of basic datatypes there)")
+    gpu = _gpu_buffer(obj, what)
+    elements = gpu.nbytes // t.extent
+    displ = 0 if displ is None else _index(displ, what, "displacement")
+    count = elements - displ if count is None else _index(count, what, "count")
+    if displ < 0 or count < 0 or displ + count > elements:
+        raise ValueError(f"{what}: {count} elements at displacement {displ} do not fit the GPU buffer's "
+                         f"{elements} {datatype.Get_name()} elements")
+    return DeviceSpan(obj, gpu.addr + displ * t.extent, count, t.np)
+
+
 def is_plain(msg):
     """Whether a message's buffer has the buffer protocol itself (not a DLPack or interface view)."""
     buf = msg[0] if isinstance(msg, (list, tuple)) and msg else msg
@@ -199,8 +230,7 @@ def simple(msg, readonly, rank=0, blocks=0, what="buffer"):
         return at_address(0, _index(count, what, "count"), datatype, what)
     if gpu is not None:
         if count is not None or displ is not None:
-            raise NotImplementedError(f"{what}: counts and displacements in specifications of GPU buffers "
-                                      "(pass the GPU array itself, or a slice of it)")
+            gpu = _device_span(gpu, count, displ, datatype, what)
         return Msg(None, None, datatype, gpu)
     length = raw.size
     if displ is not None:

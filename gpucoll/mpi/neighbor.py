@@ -9,9 +9,10 @@ and receives nothing; its block of the receive buffer is left as it is.
 """
 from ..base.mpi_constants import INTEGERS as _C
 from . import message as _m
-from .collectives import _no_gpu, _wait_if, _wblocks
+from .collectives import _wait_if, _wblocks
 from .composite import VCOLL_TAG, Composite
 from .request import Prequest, Request
+from .staging import through_host
 
 PROC_NULL = _C["PROC_NULL"]
 
@@ -38,17 +39,16 @@ class Neighborhood:
         return _wait_if(state, blocking)
 
     # --- all-gather ---------------------------------------------------------------------------
+    @through_host
     def _neighbor_allgather(self, sendbuf, recvbuf, vector, blocking):
         what = "Neighbor_allgatherv" if vector else "Neighbor_allgather"
         sources, dests = self._edges(what)
         s = _m.simple(sendbuf, True, what=f"{what} sendbuf")
-        _no_gpu(s, what)
         if vector:
             r = _m.vector(recvbuf, False, 0, len(sources), what=f"{what} recvbuf")
             recvs = [r.block(k) for k in range(len(sources))]
         else:
             r = _m.simple(recvbuf, False, 0, len(sources), what=f"{what} recvbuf")
-            _no_gpu(r, what)
             recvs = _blocks(r, len(sources))
         data = s.data()
         return self._post(what, sources, recvs, dests, [data] * len(dests), blocking)
@@ -73,6 +73,7 @@ class Neighborhood:
         return Prequest._persistent(lambda: self.Ineighbor_allgatherv(sendbuf, recvbuf))
 
     # --- all-to-all ---------------------------------------------------------------------------
+    @through_host
     def _neighbor_alltoall(self, sendbuf, recvbuf, kind, blocking):
         what = {"": "Neighbor_alltoall", "v": "Neighbor_alltoallv", "w": "Neighbor_alltoallw"}[kind]
         sources, dests = self._edges(what)
@@ -87,8 +88,6 @@ class Neighborhood:
         else:
             s = _m.simple(sendbuf, True, 0, len(dests), what=f"{what} sendbuf")
             r = _m.simple(recvbuf, False, 0, len(sources), what=f"{what} recvbuf")
-            _no_gpu(s, what)
-            _no_gpu(r, what)
             sends, recvs = _blocks(s, len(dests)), _blocks(r, len(sources))
         return self._post(what, sources, recvs, dests, [m.data() for m in sends], blocking)
 

@@ -1,6 +1,8 @@
-"""gpucoll.MPI with GPU arrays: whole CuPy arrays (bare or as [array, datatype]) go to gpucoll's GPU
-path; what it lacks raises NotImplementedError; an object with __cuda_array_interface__ over
-host memory is a host buffer even where CUDA runs.
+"""gpucoll.MPI with GPU arrays: whole CuPy arrays (bare or as [array, datatype]) and the elements
+that counts and displacements of a basic datatype name go to gpucoll's GPU path; the vector,
+neighbourhood, scan and counted reduce-scatter collectives go through host memory; what gpucoll
+lacks raises NotImplementedError; an object with __cuda_array_interface__ over host memory is a
+host buffer even where CUDA runs.
 
     gpurun -np 2 python mpi_gpu.py      -> "RESULT {json}" per rank
 """
@@ -50,10 +52,53 @@ for count, tag in ((5, 6), (70_000, 7)):
         out[f"probe {count}"] = [pst.Get_source(), pst.Get_tag(), pst.Get_count(MPI.FLOAT), ist.Get_tag(),
                                  ist.Get_count(MPI.FLOAT), "matched probe" in mprobe,
                                  bool((got == cp.arange(count, dtype=cp.float32)).all())]
+# counts and displacements of a basic datatype over GPU arrays: the elements they name, in place
+part = cp.full(6, -1.0, cp.float32)
+if r == 0:
+    part[2:5] = cp.arange(3, dtype=cp.float32)
+comm.Bcast([part, (3, 2), MPI.FLOAT], root=0)
+whole = cp.full(4, float(r + 1), cp.float64)
+comm.Allreduce(MPI.IN_PLACE, [whole, 2, MPI.DOUBLE], op=MPI.SUM)
+if r == 0:
+    comm.Send([cp.arange(8, dtype=cp.int32), 4, MPI.INT], 1, tag=8)
+elif r == 1:
+    got = cp.full(6, -1, cp.int32)
+    comm.Recv([got, (4, 1), MPI.INT], 0, 8)
+    out["counted recv"] = got.get().tolist()
+cp.cuda.get_current_stream().synchronize()
+out["counted"] = [part.get().tolist(), whole.get().tolist()]
+
+# through host memory: rank k sends k + 1 elements (value 10 k + i)
+counts = [k + 1 for k in range(n)]
+displs = [sum(counts[:k]) for k in range(n)]
+mine = cp.arange(r + 1, dtype=cp.float64) + 10 * r
+gathered = cp.zeros(sum(counts), cp.float64)
+comm.Allgatherv(mine, [gathered, counts, displs, MPI.DOUBLE])
+rooted = cp.zeros(sum(counts), cp.float64)
+comm.Gatherv(mine, [rooted, counts, displs, MPI.DOUBLE] if r == 0 else None, root=0)
+scattered = cp.zeros(r + 1, cp.float64)
+comm.Scatterv([gathered, counts, displs, MPI.DOUBLE], scattered, root=0)
+sends = cp.arange(n, dtype=cp.int64) + 100 * r  # block k (one element) to rank k
+recvs = cp.zeros(n, cp.int64)
+req = comm.Ialltoallv([sends, [1] * n, list(range(n)), MPI.INT64_T], [recvs, [1] * n, list(range(n)), MPI.INT64_T])
+req.Wait()
+rs_in = cp.arange(sum(counts), dtype=cp.float32)
+rs_out = cp.zeros(counts[r], cp.float32)
+comm.Reduce_scatter(rs_in, rs_out, counts, op=MPI.SUM)
+inclusive, exclusive = cp.zeros(2, cp.int32), cp.zeros(2, cp.int32)
+comm.Scan(cp.full(2, r + 1, cp.int32), inclusive, op=MPI.SUM)
+comm.Exscan(cp.full(2, r + 1, cp.int32), exclusive, op=MPI.SUM)
+ring = comm.Create_cart([n], periods=[True])
+neighbours = cp.zeros(2, cp.float32)
+ring.Neighbor_allgather(cp.full(1, float(r), cp.float32), neighbours)
+out["through host"] = {"allgatherv": gathered.get().tolist(), "gatherv": rooted.get().tolist(),
+                       "scatterv": scattered.get().tolist(), "ialltoallv": recvs.get().tolist(),
+                       "reduce_scatter": rs_out.get().tolist(), "scan": inclusive.get().tolist(),
+                       "exscan": exclusive.get().tolist() if r else None, "neighbours": neighbours.get().tolist()}
+
 refused = {}
 for name, call in (("land", lambda: comm.Allreduce(a, b, op=MPI.LAND)),
-                   ("allgatherv", lambda: comm.Allgatherv(a, [cp.zeros(5 * n, cp.float32), [5] * n, None,
-                                                                MPI.FLOAT]))):
+                   ("derived", lambda: comm.Bcast([a, 1, MPI.FLOAT.Create_contiguous(5).Commit()], root=0))):
     try:
         call()
         refused[name] = "no error"
