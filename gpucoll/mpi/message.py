@@ -333,7 +333,7 @@ def vector(msg, readonly, rank, blocks, what="buffer"):
     buf, counts, displs, dtype = _split(msg, what, vector=True)
     raw, datatype, gpu = _buffer(buf, dtype, readonly, what)
     if gpu is not None:
-        raise NotImplementedError(f"{what}: vector collectives (Gatherv, Alltoallv, ...) on GPU buffers")
+        raise NotImplementedError(f"{what}: vector collectives on GPU buffers across an intercommunicator")
     t = datatype._t
     if counts is None:
         total = 0
