@@ -285,6 +285,9 @@ def at_address(address, count, datatype, what):
     if lo <= 0:
         raise ValueError(f"{what}: with MPI.BOTTOM the datatype must hold absolute addresses "
                          f"(from MPI.Get_address); this one starts at address {lo}")
+    if _is_device_pointer(lo):  # read as host memory, it would crash the process
+        raise NotImplementedError(f"{what}: MPI.BOTTOM with the address of GPU memory (pass the GPU array "
+                                  "itself)")
     raw = np.ctypeslib.as_array((ctypes.c_ubyte * (hi - lo)).from_address(lo))
     return Msg(raw, count, datatype, shift=lo - address)
 

@@ -4,6 +4,7 @@
     python tests/mpi4py_suite/run.py --np 2 --mpi       # the reference: real mpi4py under mpiexec
     python tests/mpi4py_suite/run.py --np 2 -m test_status test_request -v
     python tests/mpi4py_suite/run.py --np 2 --json ours.json --diff ref.json   # what the reference passes and we do not
+    python tests/mpi4py_suite/run.py --np 2 --cupy      # GPU buffers too (the suite's CuPy back-end)
 
 The release's test/ folder runs unmodified (tests/mpi4py_suite/fetch.py fetches it). Each
 module runs as its own job (a hang or crash costs one module, not the run); the shim in
@@ -53,6 +54,8 @@ def _command(args, np_, outdir, module):
 
 def _environment(args, top):
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    if args.cupy:  # rank.py lets the suite's CuPy array back-end load (its main.py's --cupy)
+        env["MPI4PY_SUITE_CUPY"] = "1"
     if args.mpi:  # the installed mpi4py on Open MPI (run as root in containers: allowed explicitly)
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl="self,vader,tcp",
                    OMPI_MCA_osc="^ucx", OMPI_MCA_pml="^ucx")
@@ -184,6 +187,8 @@ def main(argv=None):
     ap.add_argument("--np", type=int, nargs="+", default=[2, 3, 4])
     ap.add_argument("-m", "--modules", nargs="+", help="only these modules (default: all)")
     ap.add_argument("--mpi", action="store_true", help="real mpi4py under mpiexec (the reference)")
+    ap.add_argument("--cupy", action="store_true",
+                    help="with the suite's CuPy array back-end (GPU buffers; its main.py's --cupy); Numba's stays off")
     ap.add_argument("--timeout", type=int, default=300,
                     help="seconds per module job (times ranks per core where ranks outnumber cores)")
     ap.add_argument("--op-timeout", type=int, default=60, help="GPUCOLL_TIMEOUT of the jobs")
