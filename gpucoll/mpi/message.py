@@ -15,6 +15,8 @@ A message is a 1-D uint8 view (`raw`) starting at its first byte, `count` elemen
 """
 import ctypes
 import operator
+import os
+import sys
 
 import numpy as np
 
@@ -65,6 +67,24 @@ def _is_device_pointer(ptr):
         return True
     except Exception:  # CUDA does not know this pointer: it is ordinary host memory
         return False
+
+
+_CUDA_LOADED = False
+# The libraries that allocate device memory for Python programs: until one is imported, no address
+# a program hands over is device memory (asking CUDA would cost a CPU-only program its start-up).
+_GPU_LIBRARIES = ("cupy", "torch", "numba", "jax", "pycuda", "cuda", "tensorflow")
+
+
+def _cuda_loaded():
+    """Whether this process has CUDA's driver loaded (then an address may be device memory)."""
+    global _CUDA_LOADED
+    if not _CUDA_LOADED and any(name in sys.modules for name in _GPU_LIBRARIES):
+        try:
+            ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD)  # loaded already, or not: never loads it
+            _CUDA_LOADED = True
+        except OSError:
+            pass
+    return _CUDA_LOADED
 
 
 def _gpu_buffer(obj, what):
@@ -285,7 +305,7 @@ def at_address(address, count, datatype, what):
     if lo <= 0:
         raise ValueError(f"{what}: with MPI.BOTTOM the datatype must hold absolute addresses "
                          f"(from MPI.Get_address); this one starts at address {lo}")
-    if _is_device_pointer(lo):  # read as host memory, it would crash the process
+    if _cuda_loaded() and _is_device_pointer(lo):  # read as host memory, it would crash the process
         raise NotImplementedError(f"{what}: MPI.BOTTOM with the address of GPU memory (pass the GPU array "
                                   "itself)")
     raw = np.ctypeslib.as_array((ctypes.c_ubyte * (hi - lo)).from_address(lo))
