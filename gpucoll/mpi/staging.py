@@ -1,6 +1,6 @@
-"""GPU buffers of the calls gpucoll has no device path for (the vector collectives, Alltoallw,
-Reduce_scatter with counts, Scan, Exscan), run through host memory as a CUDA-aware MPI stages
-them: each GPU buffer of the call's message specifications is copied into host memory, the host
+"""GPU buffers of the calls gpucoll has no device path for (the vector collectives, Alltoallw, the
+neighbourhood collectives, Reduce_scatter with counts, Scan, Exscan), run through host memory as a
+CUDA-aware MPI stages them: each GPU buffer of the call's message specifications is copied into host memory, the host
 path runs the call, and the buffers it writes are copied back when it completes (a blocking call
 before it returns, a nonblocking one when its request completes).
 
