@@ -128,7 +128,7 @@ class DeviceSpan:
 
 def _device_span(obj, count, displ, datatype, what):
     """A DeviceSpan of count elements of datatype from displacement displ of a GPU array (a basic,
-    contiguous datatype: derived ones over GPU memory are not supported)."""
+    contiguous datatype: derived ones over GPU memory are not supported); None for no elements."""
     t = datatype._t
     if t.np is None or t.contents is not None:
         raise NotImplementedError(f"{what}: the derived datatype {datatype.Get_name() or 'given'} over a GPU "
@@ -140,7 +140,7 @@ def _device_span(obj, count, displ, datatype, what):
     if displ < 0 or count < 0 or displ + count > elements:
         raise ValueError(f"{what}: {count} elements at displacement {displ} do not fit the GPU buffer's "
                          f"{elements} {datatype.Get_name()} elements")
-    return DeviceSpan(obj, gpu.addr + displ * t.extent, count, t.np)
+    return DeviceSpan(obj, gpu.addr + displ * t.extent, count, t.np) if count else None
 
 
 def is_plain(msg):
@@ -251,6 +251,8 @@ def simple(msg, readonly, rank=0, blocks=0, what="buffer"):
     if gpu is not None:
         if count is not None or displ is not None:
             gpu = _device_span(gpu, count, displ, datatype, what)
+            if gpu is None:  # no elements: an empty message, as an empty GPU array is
+                return Msg(np.zeros(0, np.uint8), 0, datatype)
         return Msg(None, None, datatype, gpu)
     length = raw.size
     if displ is not None:

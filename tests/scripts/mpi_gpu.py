@@ -56,6 +56,7 @@ for count, tag in ((5, 6), (70_000, 7)):
 part = cp.full(6, -1.0, cp.float32)
 if r == 0:
     part[2:5] = cp.arange(3, dtype=cp.float32)
+comm.Bcast([part, 0, MPI.FLOAT], root=0)  # no elements: an empty message, nothing written
 comm.Bcast([part, (3, 2), MPI.FLOAT], root=0)
 whole = cp.full(4, float(r + 1), cp.float64)
 comm.Allreduce(MPI.IN_PLACE, [whole, 2, MPI.DOUBLE], op=MPI.SUM)
