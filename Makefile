@@ -11,6 +11,7 @@ SOURCES := pyproject.toml setup.py $(wildcard cython_src/*.pyx cython_src/*.pxd 
 install: $(STAMP)
 
 $(STAMP): $(SOURCES)
+	bash scripts/setup-build-deps.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'

@@ -38,7 +38,7 @@ GPURUN = [_CONSOLE] if os.access(_CONSOLE, os.X_OK) else [sys.executable, "-m", 
 # Variables of the test runner's own environment that would change what a job does.
 _SCRUB = ("GPUCOLL_ALGO", "GPUCOLL_SHM_DISABLE", "GPUCOLL_DEBUG", "GPUCOLL_DEBUG_SUBSYS", "GPUCOLL_DEBUG_FILE",
           "GPUCOLL_DEBUG_CHECKS", "GPUCOLL_TIMEOUT", "GPUCOLL_BUFFSIZE", "GPUCOLL_RANK", "GPUCOLL_SIZE",
-          "GPUCOLL_STORE", "GPUCOLL_BOOTSTRAP")
+          "GPUCOLL_STORE", "GPUCOLL_BOOTSTRAP", "GPUCOLL_NET", "GPUCOLL_OFI_PROVIDER", "GPUCOLL_OFI_RMA_MIN")
 
 
 class Job:
@@ -121,6 +121,8 @@ PIECES = {
     "multihost": "network namespaces: root, iproute2 (scripts/setup-test-system.sh)",
     "sshd": "openssh-server and openssh-client (scripts/setup-test-system.sh, as root)",
     "torch": "torch (a CPU build is enough), for the gloo comparisons",
+    "ofi": "libfabric: gpucoll built with its headers and libfabric.so.1 loadable (make install adds Debian's "
+           "libfabric-dev as root where apt exists)",
 }
 _ALIASES = {"netns": "multihost"}
 REQUIRE_VAR = config.TEST_REQUIRE.name
@@ -168,6 +170,17 @@ def pytest_runtest_setup(item):
             pytest.fail(f"{broken} ({PIECES[piece]})", pytrace=False)
         if reason is not None:
             unavailable(piece, reason)
+
+
+def ofi_missing():
+    """None when the OFI transport can run here, else why not."""
+    try:
+        from gpucoll.transports.net import ofi_module
+
+        ofi_module()
+    except Exception as exc:  # ImportError (built without the headers), OfiUnavailable (no library)
+        return str(exc)
+    return None
 
 
 # --- mpi4py's release (its test suite and demos), fetched from PyPI once --------------------------

@@ -340,8 +340,8 @@ def test_select_follows_the_model_from_latency_to_bandwidth(auto):
     assert select("allreduce", 1 << 28, 16, "tcp") == "rhd"
     assert select("bcast", 64, 16, "tcp") == "tree"
     assert select("bcast", 1 << 28, 16, "tcp") == "ring"
-    assert select("reduce", 64, 16, "ib") == "tree"
-    assert select("reduce", 1 << 28, 16, "ib") == "ring"
+    assert select("reduce", 64, 16, "ofi") == "tree"
+    assert select("reduce", 1 << 28, 16, "ofi") == "ring"
     # 'direct' (the host engine's shared segment) only over shared memory, and only when the
     # caller can run it; GPU buffers' own rows are 'registered' and the staged ones.
     assert select("allreduce", 1024, 4, "shm") != "direct"

@@ -157,6 +157,29 @@ def test_hierarchical_allreduce_is_chosen_and_logged(hosts):
 
 
 @pytest.mark.multihost
+def test_ofi_carries_the_traffic_between_hosts_on_the_chosen_network(hosts):
+    """GPUCOLL_NET=ofi: libfabric's tcp provider opens its domain on the interface of
+    GPUCOLL_SOCKET_IFNAME, the leaders' all-reduce rides OFI, the bytes cross the data network."""
+    from conftest import ofi_missing
+
+    why = ofi_missing()
+    if why:
+        unavailable("ofi", why)
+    a, b = hosts.names
+    data0 = hosts.counters(1, "data")
+    env = {"GPUCOLL_NET": "ofi", "GPUCOLL_SOCKET_IFNAME": "data", "GPUCOLL_DEBUG": "INFO",
+           "GPUCOLL_DEBUG_SUBSYS": "NET,COLL"}
+    code, out, err, _ = gpurun_on(hosts, 0, ["--hosts", f"{a}:2,{b}:2", *LOCAL, sys.executable, CASES,
+                                             "--bytes", 16 << 20], env=env)
+    assert code == 0, err
+    check_exact(results(out), hosts, 2, network="data")
+    assert "allreduce #0 8 B int64 SUM hierarchical via SHM+OFI" in err, err
+    endpoints = [line for line in err.splitlines() if "OFI endpoint of rank" in line]
+    assert endpoints and all("tcp;ofi_rxm" in line and "domain data0" in line for line in endpoints), endpoints
+    assert hosts.counters(1, "data")[0] - data0[0] > 16 << 20
+
+
+@pytest.mark.multihost
 def test_lost_host_ends_the_job_and_is_named(hosts):
     a, b = hosts.names
     code, out, err, seconds = gpurun_on(hosts, 0, ["--hosts", f"{a}:2,{b}:2", *LOCAL, sys.executable, CASES,

@@ -1,23 +1,36 @@
 """Host point to point on the native engine (cython_src/include/gc_p2p.h) in real gpurun jobs:
 matching order across the eager and rendezvous protocols, bad input and faults
-(tests/scripts/p2p_native.py). Each case runs over shared memory (one host) and over TCP
-(GPUCOLL_SHM_DISABLE=1: the protocol between hosts, bytes streamed after the receive matched)."""
+(tests/scripts/p2p_native.py). Each case runs over shared memory (one host), over TCP
+(GPUCOLL_SHM_DISABLE=1: the protocol between hosts, bytes streamed after the receive matched)
+and over OFI (libfabric's tcp provider, GPUCOLL_NET=ofi: the same protocol on the RDMA path,
+large payloads read one-sided from the sender's registered memory)."""
 import os
 
 import pytest
+from conftest import ofi_missing, requires
 
-TRANSPORTS = {"shm": {}, "tcp": {"GPUCOLL_SHM_DISABLE": "1"}}
-# TCP with 3 stripes and a receive ring smaller than a stripe: large payloads, read straight into
-# their place, start with bytes already in the ring and arrive on every socket out of order
-NARROW_TCP = {"GPUCOLL_SHM_DISABLE": "1", "GPUCOLL_NSOCKS": "3", "GPUCOLL_BUFFSIZE": str(96 << 10)}
+ENVS = {
+    "shm": {},
+    "tcp": {"GPUCOLL_SHM_DISABLE": "1"},
+    "ofi": {"GPUCOLL_SHM_DISABLE": "1", "GPUCOLL_NET": "ofi"},
+    # TCP with 3 stripes and a receive ring smaller than a stripe: large payloads, read straight into
+    # their place, start with bytes already in the ring and arrive on every socket out of order
+    "narrow-tcp": {"GPUCOLL_SHM_DISABLE": "1", "GPUCOLL_NSOCKS": "3", "GPUCOLL_BUFFSIZE": str(96 << 10)},
+    # OFI with 8 slots and one-sided reads from 4 KiB: credits run out, and payloads of every size
+    # but the smallest go by reads, some through the bounce ring, some into their place
+    "narrow-ofi": {"GPUCOLL_SHM_DISABLE": "1", "GPUCOLL_NET": "ofi", "GPUCOLL_BUFFSIZE": str(96 << 10),
+                   "GPUCOLL_OFI_RMA_MIN": "4096"},
+}
+_OFI = requires("ofi", ofi_missing())
+TRANSPORTS = [pytest.param(name, marks=[_OFI] if "ofi" in name else []) for name in ("ofi", "shm", "tcp")]
 
 
 def run(gpurun_job, mode, transport, timeout="20", limit=90, **extra):
-    env = dict({**TRANSPORTS, "narrow-tcp": NARROW_TCP}[transport], GPUCOLL_TIMEOUT=timeout, **extra)
+    env = dict(ENVS[transport], GPUCOLL_TIMEOUT=timeout, **extra)
     return gpurun_job(2, "p2p_native.py", mode, env=env, timeout=limit)
 
 
-@pytest.mark.parametrize("transport", sorted(TRANSPORTS) + ["narrow-tcp"])
+@pytest.mark.parametrize("transport", TRANSPORTS + ["narrow-tcp", pytest.param("narrow-ofi", marks=_OFI)])
 def test_messages_arrive_whole_and_in_order_whatever_their_protocol(gpurun_job, transport):
     job = run(gpurun_job, "order", transport).check()
     got = job.json_lines()[1]
@@ -28,7 +41,7 @@ def test_messages_arrive_whole_and_in_order_whatever_their_protocol(gpurun_job, 
     assert [t for t in got["threads"] if not t.startswith("gpucoll-accept-")] == ["MainThread"], got["threads"]
 
 
-@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_truncation_raises_on_the_receiver_naming_both_sizes(gpurun_job, transport):
     job = run(gpurun_job, "truncate", transport).check()
     res = job.json_lines()
@@ -50,7 +63,7 @@ def test_tags_outside_0_to_tag_ub_are_refused(gpurun_job):
             assert "tag" in err["message"], (rank, name, err)
 
 
-@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_two_large_sends_first_time_out_as_mpi_allows_and_sendrecv_does_not(gpurun_job, transport):
     job = run(gpurun_job, "crossing", transport, timeout="2").check()
     for rank, got in job.json_lines().items():
@@ -62,7 +75,7 @@ def test_two_large_sends_first_time_out_as_mpi_allows_and_sendrecv_does_not(gpur
         assert got["sendrecv"] == [True, 8 << 20]
 
 
-@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_nonblocking_requests_complete_through_waitall_waitany_waitsome_testall(gpurun_job, transport):
     job = run(gpurun_job, "requests", transport).check()
     for got in job.json_lines().values():
@@ -70,7 +83,7 @@ def test_nonblocking_requests_complete_through_waitall_waitany_waitsome_testall(
                        "testall_after": True}, got
 
 
-@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_probes_move_the_bytes_of_a_matched_large_receive(gpurun_job, transport):
     """A rank that only polls Iprobe still completes a large receive it posted before (MPI's
     progress rule): the sender's blocking Send returns and its next message is found. The receiver
@@ -81,7 +94,7 @@ def test_probes_move_the_bytes_of_a_matched_large_receive(gpurun_job, transport)
     assert res[0]["send_seconds"] < 10, res
 
 
-@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_receiver_that_dies_fails_the_large_send_naming_it(gpurun_job, transport):
     job = run(gpurun_job, "receiver-dies", transport, timeout="30")
     got = job.json_lines()[0]
@@ -90,7 +103,7 @@ def test_a_receiver_that_dies_fails_the_large_send_naming_it(gpurun_job, transpo
     assert got["seconds"] < 10, got
 
 
-@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_sender_that_dies_mid_rendezvous_fails_the_receive_naming_it(gpurun_job, transport):
     job = run(gpurun_job, "sender-dies", transport, timeout="30")
     got = job.json_lines()[1]
@@ -109,7 +122,7 @@ def test_an_answer_to_a_send_never_made_drops_the_channel_and_says_so(gpurun_job
     assert got["seconds"] < 10, got
 
 
-@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_gpu_envelope_never_reaches_a_host_buffer_as_data(gpurun_job, transport):
     """Every host receive path (the blocking short path included) treats a GPU message's envelope
     as one: it reads the data from GPU memory or raises saying why (here: nothing can be mapped),

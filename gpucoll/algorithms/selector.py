@@ -44,7 +44,7 @@ class Link:
 LINKS = {
     "shm": Link(alpha=1e-6, beta=1 / 8e9),          # shared-memory rings between ranks of a host
     "tcp": Link(alpha=20e-6, beta=1 / 1.2e9),       # sockets between hosts (10 GbE class)
-    "ib": Link(alpha=3e-6, beta=1 / 12e9),          # RDMA verbs
+    "ofi": Link(alpha=3e-6, beta=1 / 12e9),         # RDMA through libfabric (verbs, efa, cxi: 100 Gb/s class)
     "nvlink": Link(alpha=3e-6, beta=1 / 100e9, schedules=False),  # GPU peers through CUDA IPC
 }
 

@@ -29,9 +29,14 @@ class Context:
         self.hosts = boot.hosts
         self.interface = _listen_interface(boot)
         self._tcp = None
+        self._ofi = None
+        self._ofi_lock = threading.Lock()   # the listener's threads may ask for it too
         mine = {"pid": os.getpid(), "pidns": _pid_namespace()}
         if self.size > 1:
             mine["tcp"] = self.tcp().address
+            from ..transports import ofi
+
+            ofi.serve(self.tcp(), self.ofi)  # a peer may meet an OFI channel before this rank needs one
         table = [json.loads(b) for b in boot.allgather(json.dumps(mine).encode())]
         self.pids = [t["pid"] for t in table]
         # A pid says whether a process lives only on its host and in its pid namespace.
@@ -62,6 +67,16 @@ class Context:
 
             self._tcp = TcpEndpoint(self.rank, self.secret, interface=self.interface)
         return self._tcp
+
+    def ofi(self):
+        """This process's OFI endpoint (libfabric), opened when a first channel between hosts needs it."""
+        with self._ofi_lock:
+            if self._ofi is None:
+                from ..transports.net import between_hosts
+                from ..transports.ofi import OfiEndpoint
+
+                self._ofi = OfiEndpoint(self.tcp(), between_hosts().provider, self.interface.name)
+            return self._ofi
 
 
 def _pid_namespace():

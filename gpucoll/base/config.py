@@ -200,7 +200,19 @@ P2P_SHARED_COPY = declare("GPUCOLL_P2P_SHARED_COPY", "bool", True,
                           "Within a host, the sender of a large point-to-point message writes chunks of it "
                           "into the receiver's memory (process_vm_writev) while the receiver reads the others; "
                           "0: the receiver copies alone.")
-IB_DISABLE = declare("GPUCOLL_IB_DISABLE", "bool", False, "Do not use RDMA verbs devices; use sockets.")
+IB_DISABLE = declare("GPUCOLL_IB_DISABLE", "bool", False,
+                     "Do not use RDMA between hosts (GPUCOLL_NET=auto then picks sockets).")
+NET = declare("GPUCOLL_NET", "choice", "auto",
+              "Transport between hosts: ofi (libfabric: RDMA, or its tcp provider), tcp (gpucoll's sockets), "
+              "auto (ofi when libfabric has a hardware provider such as verbs, efa, cxi or psm3, else tcp).",
+              choices=("auto", "ofi", "tcp"))
+OFI_PROVIDER = declare("GPUCOLL_OFI_PROVIDER", "str", None,
+                       "libfabric provider between hosts, e.g. verbs;ofi_rxm, efa, cxi, tcp;ofi_rxm. Unset: the "
+                       "first hardware provider, or tcp;ofi_rxm under GPUCOLL_NET=ofi when there is none.")
+OFI_RMA_MIN = declare("GPUCOLL_OFI_RMA_MIN", "size", 256 << 10,
+                      "Over OFI, a stretch of at least this many bytes is read by the receiver from the sender's "
+                      "registered memory (one-sided, no copy) instead of sent through bounce buffers.",
+                      minimum=1024)
 SOCKET_IFNAME = declare("GPUCOLL_SOCKET_IFNAME", "str", None,
                         "Interfaces for sockets: prefixes separated by commas, ^ to exclude, = for an exact name. "
                         "Unset: loopback for a one-host job, else the interface that reaches the store.")
@@ -257,4 +269,4 @@ TEST_HOST = declare("GPUCOLL_TEST_HOST", "str", None,
 TEST_REQUIRE = declare("GPUCOLL_TEST_REQUIRE", "choices", (),
                        "Tests only: the pieces of the machine whose absence fails the tests that need them "
                        "instead of skipping them (netns is multihost).",
-                       choices=("gpu", "mpi4py", "mpich", "slurm", "pmix", "multihost", "netns", "sshd", "torch"))
+                       choices=("gpu", "mpi4py", "mpich", "slurm", "pmix", "multihost", "netns", "sshd", "torch", "ofi"))

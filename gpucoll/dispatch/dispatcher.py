@@ -19,9 +19,10 @@ from ..engines.direct import FAST_KINDS, DirectEngine
 from ..engines.hierarchical import HierarchicalEngine
 from ..engines.queue import OrderedQueue
 from ..engines.schedules import ScheduleEngine
+from ..transports import net
 from .diagnosis import Diagnosis, compare_signatures
 
-_VIA = {"direct": "SHM/direct", "hierarchical": "SHM+TCP"}
+_VIA = {"direct": "SHM/direct", "hierarchical": "SHM+{}"}
 
 
 class Dispatcher:
@@ -35,7 +36,12 @@ class Dispatcher:
         self.choices = {}           # (kind, table bytes) -> algorithm: the cost table's answers, cached
         single_host = view.local_size == view.size
         self.shm = single_host and not config.SHM_DISABLE.get()
-        self.transport = "shm" if self.shm else "tcp"
+        # the cost table's link, and the name the COLL log gives it (net.py chooses between hosts)
+        if self.shm:
+            self.transport, self.label = "shm", "SHM"
+        else:
+            between = net.between_hosts()
+            self.transport, self.label = between.link, between.label
         self.schedules = ScheduleEngine(view, self.shm, self.timeout, self.check_alive)
         self.diagnosis = Diagnosis(view, self.timeout, on_broken=self.schedules.close_channels)
         self.direct = DirectEngine(view, self.timeout, self.check_alive) if self.shm and view.size > 1 else None
@@ -49,6 +55,9 @@ class Dispatcher:
         # COLL logs (it logs nothing).
         self.fast_ok = self.direct is not None and not self.checks and not log.enabled("info", "COLL")
         self._gpu = None
+
+    def _via(self, algo):
+        return _VIA.get(algo, "{}").format(self.label)
 
     # --- hooks for engines, the native fast paths and the GPU layer -----------------------------
     def check_alive(self):
@@ -173,7 +182,7 @@ class Dispatcher:
                 log.info("COLL", "%s #%d %d B %s%s%s %s%s via %s", call.kind, call.seq, call.nbytes,
                          dtypes.name(call.code), f" {call.op.name}" if call.op else "",
                          f" root {call.root}" if call.kind in ROOTED else "",
-                         algo, f" {mode}" if mode else "", _VIA.get(algo, self.transport.upper()))
+                         algo, f" {mode}" if mode else "", self._via(algo))
             self._rows.get(algo, self.schedules).run(call, algo)
         except GpucollError as exc:
             self.diagnosis.failed(call, algo, exc)

@@ -1,12 +1,13 @@
 """The peer channels of one communicator, made on first use.
 
 A peer on this host gets a shared-memory channel (unless GPUCOLL_SHM_DISABLE=1); a peer
-on another host a TCP channel. The executor receives a table of raw channel pointers
+on another host an OFI or a TCP channel (net.py chooses). The executor receives a table of raw channel pointers
 indexed by peer rank; this object keeps the channel objects alive behind it.
 """
 import numpy as np
 
 from ..base import config, log
+from . import net
 
 
 class ChannelSet:
@@ -43,12 +44,7 @@ class ChannelSet:
         if self._use_shm and ctx.hosts[world] == ctx.hosts[ctx.rank]:
             chan, how = self._shm_factory().channel(peer), "SHM"
         else:
-            from .verbs import inter_host_transport
-
-            inter_host_transport()  # says once why TCP carries the traffic between hosts
-            chan = ctx.tcp().channel(world, ctx.tcp_addresses[world], comm_id=self._id, nsocks=self._nsocks,
-                                     timeout=self._timeout, check=self._check)
-            how = f"TCP x{self._nsocks}"
+            chan, how = net.channel(ctx, world, self._id, self._timeout, self._check, nsocks=self._nsocks)
         log.info("INIT", "%s: channel to rank %d (world %d, %s) via %s", self._id, peer, world,
                  ctx.hosts[world], how)
         self._objs[peer] = chan

@@ -62,6 +62,7 @@ class Purpose(enum.IntEnum):
     TCP = 1    # a stripe of a TCP channel (transports/tcp.py)
     P2P = 2    # a point-to-point channel is built or asked for (transports/links.py)
     AGENT = 3  # a host agent's control connection to the head gpurun (launcher/)
+    OFI = 4    # the control socket of an OFI channel (transports/ofi.py)
 
 
 def _purposes(purpose):

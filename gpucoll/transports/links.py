@@ -23,7 +23,7 @@ import time
 from ..base import config, log
 from ..base.errors import GpucollError, LostPeerError
 from ..base.errors import TimeoutError as GpucollTimeout
-from . import handshake
+from . import handshake, net
 from .handshake import Claim, HandshakeError, Purpose
 
 COMM_ID = "p2p"             # the channels' id among the collectives' (shm segment names, TCP claims)
@@ -53,7 +53,7 @@ class Links:
             pid = ctx.watch_pid(peer)
             engine.set_peer(peer, pid, bool(local and pid), SHM_EAGER_MAX if local else TCP_EAGER_MAX)
         if ctx.size > 1:
-            ctx.tcp().serve_p2p(self._announced)
+            ctx.tcp().serve(Purpose.P2P, self._announced)
 
     def _same_host(self, peer):
         return self._use_shm and self._ctx.hosts[peer] == self._ctx.hosts[self._ctx.rank]
@@ -185,12 +185,10 @@ class Links:
             log.warn("P2P", "point-to-point channel with rank %d: %s", peer, exc)
 
     def _channel_to(self, peer):
-        """(channel, how) to peer: shared memory within this host, else TCP."""
+        """(channel, how) to peer: shared memory within this host, else the network (net.py)."""
         if self._same_host(peer):
             return self._shm_channels().channel(peer), "SHM"
-        ctx = self._ctx
-        chan = ctx.tcp().channel(peer, ctx.tcp_addresses[peer], comm_id=COMM_ID, timeout=config.INIT_TIMEOUT.get())
-        return chan, f"TCP x{chan.nsocks}"
+        return net.channel(self._ctx, peer, COMM_ID, timeout=config.INIT_TIMEOUT.get())
 
     def _take(self, peer):
         """The higher rank's side of a channel that the lower rank built."""

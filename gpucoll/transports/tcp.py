@@ -73,30 +73,32 @@ class TcpEndpoint:
         self._closed = False
         host, port = listener.getsockname()
         self.address = f"{host}:{port}"
-        self._p2p = None        # called with each point-to-point connection (transports/links.py)
-        self._p2p_early = []    # those that arrived before it was set
-        self._listener = handshake.PeerListener(listener, self._secret, (Purpose.TCP, Purpose.P2P), self.rank,
+        self._handlers = {}     # purpose -> called with each such connection (links.py: P2P, ofi.py: OFI)
+        self._early = []        # connections whose purpose had no handler yet
+        self._listener = handshake.PeerListener(listener, self._secret, (Purpose.TCP, Purpose.P2P, Purpose.OFI),
+                                                self.rank,
                                                 self._file, f"the TCP listener of rank {self.rank} at {self.address}")
         log.info("NET", "TCP endpoint of rank %d listens on %s (%s)", self.rank, self.address,
                  self.interface.name)
 
     # -- accepting ---------------------------------------------------------------------
-    def serve_p2p(self, on_peer):
-        """Hand every authenticated point-to-point connection to on_peer(conn, claim), on the
-        listener's thread (it must not block); those that came before are handed over now."""
+    def serve(self, purpose, on_peer):
+        """Hand every authenticated connection of `purpose` (P2P, OFI) to on_peer(conn, claim), on
+        the listener's thread (it must not block); those that came before are handed over now."""
         with self._cond:
-            self._p2p = on_peer
-            early, self._p2p_early = self._p2p_early, []
+            self._handlers[purpose] = on_peer
+            early = [(c, cl) for c, cl in self._early if cl.purpose == purpose]
+            self._early = [(c, cl) for c, cl in self._early if cl.purpose != purpose]
         for conn, claim in early:
             on_peer(conn, claim)
 
     def _file(self, conn, claim):
         """A peer proved the secret and its claim (on the listener's thread)."""
-        if claim.purpose == Purpose.P2P:
+        if claim.purpose != Purpose.TCP:
             with self._cond:
-                on_peer = self._p2p
-                if on_peer is None:  # a peer that started sooner: kept until point to point is set up
-                    self._p2p_early.append((conn, claim))
+                on_peer = self._handlers.get(claim.purpose)
+                if on_peer is None:  # a peer that started sooner: kept until the handler is set
+                    self._early.append((conn, claim))
                     return
             on_peer(conn, claim)
             return
@@ -127,25 +129,15 @@ class TcpEndpoint:
         ended). Raises gpucoll.TimeoutError naming the peer and its address.
         """
         peer_rank = int(peer_rank)
-        if peer_rank == self.rank:
-            raise InvalidUsageError(f"rank {self.rank} asked for a TCP channel to itself")
-        if self._closed:
-            raise InvalidUsageError("the TCP endpoint is closed")
         comm_id = str(comm_id)
         key = (comm_id, peer_rank)
         ch = self._channels.get(key)
         if ch is not None and not ch.closed:
             return ch
         nsocks = config.NSOCKS.get() if nsocks is None else int(nsocks)
-        if not 1 <= nsocks <= _sock.MAX_SOCKS:
-            raise InvalidUsageError(f"nsocks={nsocks}: a TCP channel takes 1 to {_sock.MAX_SOCKS} sockets")
         ring_bytes = config.BUFFSIZE.get() if ring_bytes is None else int(ring_bytes)
         ring_bytes = -(-ring_bytes // _sock.ALIGN) * _sock.ALIGN
-        timeout = config.TIMEOUT.get() if timeout is None else float(timeout)
-        if self.rank < peer_rank:
-            fds = self._connect(peer_rank, peer_address, comm_id, nsocks, timeout, check)
-        else:
-            fds = self._await(peer_rank, peer_address, comm_id, nsocks, timeout, check)
+        fds = self._sockets(peer_rank, peer_address, comm_id, nsocks, timeout, check)
         try:
             ch = _sock.TcpChannel(fds, peer=peer_rank, ring_bytes=ring_bytes, chunk_bytes=chunk_bytes,
                                   address=peer_address)
@@ -158,7 +150,30 @@ class TcpEndpoint:
                  self.rank, peer_rank, peer_address, comm_id, nsocks, ring_bytes, chunk_bytes)
         return ch
 
-    def _connect(self, peer, address, comm_id, nsocks, timeout, check=None):
+    def _sockets(self, peer_rank, peer_address, comm_id, nsocks, timeout, check):
+        """`nsocks` connected sockets to world rank `peer_rank` for `comm_id`, each proven by the
+        job's handshake (file descriptors): the lower rank connects, the higher one takes what
+        its listener filed."""
+        peer_rank = int(peer_rank)
+        if peer_rank == self.rank:
+            raise InvalidUsageError(f"rank {self.rank} asked for a TCP channel to itself")
+        if self._closed:
+            raise InvalidUsageError("the TCP endpoint is closed")
+        if not 1 <= nsocks <= _sock.MAX_SOCKS:
+            raise InvalidUsageError(f"nsocks={nsocks}: a TCP channel takes 1 to {_sock.MAX_SOCKS} sockets")
+        timeout = config.TIMEOUT.get() if timeout is None else float(timeout)
+        if self.rank < peer_rank:
+            return self._connect(peer_rank, peer_address, str(comm_id), nsocks, timeout, check)
+        return self._await(peer_rank, peer_address, str(comm_id), nsocks, timeout, check)
+
+    def connect(self, peer_rank, peer_address, purpose, comm_id, timeout=None, check=None):
+        """One socket to world rank `peer_rank`, proven by the job's handshake, whose claim says
+        `purpose` and `comm_id` (the peer's handler for that purpose takes it). The caller owns it."""
+        timeout = config.TIMEOUT.get() if timeout is None else float(timeout)
+        fd, = self._connect(int(peer_rank), peer_address, str(comm_id), 1, timeout, check, purpose)
+        return socket.socket(fileno=fd)
+
+    def _connect(self, peer, address, comm_id, nsocks, timeout, check=None, purpose=Purpose.TCP):
         host, port = _split(address)
         deadline = time.monotonic() + timeout
         socks = []
@@ -166,7 +181,7 @@ class TcpEndpoint:
             for index in range(nsocks):
                 s = _connect_retrying(host, port, deadline, peer, address, self.rank, timeout, check)
                 socks.append(s)
-                claim = Claim(Purpose.TCP, self.rank, peer, comm_id, index, nsocks)
+                claim = Claim(purpose, self.rank, peer, comm_id, index, nsocks)
                 try:
                     handshake.connect(s, self._secret, claim, _HELLO_TIMEOUT)
                 except (HandshakeError, OSError) as exc:

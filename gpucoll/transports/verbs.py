@@ -1,18 +1,13 @@
-"""RDMA verbs devices: detection, and the choice of the transport between hosts.
-
-gpucoll has no verbs data path yet, so traffic between hosts always runs over TCP; what
-this module settles is what the logs and `gpucoll info` say: the devices found under
-/sys/class/infiniband (name, ports and their state), and why TCP carries the traffic
-(no device, GPUCOLL_IB_DISABLE=1, or a device without a verbs transport in this build)::
+"""RDMA devices the kernel exposes under /sys/class/infiniband (name, ports and their state):
+what `gpucoll info` and the reason for the transport between hosts (net.py) say about the
+hardware. The data path over them is libfabric's (ofi.py)::
 
     from gpucoll.transports import verbs
     verbs.devices()                  # [] on a machine without RDMA hardware
-    verbs.inter_host_transport()     # "tcp", logged once at INFO (subsystem NET)
 """
 import os
 from typing import List, NamedTuple
 
-from ..base import config, log
 
 SYSFS = "/sys/class/infiniband"
 
@@ -49,23 +44,3 @@ def devices(root=SYSFS) -> List[Device]:
             ports.append((port, _read(os.path.join(base, "state")), _read(os.path.join(base, "link_layer"))))
         found.append(Device(name, tuple(ports)))
     return found
-
-
-_choice = None
-
-
-def inter_host_transport(root=SYSFS):
-    """The transport for traffic between hosts ("tcp"), with the reason logged once."""
-    global _choice
-    if _choice is None:
-        found = devices(root)
-        if config.IB_DISABLE.get():
-            why = "GPUCOLL_IB_DISABLE=1"
-        elif not found:
-            why = f"no RDMA device ({root} is empty or absent)"
-        else:
-            why = (f"RDMA device(s) {', '.join(d.describe() for d in found)} found, but this build has no "
-                   "verbs transport")
-        log.info("NET", "between hosts: TCP sockets (%s)", why)
-        _choice = "tcp"
-    return _choice
