@@ -6,7 +6,7 @@ NP ?= 4
 STAMP := $(VENV)/.installed
 SOURCES := pyproject.toml setup.py $(wildcard cython_src/*.pyx cython_src/*.pxd cython_src/include/*.h)
 
-.PHONY: install demo docs-environment test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref test-mpi4py-demos bench bench-many bench-vector bench-request-cost bench-gloo bench-launch bench-multihost bench-p2p bench-p2p-mpi bench-p2p-mpi-alloc bench-p2p-hosts bench-reproduce bench-gpu calibrate-gpu calibrate-host clean
+.PHONY: install demo docs-environment test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref test-mpi4py-demos bench bench-many bench-vector bench-request-cost bench-gloo bench-launch bench-ofi bench-multihost bench-p2p bench-p2p-mpi bench-p2p-mpi-alloc bench-p2p-hosts bench-reproduce bench-gpu calibrate-gpu calibrate-host clean
 
 install: $(STAMP)
 
@@ -158,6 +158,13 @@ bench-reproduce: $(STAMP)
 	  $(abspath $(PY)) $(CURDIR)/benchmarks/readme_table.py --check invocation-$$i/$$f \
 	    $$(for j in $$(seq $(INVOCATIONS)); do [ $$j = $$i ] || echo invocation-$$j/$$f; done) | tail -1; \
 	done; done
+
+# Between two network-namespace hosts: gpucoll over OFI, over its own TCP, and libfabric's fi_pingpong
+# on the same provider (OFI_PROVIDER), in one run.
+OFI_PROVIDER ?= tcp;ofi_rxm
+bench-ofi: $(STAMP) test-deps
+	@mkdir -p $(BENCH_OUT)
+	$(PY) benchmarks/bench_ofi.py --provider '$(OFI_PROVIDER)' --repeats $(REPEATS) --json $(BENCH_OUT)/ofi.json
 
 bench-multihost: $(STAMP) test-deps
 	@mkdir -p $(BENCH_OUT)

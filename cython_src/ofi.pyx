@@ -71,6 +71,7 @@ cdef extern from "gc_ofichan.h" nogil:
         uint32_t id
         size_t slot_bytes
         uint32_t nslots
+        uint64_t n_eager, n_rma, read_bounce, read_direct
     int gc_ofi_load(const char *path)
     const char *gc_ofi_strerror(int err)
     fi_info *gc_ofi_getinfo(const char *provider, const char *domain, uint64_t mr_extra)
@@ -251,6 +252,14 @@ cdef class OfiChannel:
     def ptr(self):
         """Address of the gc_chan (0 once closed); valid while this object lives."""
         return <uintptr_t>self.c
+
+    def stats(self):
+        """Messages sent eager and as RMA (read by the peer); bytes this side read one-sided, through
+        the bounce ring and straight into the caller's memory. Read without the domain's lock."""
+        if self.c == NULL:
+            return {}
+        return {"eager": self.c.n_eager, "rma": self.c.n_rma, "read_bounce": self.c.read_bounce,
+                "read_direct": self.c.read_direct}
 
     @property
     def peer(self):

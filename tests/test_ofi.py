@@ -68,6 +68,11 @@ def test_channel_carries_every_size_whole_and_in_order(provider, domain):
         assert set(doms[0].mr_mode) >= {"FI_MR_LOCAL", "FI_MR_VIRT_ADDR", "FI_MR_ALLOCATED", "FI_MR_PROV_KEY"}
         assert exchange(chans, SIZES)
         assert exchange(chans, SIZES[::-1])
+        big = sum(n >= 64 << 10 for n in SIZES)
+        for ch in chans:  # each side sent the large ones as RMA messages and read the other's
+            got = ch.stats()
+            assert got["rma"] == 2 * big and got["read_bounce"] == 2 * sum(n for n in SIZES if n >= 64 << 10), got
+            assert got["eager"] >= 2 * (len(SIZES) - big), got
     finally:
         for c in chans:
             c.close()
@@ -104,5 +109,18 @@ def test_an_unknown_provider_is_refused_naming_it(gpurun_job):
     job = gpurun_job(2, "ofi_settings.py", "plain",
                      env={**OFI, "GPUCOLL_OFI_PROVIDER": "nosuchfabric", "GPUCOLL_TIMEOUT": "20"}, timeout=60)
     assert job.returncode != 0
-    assert "GPUCOLL_OFI_PROVIDER='nosuchfabric': libfabric offers no such interface here" in job.stderr, \
+    assert "InvalidUsageError: GPUCOLL_OFI_PROVIDER='nosuchfabric': libfabric offers no such provider" in job.stderr, \
         job.describe()
+    assert "it offers " in job.stderr and "tcp;ofi_rxm" in job.stderr, job.describe()
+
+
+def test_large_point_to_point_is_read_into_place_and_small_goes_eager(gpurun_job):
+    """A 3 MiB Send/Recv: the receiver reads it one-sided straight into the receive buffer (no
+    bounce, no copy on the sender); 8-byte messages go eager."""
+    job = gpurun_job(2, "ofi_settings.py", "p2p", env=OFI, timeout=60).check()
+    res = job.json_lines()
+    assert res[0]["whole"] and res[1]["whole"], res
+    sender, receiver = res[0]["stats"], res[1]["stats"]
+    assert sender["rma"] >= 1 and receiver["read_direct"] >= 3 << 20, (sender, receiver)
+    assert receiver["read_bounce"] == 0, receiver
+    assert sender["eager"] >= 100, sender

@@ -41,6 +41,10 @@ struct gc_chan {
      * its rendezvous copies there (gc_p2p.h). */
     uint64_t *pair_words[2];
     unsigned pair_nwords;
+    /* Optional (0 where the transport has none): an offer of at least this many bytes is moved
+     * one-sided, with no copy, once the peer reads it (OFI): a caller that would cut a large
+     * payload into pieces offers it whole instead. */
+    size_t whole_from;
 };
 
 /* Every message a step sends is padded to a multiple of GC_CHAN_ALIGN bytes, and every

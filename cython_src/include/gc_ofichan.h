@@ -35,12 +35,19 @@
  *
  * Registration honours the provider's mr_mode bits and any asked for on top (the tests ask for
  * the verbs provider's FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY on tcp):
- * descriptors on every local buffer, virtual or offset addresses, provider or chosen keys,
- * registrations bound to the endpoint. A caller's buffer is registered for the one transfer and
+ * descriptors on every local buffer, virtual or offset addresses, provider or random keys,
+ * registrations bound to the endpoint. Only a buffer being sent by RMA is open to remote reads,
+ * and only until the peer has read it. A caller's buffer is registered for the one transfer and
  * closed after it (never a stale key for memory freed and reused at the same address).
  *
+ * Progress. Providers move bytes only when called (manual progress): every channel call reads
+ * the completion queue. A rank that waits elsewhere (in Python, for another rank) must still let
+ * the bytes it handed over leave and its credits go out, or a peer waiting for them never gets
+ * them; so one thread per domain reads the queue and sends due control messages whenever it
+ * finds the lock free, every 50 us after activity, backing off to 2 ms when idle.
+ *
  * Liveness. Each channel keeps its TCP control socket: alive() is 0 once the peer's end closed.
- * `fd` is -1: progress is manual (the executor spins, then naps).
+ * `fd` is -1 (the executor spins, then naps).
  */
 #ifndef GC_OFICHAN_H
 #define GC_OFICHAN_H
@@ -195,7 +202,7 @@ typedef struct {
     uint64_t mr_mode;            /* bits honoured: the provider's and the ones asked for */
     uint64_t prov_mr_mode;       /* the provider's own: keys and remote addresses follow these */
     size_t inject_max;
-    uint64_t next_key;           /* keys chosen here when the provider does not pick them */
+    uint64_t next_key;           /* a key to choose should the random source fail */
     char name[GC_OFI_NAME_MAX];  /* this endpoint's address */
     size_t namelen;
     int naddrs, capaddrs;        /* peers' addresses, each inserted once */
@@ -203,10 +210,20 @@ typedef struct {
     size_t *addr_lens;
     fi_addr_t *addrs;
     int nchans;
+    struct gc_ofichan *chans;    /* the open channels (linked through ->next): the progress thread
+                                    sends their due control messages */
+    pthread_t progress;
+    int progress_on;
+    volatile int progress_stop;
+    volatile uint64_t activity;  /* bumped by every channel call: the progress thread naps short */
 } gc_ofi_dom;
 
 static void gc_ofi_dom_destroy(gc_ofi_dom *d) {
     if (!d) return;
+    if (d->progress_on) {
+        d->progress_stop = 1;
+        pthread_join(d->progress, NULL);
+    }
     if (d->ep) fi_close(&d->ep->fid);
     if (d->av) fi_close(&d->av->fid);
     if (d->cq) fi_close(&d->cq->fid);
@@ -219,6 +236,8 @@ static void gc_ofi_dom_destroy(gc_ofi_dom *d) {
     pthread_mutex_destroy(&d->lock);
     free(d);
 }
+
+static void *gc_ofi__progress_main(void *arg);
 
 #define GC_OFI_TRY(call, what) do { int r_ = (int)(call); if (r_) { \
     snprintf(gc_ofi_why, sizeof gc_ofi_why, "%s: %s", what, gc_ofi_strerror(r_)); goto fail; } } while (0)
@@ -258,6 +277,11 @@ static gc_ofi_dom *gc_ofi_dom_create(struct fi_info *info, uint64_t mr_extra) {
     GC_OFI_TRY(fi_enable(d->ep), "fi_enable");
     d->namelen = sizeof d->name;
     GC_OFI_TRY(fi_getname(&d->ep->fid, d->name, &d->namelen), "fi_getname");
+    if (pthread_create(&d->progress, NULL, gc_ofi__progress_main, d)) {
+        snprintf(gc_ofi_why, sizeof gc_ofi_why, "cannot start the progress thread");
+        goto fail;
+    }
+    d->progress_on = 1;
     return d;
 fail:
     gc_ofi_dom_destroy(d);
@@ -292,11 +316,21 @@ static int gc_ofi_dom_addr(gc_ofi_dom *d, const void *name, size_t len, fi_addr_
     return 0;
 }
 
-/* Register [buf, buf+len) for `access`; *desc gets the local descriptor. 0 or -FI_*. */
+/* Register [buf, buf+len) for `access`; *desc gets the local descriptor. 0 or -FI_*. Where the
+ * provider lets the caller choose keys they are drawn at random (a key names memory another
+ * process may read: not guessable), and drawn again if one is taken. */
 static int gc_ofi_reg(gc_ofi_dom *d, const void *buf, size_t len, uint64_t access, struct fid_mr **mr,
                       void **desc) {
-    uint64_t key = (d->prov_mr_mode & FI_MR_PROV_KEY) ? 0 : d->next_key++;
-    int r = fi_mr_reg(d->domain, buf, len, access, 0, key, 0, mr, NULL);
+    int r = -FI_ENOKEY;
+    for (int attempt = 0; attempt < 8 && r == -FI_ENOKEY; attempt++) {
+        uint64_t key = 0;
+        if (!(d->prov_mr_mode & FI_MR_PROV_KEY)) {
+            if (getrandom(&key, sizeof key, 0) != sizeof key) key = d->next_key++;
+            size_t bytes = d->info->domain_attr->mr_key_size;
+            if (bytes && bytes < sizeof key) key &= (1ull << (8 * bytes)) - 1;
+        }
+        r = fi_mr_reg(d->domain, buf, len, access, 0, key, 0, mr, NULL);
+    }
     if (r) return r;
     if (d->prov_mr_mode & FI_MR_ENDPOINT) {
         if ((r = fi_mr_bind(*mr, &d->ep->fid, 0)) || (r = fi_mr_enable(*mr))) {
@@ -360,6 +394,10 @@ typedef struct gc_ofichan {
     gc_ofi_op rd_direct_op;
     int gone;                    /* 0, or the status every later call returns */
     int err;                     /* the provider's error behind it */
+    /* what moved how (OfiChannel.stats()) */
+    uint64_t n_eager, n_rma;     /* messages sent: eager, RMA */
+    uint64_t read_bounce, read_direct; /* bytes read one-sided: through the bounce ring, into place */
+    struct gc_ofichan *next;     /* the domain's list */
 } gc_ofichan;
 
 static void gc_ofi__fail(gc_ofichan *ch, int status, int err) {
@@ -457,6 +495,26 @@ static void gc_ofi__progress(gc_ofi_dom *d) {
     }
 }
 
+static void gc_ofi__tell(gc_ofichan *ch, int force);
+
+static void *gc_ofi__progress_main(void *arg) {
+    gc_ofi_dom *d = arg;
+    uint64_t seen = 0;
+    useconds_t nap = 50;
+    while (!d->progress_stop) {
+        if (pthread_mutex_trylock(&d->lock) == 0) {
+            gc_ofi__progress(d);
+            for (struct gc_ofichan *ch = d->chans; ch; ch = ch->next) gc_ofi__tell(ch, 0);
+            pthread_mutex_unlock(&d->lock);
+        }
+        uint64_t now = d->activity;
+        nap = now != seen ? 50 : (nap < 2000 ? nap * 2 : 2000);
+        seen = now;
+        usleep(nap);
+    }
+    return NULL;
+}
+
 /* --- send ------------------------------------------------------------------------------------ */
 static ssize_t gc_ofi__send_locked(gc_ofichan *ch, const char *buf, size_t len) {
     gc_ofi_dom *d = ch->d;
@@ -484,6 +542,7 @@ static ssize_t gc_ofi__send_locked(gc_ofichan *ch, const char *buf, size_t len) 
             return 0;
         }
         ch->tx_seq++;
+        ch->n_rma++;
         ch->rma_active = 1;
         ch->rma_buf = buf;
         ch->rma_len = len;
@@ -510,6 +569,7 @@ static ssize_t gc_ofi__send_locked(gc_ofichan *ch, const char *buf, size_t len) 
         if (r == -FI_EAGAIN) break;
         if (r) { gc_ofi__fail(ch, GC_ERR_IO, r); return taken ? (ssize_t)taken : ch->gone; }
         ch->tx_seq++;
+        ch->n_eager++;
         taken += n;
     }
     return (ssize_t)taken;
@@ -518,6 +578,7 @@ static ssize_t gc_ofi__send_locked(gc_ofichan *ch, const char *buf, size_t len) 
 static ssize_t gc_ofi_send(gc_chan *c, const void *buf, size_t len) {
     gc_ofichan *ch = (gc_ofichan *)c;
     pthread_mutex_lock(&ch->d->lock);
+    ch->d->activity++;
     gc_ofi__progress(ch->d);
     ssize_t k = ch->gone ? ch->gone : gc_ofi__send_locked(ch, buf, len);
     gc_ofi__tell(ch, 0);
@@ -549,6 +610,7 @@ static int gc_ofi__issue_reads(gc_ofichan *ch) {
             return r;
         }
         ch->rd_issued += n;
+        ch->read_bounce += n;
     }
 }
 
@@ -600,6 +662,7 @@ static ssize_t gc_ofi__peek_locked(gc_ofichan *ch, const void **ptr) {
 static ssize_t gc_ofi_peek(gc_chan *c, const void **ptr) {
     gc_ofichan *ch = (gc_ofichan *)c;
     pthread_mutex_lock(&ch->d->lock);
+    ch->d->activity++;
     gc_ofi__progress(ch->d);
     ssize_t k = gc_ofi__peek_locked(ch, ptr);
     if (k == 0 && ch->gone) k = ch->gone;
@@ -672,6 +735,7 @@ static ssize_t gc_ofi_recv_direct(gc_chan *c, void *dst, size_t len) {
         ch->rd_direct = 1;
         ch->rd_direct_len = n;
         ch->rd_issued += n;
+        ch->read_direct += n;
         goto out;
     }
     /* eager bytes, or an RMA message already being read through the bounce ring */
@@ -722,6 +786,7 @@ static int gc_ofichan_create(gc_ofi_dom *d, int ctl_fd, int peer, size_t slot_by
     ch->base.recv_direct = gc_ofi_recv_direct;
     ch->base.fd = -1;
     ch->base.peer = peer;
+    ch->base.whole_from = ch->rma_min;
     size_t ring = (size_t)nslots * slot_bytes;
     ch->mem_bytes = 2 * ring + (size_t)GC_OFI_RD_NCHUNK * GC_OFI_RD_CHUNK + GC_OFI_NCTL * sizeof(gc_ofi_ctl_msg);
     ch->tx_ops = calloc(nslots, sizeof *ch->tx_ops);
@@ -745,7 +810,11 @@ static int gc_ofichan_create(gc_ofi_dom *d, int ctl_fd, int peer, size_t slot_by
     ch->id = id ? id : (uint32_t)(uintptr_t)ch;
     pthread_mutex_lock(&d->lock);
     int r = gc_ofi_reg(d, ch->mem, ch->mem_bytes, FI_SEND | FI_RECV | FI_READ, &ch->mr, &ch->desc);
-    if (!r) d->nchans++;
+    if (!r) {
+        d->nchans++;
+        ch->next = d->chans;
+        d->chans = ch;
+    }
     pthread_mutex_unlock(&d->lock);
     if (r) {
         free(ch->mem); free(ch->tx_ops); free(ch->rx_ops); free(ch);
@@ -811,6 +880,8 @@ static void gc_ofichan_destroy(gc_ofichan *ch) {
     if (ch->rd_direct_mr) fi_close(&ch->rd_direct_mr->fid);
     if (ch->mr) fi_close(&ch->mr->fid);
     d->nchans--;
+    for (gc_ofichan **at = &d->chans; *at; at = &(*at)->next)
+        if (*at == ch) { *at = ch->next; break; }
     pthread_mutex_unlock(&d->lock);
     if (ch->ctl_fd >= 0) close(ch->ctl_fd);
     if (quiet) {          /* else the provider may still write there: leave it allocated */

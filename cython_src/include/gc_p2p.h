@@ -381,7 +381,7 @@ static int gc_p2p__push(gc_p2p *e, int peer)
                 k = c->send(c, (const char *)&o->h + o->off, GC_P2P_HDR_BYTES - o->off);
             } else {
                 uint64_t at = o->off - GC_P2P_HDR_BYTES, n = o->plen - at;
-                if (n > GC_P2P_PUSH_CHUNK) n = GC_P2P_PUSH_CHUNK;
+                if (n > GC_P2P_PUSH_CHUNK && !(c->whole_from && n >= c->whole_from)) n = GC_P2P_PUSH_CHUNK;
                 k = c->send(c, o->payload + at, (size_t)n);
             }
             if (k < 0) {

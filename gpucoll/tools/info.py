@@ -36,7 +36,19 @@ def info():
         click.echo(f"  {line}")
     click.echo("\nTransports:")
     click.echo(f"  same host, host buffers : {'sockets (GPUCOLL_SHM_DISABLE=1)' if config.SHM_DISABLE.get() else 'shared memory'}")
-    click.echo("  between hosts           : TCP sockets (no verbs device support in this build)")
+    try:
+        from ..transports import net
+
+        between = net.between_hosts()
+        how = "TCP sockets" if between.name == "tcp" else f"OFI, provider {between.provider}"
+        click.echo(f"  between hosts           : {how} ({between.why})")
+        if between.name == "ofi":
+            ofi = net.ofi_module()
+            for prov, fabric, domain, hmem in ofi.interfaces(between.provider):
+                click.echo(f"    {prov} fabric {fabric} domain {domain}: GPU memory "
+                           f"{'registered directly (FI_HMEM)' if hmem else 'staged through host memory'}")
+    except Exception as exc:  # shown, not raised: info must always print
+        click.echo(f"  between hosts           : {exc}")
     try:
         from ..transports import ifaces
 

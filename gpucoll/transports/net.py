@@ -9,15 +9,17 @@ once (subsystem NET) and shown by `gpucoll info`::
     net.between_hosts()      # Choice(name='tcp', provider=None, why='no hardware provider ...')
     chan, how = net.channel(ctx, peer, "world/coll", timeout=60)
 """
+import os
 import threading
 from typing import NamedTuple, Optional
 
 from ..base import config, log
-from ..base.errors import ConfigError
+from ..base.errors import ConfigError, InvalidUsageError
 
 # providers that are software over IP (or only within a host): never picked by GPUCOLL_NET=auto
 SOFTWARE = frozenset({"tcp", "udp", "sockets", "shm", "net", "sm2"})
 FALLBACK_PROVIDER = "tcp;ofi_rxm"
+CXI_SYSFS = "/sys/class/cxi"
 
 
 class Choice(NamedTuple):
@@ -60,34 +62,57 @@ def _choose():
         return Choice("tcp", None, "GPUCOLL_NET=tcp")
     if mode == "auto" and config.IB_DISABLE.get():
         return Choice("tcp", None, "GPUCOLL_IB_DISABLE=1")
+    if mode == "auto" and not config.OFI_PROVIDER.get() and not _rdma_hardware():
+        return Choice("tcp", None, _no_ofi_reason(""))   # asking libfabric costs ~0.3 s: not for nothing
     try:
         ofi = ofi_module()
     except Exception as exc:  # ImportError, OfiUnavailable
         if mode == "ofi":
             raise ConfigError(f"GPUCOLL_NET=ofi: {exc}. Set GPUCOLL_NET=tcp or auto to use sockets.") from None
         return Choice("tcp", None, _no_ofi_reason(str(exc)))
-    provider = config.OFI_PROVIDER.get()
-    if provider:
-        try:
-            found, why = ofi.interfaces(provider), "none listed"
-        except ofi.OfiUnavailable as exc:
-            found, why = [], str(exc)
-        if not found:
-            raise ConfigError(f"{config.OFI_PROVIDER.name}={provider!r}: libfabric offers no such interface here "
-                              f"({why}); `fi_info -l` lists the providers. Unset it or name one that exists.")
-        return Choice("ofi", provider, f"{config.OFI_PROVIDER.name}={provider}")
     try:
         found = ofi.interfaces()
     except ofi.OfiUnavailable:
         found = []
-    hardware = [f for f in found if not is_software(f[0])]
-    if hardware:
-        prov, _, domain, _ = hardware[0]
-        return Choice("ofi", prov, f"hardware provider {prov} on {domain}")
-    if mode == "ofi":
-        return Choice("ofi", FALLBACK_PROVIDER, f"GPUCOLL_NET=ofi and no hardware provider: libfabric's {FALLBACK_PROVIDER}")
-    names = sorted({f[0] for f in found}) or ["none"]
-    return Choice("tcp", None, _no_ofi_reason(f"libfabric has no hardware provider (found: {', '.join(names)})"))
+    names = sorted({f[0] for f in found})
+    provider = config.OFI_PROVIDER.get()
+    if provider:
+        try:
+            mine = ofi.interfaces(provider)
+        except ofi.OfiUnavailable:
+            mine = []
+        if not mine:
+            raise InvalidUsageError(f"{config.OFI_PROVIDER.name}={provider!r}: libfabric offers no such provider "
+                                    f"with tagged messages and RMA reads here; it offers {', '.join(names) or 'none'}. "
+                                    "Name one of those, or unset it.")
+        choice = Choice("ofi", provider, f"{config.OFI_PROVIDER.name}={provider}")
+    else:
+        hardware = [f for f in found if not is_software(f[0])]
+        if hardware:
+            prov, _, domain, _ = hardware[0]
+            choice = Choice("ofi", prov, f"hardware provider {prov} on {domain}")
+        elif mode == "ofi":
+            choice = Choice("ofi", FALLBACK_PROVIDER,
+                            f"GPUCOLL_NET=ofi and no hardware provider: libfabric's {FALLBACK_PROVIDER}")
+        else:
+            return Choice("tcp", None, _no_ofi_reason(f"libfabric has no hardware provider (found: "
+                                                       f"{', '.join(names) or 'none'})"))
+    try:  # a provider can be listed and still fail to open (a port down, no permission on the device)
+        ofi.OfiDomain(choice.provider, None, ofi.MR_VERBS).close()
+    except ofi.OfiUnavailable as exc:
+        if mode == "ofi":
+            raise ConfigError(f"GPUCOLL_NET=ofi: libfabric's {choice.provider} does not open: {exc}. Set "
+                              "GPUCOLL_NET=tcp or auto to use sockets.") from None
+        return Choice("tcp", None, f"libfabric's {choice.provider} did not open ({exc})")
+    return choice
+
+
+def _rdma_hardware():
+    """Whether the kernel shows a device an RDMA provider could drive (verbs, efa, psm3 and opx under
+    /sys/class/infiniband; HPE Slingshot's cxi under /sys/class/cxi)."""
+    from .verbs import devices
+
+    return bool(devices()) or os.path.isdir(CXI_SYSFS)
 
 
 def _no_ofi_reason(why):

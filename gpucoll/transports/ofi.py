@@ -127,6 +127,11 @@ class OfiEndpoint:
                  self._tcp.rank, peer, address, comm_id, nslots, SLOT_BYTES, ch.rma_min)
         return ch
 
+    def stats(self):
+        """{(communicator id, peer): OfiChannel.stats()} of the open channels."""
+        with self._cond:
+            return {key: ch.stats() for key, ch in self._channels.items() if not ch.closed}
+
     def close(self):
         with self._cond:
             chans, self._channels = list(self._channels.values()), {}

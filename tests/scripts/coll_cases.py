@@ -311,7 +311,7 @@ def main():
                     os.environ[k] = v
         if world.rank == 0:
             d = comm._dispatch
-            print(f"PATH {name} transport={d.transport} label={d.label} forced={d.forced} available={sorted(d.available)}",
+            print(f"PATH {name} transport={d.transport} forced={d.forced} available={sorted(d.available)} label={d.label}",
                   flush=True)
         chk = Checker(world.rank)
         errors = 0
