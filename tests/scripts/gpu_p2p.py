@@ -8,6 +8,8 @@ pair has slots, tags received out of order, a group's pairwise exchange in one l
 GPU to host and host to GPU, a too-small receive buffer, stream order on both sides (the
 sender overwrites its buffer right after Send; the receiver computes right after Recv),
 GPUCOLL_P2P_DISABLE=1, and a capture that must refuse. Output: "RESULT {json}" on each rank.
+Started with GPUCOLL_P2P_DISABLE=1 (two ranks as two hosts: tests/test_gpu_ofi.py) every message
+goes through host memory, so the counts of the outbox slots' path are not checked.
 """
 import json
 import os
@@ -32,6 +34,7 @@ RANK, PEER = comm.rank, 1 - comm.rank
 DEV = one_gpu_per_rank(comm)
 failures, checked = [], [0]
 SMALL, LARGE = 1000, 3_000_001  # float32 elements: 4 KB (a slot) and 12 MB (pulled)
+APART = os.environ.get("GPUCOLL_P2P_DISABLE") == "1"
 
 
 def data(count, seed):
@@ -149,7 +152,8 @@ def small_slots():
             check(f"slot {n} B", cp.asnumpy(y), np.concatenate([bytes_of(n, seed), np.full(3, 7, np.uint8)]))
             expect(f"slot {n} B status", (st.source, st.tag, st.nbytes), (0, n % 1000, n))
     launches, messages = (a - b for a, b in zip(slot_stats(), before))
-    expect("slot messages counted", (launches, messages), (6, 6))
+    if not APART:
+        expect("slot messages counted", (launches, messages), (6, 6))
 
 
 def bytes_of(n, seed):
@@ -211,7 +215,9 @@ def group_exchange():
         sreq.Wait()
         rreq.Wait()
         check(f"group exchange {rep}", cp.asnumpy(got), bytes_of(2048, 500 + 10 * rep + PEER))
-        expect(f"group exchange {rep}: one launch for both", tuple(a - b for a, b in zip(slot_stats(), before)), (1, 2))
+        if not APART:
+            expect(f"group exchange {rep}: one launch for both",
+                   tuple(a - b for a, b in zip(slot_stats(), before)), (1, 2))
     # large messages both ways in a block, blocking and not: each stream announces its own send
     # before it waits for the peer's (else both wait for each other until GPUCOLL_TIMEOUT)
     for rep in range(2):
@@ -267,6 +273,7 @@ def stream_order():
 
 def p2p_disabled():
     out = cp.zeros(LARGE, cp.float32)
+    was = os.environ.get("GPUCOLL_P2P_DISABLE")
     os.environ["GPUCOLL_P2P_DISABLE"] = "1"
     try:
         before = ipc.open_count()
@@ -275,7 +282,10 @@ def p2p_disabled():
         check("P2P disabled: through host memory", cp.asnumpy(out), data(LARGE, 90 + PEER))
         expect("P2P disabled: nothing mapped", ipc.open_count(), before)
     finally:
-        del os.environ["GPUCOLL_P2P_DISABLE"]
+        if was is None:
+            del os.environ["GPUCOLL_P2P_DISABLE"]
+        else:
+            os.environ["GPUCOLL_P2P_DISABLE"] = was
 
 
 def torch_tensors():
