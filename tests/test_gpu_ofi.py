@@ -24,6 +24,18 @@ def test_gpu_point_to_point_across_the_ofi_path_is_exact(gpurun_job):
 
 
 @needs_gpu
+def test_gpu_buffers_between_pretend_hosts_over_ofi_are_exact(gpurun_job):
+    """GPUCOLL_TEST_HOST=pretend%r: each rank its own host, GPU data through pinned host chunks, the
+    host collectives between them on OFI."""
+    env = job_env(2, GPUCOLL_TEST_HOST="pretend%r", GPUCOLL_NET="ofi", GPUCOLL_GPU_HOST_CHUNK="256K",
+                  GPUCOLL_DEBUG="INFO", GPUCOLL_DEBUG_SUBSYS="COLL")
+    job = gpurun_job(2, "gpu_any_device.py", "cupy", "--pick", env=env, timeout=300).check()
+    res = job.json_lines()
+    assert all(r["exact"] and all(r["exact"]) for r in res.values()), res
+    assert "via OFI" in job.stderr and "via TCP" not in job.stderr, job.stderr[-3000:]
+
+
+@needs_gpu
 def test_gpu_collectives_across_the_ofi_path_are_exact(gpurun_job):
     env = job_env(2, **APART, GPUCOLL_DEBUG="INFO", GPUCOLL_DEBUG_SUBSYS="NET")
     job = gpurun_job(2, "gpu_cases.py", "--quick", env=env, timeout=600).check()

@@ -4,6 +4,7 @@ with GPUCOLL_NET=ofi (GPUCOLL_SHM_DISABLE=1 puts every pair of ranks on it), and
 Between two hosts: tests/test_multihost.py; the point-to-point protocol cases over OFI:
 tests/test_p2p_native.py."""
 import os
+import re
 import socket
 import threading
 
@@ -124,3 +125,16 @@ def test_large_point_to_point_is_read_into_place_and_small_goes_eager(gpurun_job
     assert sender["rma"] >= 1 and receiver["read_direct"] >= 3 << 20, (sender, receiver)
     assert receiver["read_bounce"] == 0, receiver
     assert sender["eager"] >= 100, sender
+
+
+def test_pretend_hosts_talk_over_ofi(gpurun_job):
+    """GPUCOLL_TEST_HOST=pretend%r: each rank its own host; every collective between them rides OFI."""
+    env = {"GPUCOLL_TEST_HOST": "pretend%r", "GPUCOLL_NET": "ofi", "GPUCOLL_DEBUG": "INFO",
+           "GPUCOLL_DEBUG_SUBSYS": "COLL,NET"}
+    job = gpurun_job(3, "multihost_cases.py", "--bytes", 1 << 20, env=env, timeout=120).check()
+    res = job.json_lines()
+    assert sorted(res) == [0, 1, 2], job.describe()
+    for rank, r in res.items():
+        assert all(r["ok"].values()), f"rank {rank}: wrong results {r['ok']}"
+    colls = re.findall(r"gpucoll INFO \[COLL\] allreduce #\d+ \d+ B .* via (\S+)$", job.stderr, re.M)
+    assert colls and set(colls) == {"OFI"}, colls

@@ -43,8 +43,9 @@
  * Progress. Providers move bytes only when called (manual progress): every channel call reads
  * the completion queue. A rank that waits elsewhere (in Python, for another rank) must still let
  * the bytes it handed over leave and its credits go out, or a peer waiting for them never gets
- * them; so one thread per domain reads the queue and sends due control messages whenever it
- * finds the lock free, every 50 us after activity, backing off to 2 ms when idle.
+ * them; so one thread per domain reads the queue and sends due control messages once no channel
+ * call has come for GC_OFI_IDLE_US (never while callers drive it: on a core of its own a rank
+ * would otherwise share that core with the thread).
  *
  * Liveness. Each channel keeps its TCP control socket: alive() is 0 once the peer's end closed.
  * `fd` is -1 (the executor spins, then naps).
@@ -84,6 +85,7 @@
 #define GC_OFI_NCTL 8                    /* control receives posted per channel */
 #define GC_OFI_RD_CHUNK (256u << 10)     /* bounce reads of an RMA message */
 #define GC_OFI_RD_NCHUNK 2
+#define GC_OFI_IDLE_US 1000              /* the progress thread steps in after this long without a call */
 /* the mr_mode bits honoured when the provider asks for them or the caller adds them */
 #define GC_OFI_MR_KNOWN (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT)
 #define GC_OFI_MR_VERBS (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY)
@@ -499,18 +501,19 @@ static void gc_ofi__tell(gc_ofichan *ch, int force);
 
 static void *gc_ofi__progress_main(void *arg) {
     gc_ofi_dom *d = arg;
-    uint64_t seen = 0;
-    useconds_t nap = 50;
+    uint64_t seen = d->activity;
     while (!d->progress_stop) {
+        usleep(GC_OFI_IDLE_US);
+        uint64_t now = d->activity;
+        if (now != seen) {          /* the channels' callers drive the queue: stay out of their way */
+            seen = now;
+            continue;
+        }
         if (pthread_mutex_trylock(&d->lock) == 0) {
             gc_ofi__progress(d);
             for (struct gc_ofichan *ch = d->chans; ch; ch = ch->next) gc_ofi__tell(ch, 0);
             pthread_mutex_unlock(&d->lock);
         }
-        uint64_t now = d->activity;
-        nap = now != seen ? 50 : (nap < 2000 ? nap * 2 : 2000);
-        seen = now;
-        usleep(nap);
     }
     return NULL;
 }

@@ -23,7 +23,14 @@ from ..base.errors import ConfigError, LostPeerError, TimeoutError
 from .handshake import Purpose
 from .net import is_software, ofi_module
 
-SLOT_BYTES = 32 << 10       # one eager message at most (a multiple of the channel's alignment)
+# One eager message at most (a multiple of the channel's alignment): below the eager limit of
+# libfabric's rxm (16 KiB with its header) and efa (about 8 KiB), above which the provider adds
+# a rendezvous of its own to every message.
+SLOT_BYTES = 8 << 10
+# Receive slots posted per channel: GPUCOLL_BUFFSIZE / (2 * SLOT_BYTES), within these bounds (a
+# provider matches an arriving message against the posted receives in turn: hundreds of them
+# per channel cost microseconds on every message).
+MIN_SLOTS, MAX_SLOTS = 8, 64
 _READY = b"\x01"
 _LEN = struct.Struct("<I")
 _BLOB_MAX = 4096
@@ -109,7 +116,7 @@ class OfiEndpoint:
         the channel): swap set-up messages, post the receives, wait for the peer's word."""
         comm_id, peer = key
         try:
-            nslots = max(8, config.BUFFSIZE.get() // (2 * SLOT_BYTES))
+            nslots = min(MAX_SLOTS, max(MIN_SLOTS, config.BUFFSIZE.get() // (2 * SLOT_BYTES)))
             ch = self._ofi.OfiChannel(self.domain, os.dup(ctl.fileno()), peer=peer, slot_bytes=SLOT_BYTES,
                                       nslots=nslots, rma_min=config.OFI_RMA_MIN.get(), address=address)
             try:
