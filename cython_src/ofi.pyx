@@ -74,7 +74,7 @@ cdef extern from "gc_ofichan.h" nogil:
         uint64_t n_eager, n_rma, read_bounce, read_direct
     int gc_ofi_load(const char *path)
     const char *gc_ofi_strerror(int err)
-    fi_info *gc_ofi_getinfo(const char *provider, const char *domain, uint64_t mr_extra)
+    fi_info *gc_ofi_getinfo(const char *provider, const char *domain, const char *source, uint64_t mr_extra)
     gc_ofi_dom *gc_ofi_dom_create(fi_info *info, uint64_t mr_extra)
     void gc_ofi_dom_destroy(gc_ofi_dom *d)
     int gc_ofichan_create(gc_ofi_dom *d, int ctl_fd, int peer, size_t slot_bytes, uint32_t nslots,
@@ -112,23 +112,26 @@ def load(path=None):
     return f"{FI_MAJOR(v)}.{FI_MINOR(v)}"
 
 
-cdef fi_info *_getinfo(provider, domain, uint64_t mr_extra):
+cdef fi_info *_getinfo(provider, domain, source, uint64_t mr_extra):
     """fi_getinfo with gpucoll's hints (NULL when nothing fits: gc_ofi_why says why)."""
-    cdef bytes prov = (provider or "").encode(), dom = (domain or "").encode()
+    cdef bytes prov = (provider or "").encode(), dom = (domain or "").encode(), src = (source or "").encode()
     cdef const char *p = NULL
     cdef const char *d = NULL
+    cdef const char *s = NULL
     if provider:
         p = prov
     if domain:
         d = dom
-    return gc_ofi_getinfo(p, d, mr_extra)
+    if source:
+        s = src
+    return gc_ofi_getinfo(p, d, s, mr_extra)
 
 
 def interfaces(provider=None, domain=None, uint64_t mr_extra=0):
     """[(provider, fabric, domain, hmem)] for every fabric interface that has what gpucoll's
     channel needs (tagged messages, RMA reads, reliable datagrams); [] when none."""
     load()
-    cdef fi_info *info = _getinfo(provider, domain, mr_extra)
+    cdef fi_info *info = _getinfo(provider, domain, None, mr_extra)
     cdef fi_info *cur = info
     out = []
     while cur != NULL:
@@ -144,15 +147,16 @@ cdef class OfiDomain:
     """The process's fabric, domain, endpoint, completion queue and address vector.
 
     provider: e.g. "tcp;ofi_rxm", "verbs;ofi_rxm", "efa" (None: the first that fits); domain: its
-    name (an interface for tcp, a device for verbs; None: the first); mr_extra: FI_MR_* bits to
-    honour on top of what the provider asks (MR_VERBS: the verbs provider's).
+    name (an interface for tcp, a device for verbs; None: the first); source: a local address to
+    bind (the software providers: the TCP listener's IP); mr_extra: FI_MR_* bits to honour on top
+    of what the provider asks (MR_VERBS: the verbs provider's).
     """
     cdef gc_ofi_dom *d
     cdef readonly str provider, fabric, domain
 
-    def __cinit__(self, provider=None, domain=None, uint64_t mr_extra=0):
+    def __cinit__(self, provider=None, domain=None, uint64_t mr_extra=0, source=None):
         load()
-        cdef fi_info *info = _getinfo(provider, domain, mr_extra)
+        cdef fi_info *info = _getinfo(provider, domain, source, mr_extra)
         if info == NULL:
             raise OfiUnavailable(_why())
         self.provider = info.fabric_attr.prov_name.decode()

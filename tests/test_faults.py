@@ -7,12 +7,14 @@ anything is sent."""
 import re
 
 import pytest
+from conftest import ofi_missing, requires
 
 PATHS = {"auto": {}, "direct": {"GPUCOLL_ALGO": "direct"}, "ring": {"GPUCOLL_ALGO": "ring"},
-         "tcp": {"GPUCOLL_SHM_DISABLE": "1"}}
+         "tcp": {"GPUCOLL_SHM_DISABLE": "1"}, "ofi": {"GPUCOLL_SHM_DISABLE": "1", "GPUCOLL_NET": "ofi"}}
+OFI = pytest.param("ofi", marks=requires("ofi", ofi_missing()))
 
 
-@pytest.mark.parametrize("path", ["direct", "ring", "tcp"])
+@pytest.mark.parametrize("path", ["direct", "ring", "tcp", OFI])
 def test_rank_dies_inside_allreduce(gpurun_job, path):
     # The survivors ignore SIGTERM so they outlive gpurun's fail-fast stop long enough to show
     # what they got; they must get it quickly, not after GPUCOLL_TIMEOUT (300 s by default).
@@ -38,7 +40,7 @@ def test_rank_dies_inside_allreduce(gpurun_job, path):
 
 
 @pytest.mark.parametrize("dead", [0, 2])
-@pytest.mark.parametrize("path", ["direct", "ring", "tcp"])
+@pytest.mark.parametrize("path", ["direct", "ring", "tcp", OFI])
 def test_rank_gone_before_first_collective_is_named_at_once(gpurun_job, path, dead):
     # A rank raises before the first collective, which sets up shared memory or sockets and
     # waits for every rank's side of it. Rank 0 creates the segments and connects first

@@ -95,7 +95,7 @@ def test_point_to_point_and_collectives_say_they_ride_ofi(gpurun_job):
     job.check()
     for rank in (0, 1):
         err = "\n".join(job.lines(rank, "stderr"))
-        assert "between hosts: OFI provider tcp;ofi_rxm (GPUCOLL_NET=ofi and no hardware provider" in err, err
+        assert "between hosts: OFI provider tcp;ofi_rxm (GPUCOLL_NET=ofi and no RDMA device" in err, err
         assert "OFI endpoint of rank" in err and "domain lo" in err, err
         assert " via OFI" in err and " via TCP" not in err, err
 
@@ -138,3 +138,24 @@ def test_pretend_hosts_talk_over_ofi(gpurun_job):
         assert all(r["ok"].values()), f"rank {rank}: wrong results {r['ok']}"
     colls = re.findall(r"gpucoll INFO \[COLL\] allreduce #\d+ \d+ B .* via (\S+)$", job.stderr, re.M)
     assert colls and set(colls) == {"OFI"}, colls
+
+
+def test_loading_libfabric_keeps_the_programs_signal_handlers():
+    """Some providers (PSM2's) install their own SIGINT/SIGTERM/SIGSEGV handlers when libfabric
+    loads or lists providers: a rank that ignores SIGTERM would die, Ctrl-C would stop raising
+    KeyboardInterrupt. After loading, listing and opening, both still behave as the program set."""
+    import subprocess
+    import sys
+
+    code = ("import os, signal\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "from gpucoll._native import ofi\n"
+            "ofi.load(); ofi.interfaces(); ofi.OfiDomain('tcp;ofi_rxm', None, ofi.MR_VERBS).close()\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "try:\n"
+            "    os.kill(os.getpid(), signal.SIGINT)\n"
+            "    import time; time.sleep(1)\n"
+            "except KeyboardInterrupt:\n"
+            "    print('interrupted')\n")
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert got.returncode == 0 and got.stdout.strip() == "interrupted", (got.returncode, got.stdout, got.stderr)

@@ -150,8 +150,9 @@ def _available_memory():
 
 @pytest.mark.skipif(_available_memory() < (10 << 30), reason="needs 10 GiB of free memory (two 2 GiB buffers "
                     "and the pattern on each rank)")
-def test_a_message_above_2_to_the_31_bytes_arrives_intact(gpurun_job):
-    job = run(gpurun_job, "huge", "shm", timeout="60", limit=120).check()
+@pytest.mark.parametrize("transport", ["shm", pytest.param("ofi", marks=_OFI)])
+def test_a_message_above_2_to_the_31_bytes_arrives_intact(gpurun_job, transport):
+    job = run(gpurun_job, "huge", transport, timeout="60", limit=120).check()
     res = job.json_lines()
     assert res[1] == {"whole": True, "count": (1 << 31) + 4099}, res
 
@@ -169,9 +170,11 @@ def two_hosts():
 
 
 @pytest.mark.multihost
+@pytest.mark.parametrize("net", ["tcp", pytest.param("ofi", marks=_OFI)])
 @pytest.mark.parametrize("mode", ["order", "truncate", "crossing"])
-def test_point_to_point_between_two_hosts(two_hosts, mode):
-    """One rank on each of two network-namespace hosts: the TCP channel, rendezvous by CTS/DATA."""
+def test_point_to_point_between_two_hosts(two_hosts, mode, net):
+    """One rank on each of two network-namespace hosts: the TCP channel, rendezvous by CTS/DATA;
+    or the OFI channel (libfabric's tcp provider, large payloads read one-sided into place)."""
     import json
     import subprocess
     import sys
@@ -181,7 +184,7 @@ def test_point_to_point_between_two_hosts(two_hosts, mode):
 
     a, b = two_hosts.names
     env = {k: v for k, v in os.environ.items() if k not in _SCRUB and k != "GPUCOLL_SOCKET_IFNAME"}
-    env.update(PYTHONDONTWRITEBYTECODE="1", GPUCOLL_TIMEOUT="2" if mode == "crossing" else "20")
+    env.update(PYTHONDONTWRITEBYTECODE="1", GPUCOLL_TIMEOUT="2" if mode == "crossing" else "20", GPUCOLL_NET=net)
     proc = two_hosts.run(0, [*GPURUN, "--hosts", f"{a},{b}", "--launcher", "local", "--launcher-cmd",
                              f"{NSEXEC} {{host}}", sys.executable, os.path.join(SCRIPTS, "p2p_native.py"), mode],
                          env=env, timeout=120, stdin=subprocess.DEVNULL)

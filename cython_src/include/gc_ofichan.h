@@ -56,6 +56,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,11 +106,30 @@ typedef struct {
 static gc_ofi_lib_t gc_ofi_lib;
 static char gc_ofi_why[512];             /* why loading or opening failed, for the caller */
 
+/* Some providers (PSM2's, loaded with libfabric's others) install handlers of their own for
+ * SIGINT, SIGTERM, SIGSEGV... when libfabric loads or first lists providers: the program's
+ * handlers (Python's KeyboardInterrupt, a rank's ignored SIGTERM) would be gone. Every call that
+ * may initialise a provider is wrapped: the handlers are put back as they were. */
+static const int gc_ofi_signals[] = { SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE,
+                                      SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT };
+#define GC_OFI_NSIG (int)(sizeof gc_ofi_signals / sizeof gc_ofi_signals[0])
+
+static void gc_ofi_signals_save(struct sigaction *saved) {
+    for (int i = 0; i < GC_OFI_NSIG; i++) sigaction(gc_ofi_signals[i], NULL, &saved[i]);
+}
+
+static void gc_ofi_signals_restore(const struct sigaction *saved) {
+    for (int i = 0; i < GC_OFI_NSIG; i++) sigaction(gc_ofi_signals[i], &saved[i], NULL);
+}
+
 /* 0, or -1 with gc_ofi_why set. Idempotent. */
 static int gc_ofi_load(const char *path) {
     if (gc_ofi_lib.handle) return 0;
     const char *name = path && *path ? path : "libfabric.so.1";
+    struct sigaction saved[GC_OFI_NSIG];
+    gc_ofi_signals_save(saved);
     void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    gc_ofi_signals_restore(saved);
     if (!h) {
         snprintf(gc_ofi_why, sizeof gc_ofi_why, "cannot load %s: %s", name, dlerror());
         return -1;
@@ -143,9 +163,11 @@ static const char *gc_ofi_strerror(int err) {
 
 /* The fabric interfaces that match the hints gpucoll needs, or NULL (gc_ofi_why says why).
  * provider: NULL or e.g. "tcp;ofi_rxm", "verbs;ofi_rxm", "efa"; domain: NULL or its name (an
- * interface for tcp, a device for verbs); mr_extra: mr_mode bits to honour on top of the
- * provider's. Free with gc_ofi_lib.freeinfo. */
-static struct fi_info *gc_ofi_getinfo(const char *provider, const char *domain, uint64_t mr_extra) {
+ * interface for tcp, a device for verbs); source: NULL or the local address to bind (an IP
+ * for the software providers: it finds the interface even while its link is still coming up);
+ * mr_extra: mr_mode bits to honour on top of the provider's. Free with gc_ofi_lib.freeinfo. */
+static struct fi_info *gc_ofi_getinfo(const char *provider, const char *domain, const char *source,
+                                      uint64_t mr_extra) {
     struct fi_info *hints = gc_ofi_lib.dupinfo(NULL), *info = NULL;
     if (!hints) { snprintf(gc_ofi_why, sizeof gc_ofi_why, "out of memory"); return NULL; }
     hints->caps = FI_TAGGED | FI_RMA | FI_READ | FI_REMOTE_READ | FI_DIRECTED_RECV;
@@ -156,7 +178,10 @@ static struct fi_info *gc_ofi_getinfo(const char *provider, const char *domain, 
     hints->domain_attr->threading = FI_THREAD_DOMAIN;
     if (provider && *provider) hints->fabric_attr->prov_name = strdup(provider);
     if (domain && *domain) hints->domain_attr->name = strdup(domain);
-    int r = gc_ofi_lib.getinfo(GC_OFI_API, NULL, NULL, 0, hints, &info);
+    struct sigaction saved[GC_OFI_NSIG];
+    gc_ofi_signals_save(saved);
+    int r = gc_ofi_lib.getinfo(GC_OFI_API, source, NULL, source ? FI_SOURCE : 0, hints, &info);
+    gc_ofi_signals_restore(saved);
     gc_ofi_lib.freeinfo(hints);
     if (!r && info && domain && *domain) {
         /* layered providers (tcp;ofi_rxm) list every interface whatever the hint: keep the one named */
@@ -170,9 +195,10 @@ static struct fi_info *gc_ofi_getinfo(const char *provider, const char *domain, 
         }
     }
     if (r || !info) {
-        snprintf(gc_ofi_why, sizeof gc_ofi_why, "no fabric interface%s%s%s%s with tagged messages and RMA "
+        snprintf(gc_ofi_why, sizeof gc_ofi_why, "no fabric interface%s%s%s%s%s%s with tagged messages and RMA "
                  "reads: %s", provider ? " of provider " : "", provider ? provider : "",
-                 domain ? " on " : "", domain ? domain : "", gc_ofi_strerror(r));
+                 domain ? " on " : "", domain ? domain : "", source ? " at " : "", source ? source : "",
+                 r ? gc_ofi_strerror(r) : "none listed");
         return NULL;
     }
     return info;
@@ -267,7 +293,11 @@ static gc_ofi_dom *gc_ofi_dom_create(struct fi_info *info, uint64_t mr_extra) {
         goto fail;
     }
     d->next_key = 1;
-    GC_OFI_TRY(gc_ofi_lib.fabric(info->fabric_attr, &d->fabric, NULL), "fi_fabric");
+    struct sigaction saved[GC_OFI_NSIG];
+    gc_ofi_signals_save(saved);
+    int opened = gc_ofi_lib.fabric(info->fabric_attr, &d->fabric, NULL);
+    gc_ofi_signals_restore(saved);
+    GC_OFI_TRY(opened, "fi_fabric");
     GC_OFI_TRY(fi_domain(d->fabric, info, &d->domain, NULL), "fi_domain");
     struct fi_cq_attr cqa = { .format = FI_CQ_FORMAT_TAGGED, .wait_obj = FI_WAIT_NONE, .size = 0 };
     GC_OFI_TRY(fi_cq_open(d->domain, &cqa, &d->cq, NULL), "fi_cq_open");

@@ -75,7 +75,7 @@ class Context:
                 from ..transports.net import between_hosts
                 from ..transports.ofi import OfiEndpoint
 
-                self._ofi = OfiEndpoint(self.tcp(), between_hosts().provider, self.interface.name)
+                self._ofi = OfiEndpoint(self.tcp(), between_hosts().provider, self.interface)
             return self._ofi
 
 

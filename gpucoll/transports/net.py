@@ -62,8 +62,12 @@ def _choose():
         return Choice("tcp", None, "GPUCOLL_NET=tcp")
     if mode == "auto" and config.IB_DISABLE.get():
         return Choice("tcp", None, "GPUCOLL_IB_DISABLE=1")
-    if mode == "auto" and not config.OFI_PROVIDER.get() and not _rdma_hardware():
-        return Choice("tcp", None, _no_ofi_reason(""))   # asking libfabric costs ~0.3 s: not for nothing
+    if not config.OFI_PROVIDER.get() and not _rdma_hardware():
+        # loading libfabric costs a few tenths of a second: not for nothing (the endpoint loads it
+        # when a first channel needs it, and says then if it cannot)
+        if mode == "auto":
+            return Choice("tcp", None, _no_ofi_reason(""))
+        return Choice("ofi", FALLBACK_PROVIDER, f"GPUCOLL_NET=ofi and no RDMA device: libfabric's {FALLBACK_PROVIDER}")
     try:
         ofi = ofi_module()
     except Exception as exc:  # ImportError, OfiUnavailable

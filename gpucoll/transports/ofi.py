@@ -38,26 +38,45 @@ _BLOB_MAX = 4096
 
 class OfiEndpoint:
     """tcp: this process's TcpEndpoint (its listener meets the channels); provider: libfabric's
-    provider name; interface: the TCP interface's name, which a software provider (tcp) binds
-    to as its domain.
+    provider name; interface: the TCP listener's interface (ifaces.Interface), whose address a
+    software provider (tcp) binds to.
 
     Of two peers the lower world rank connects the control socket and meets the channel in
     channel(); the higher one's listener hands the socket to accept() (serve() below), which
     meets it at once on its own thread, so a peer that needs a channel never waits for the
-    other to ask for it too (point to point asks from one side only)."""
+    other to ask for it too (point to point asks from one side only). libfabric is loaded and
+    the domain opened only when a first channel is met (loading it takes a few tenths of a
+    second: a rank waiting for a peer that is already gone says so first)."""
 
     def __init__(self, tcp, provider, interface=None):
-        ofi = ofi_module()
-        self._ofi, self._tcp = ofi, tcp
-        self.domain = ofi.OfiDomain(provider, interface if is_software(provider) else None, ofi.MR_VERBS)
+        self._tcp, self._provider, self._interface = tcp, provider, interface
+        self._ofi = None
+        self._domain = None
+        self._opening = threading.Lock()
         self._cond = threading.Condition()
         self._channels = {}     # (comm id, peer) -> OfiChannel
         self._failed = {}       # (comm id, peer) -> why the peer's attempt failed here
-        d = self.domain
-        log.info("NET", "OFI endpoint of rank %d: %s, fabric %s, domain %s; registration honours %s (the "
-                 "provider asks for %s); inject %d B; GPU memory %s", tcp.rank, d.provider, d.fabric, d.domain,
-                 "|".join(d.mr_mode) or "nothing", "|".join(d.provider_mr_mode) or "nothing", d.inject_size,
-                 "registered directly (FI_HMEM)" if d.hmem else "staged through host memory")
+
+    @property
+    def domain(self):
+        """The process's OfiDomain, opened on first use."""
+        with self._opening:
+            if self._domain is None:
+                ofi = ofi_module()
+                source = self._interface.address if self._interface is not None and is_software(self._provider) \
+                    else None
+                try:
+                    d = ofi.OfiDomain(self._provider, None, ofi.MR_VERBS, source=source)
+                except ofi.OfiUnavailable as exc:
+                    raise ConfigError(f"{config.NET.name}: libfabric's {self._provider} does not open here: {exc}. "
+                                      f"Set {config.NET.name}=tcp to use sockets.") from None
+                log.info("NET", "OFI endpoint of rank %d: %s, fabric %s, domain %s; registration honours %s "
+                         "(the provider asks for %s); inject %d B; GPU memory %s", self._tcp.rank, d.provider,
+                         d.fabric, d.domain, "|".join(d.mr_mode) or "nothing",
+                         "|".join(d.provider_mr_mode) or "nothing", d.inject_size,
+                         "registered directly (FI_HMEM)" if d.hmem else "staged through host memory")
+                self._ofi, self._domain = ofi, d
+            return self._domain
 
     def channel(self, peer_rank, peer_address, comm_id, timeout=None, check=None):
         """The channel to world rank `peer_rank` for communicator `comm_id`, met on first use."""
@@ -116,8 +135,9 @@ class OfiEndpoint:
         the channel): swap set-up messages, post the receives, wait for the peer's word."""
         comm_id, peer = key
         try:
+            domain = self.domain
             nslots = min(MAX_SLOTS, max(MIN_SLOTS, config.BUFFSIZE.get() // (2 * SLOT_BYTES)))
-            ch = self._ofi.OfiChannel(self.domain, os.dup(ctl.fileno()), peer=peer, slot_bytes=SLOT_BYTES,
+            ch = self._ofi.OfiChannel(domain, os.dup(ctl.fileno()), peer=peer, slot_bytes=SLOT_BYTES,
                                       nslots=nslots, rma_min=config.OFI_RMA_MIN.get(), address=address)
             try:
                 _swap(ctl, ch, timeout, self._ofi.OfiUnavailable)
@@ -144,10 +164,11 @@ class OfiEndpoint:
             chans, self._channels = list(self._channels.values()), {}
         for ch in chans:
             ch.close()
-        self.domain.close()
+        if self._domain is not None:
+            self._domain.close()
 
     def __repr__(self):
-        return f"<OfiEndpoint {self.domain!r}>"
+        return f"<OfiEndpoint {self._provider} {self._domain!r}>"
 
 
 def _swap(ctl, ch, timeout, unavailable):

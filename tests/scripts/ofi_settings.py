@@ -10,7 +10,7 @@ import os
 import sys
 
 if sys.argv[1] == "buffsize" and os.environ["GPUCOLL_RANK"] == "1":
-    os.environ["GPUCOLL_BUFFSIZE"] = "1M"
+    os.environ["GPUCOLL_BUFFSIZE"] = "256K"
 
 import numpy as np  # noqa: E402
 
