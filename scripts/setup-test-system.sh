@@ -149,8 +149,11 @@ why_missing() {  # piece -> prints why it does not work here; nothing when it do
     sshd)
         { command -v sshd >/dev/null || [ -x /usr/sbin/sshd ]; } && command -v ssh >/dev/null \
             && command -v ssh-keygen >/dev/null || echo "openssh-server or openssh-client is missing" ;;
+    ofi)  # built by make install (scripts/setup-build-deps.sh installs libfabric-dev as root)
+        .venv/bin/python -c "from gpucoll.transports.net import ofi_module; ofi_module()" 2>/dev/null \
+            || echo "gpucoll's OFI transport does not load: $(.venv/bin/python -c 'from gpucoll.transports.net import ofi_module; ofi_module()' 2>&1 | tail -1)" ;;
     gpu|torch) ;;  # not this script's to provide; the tests check them
-    *) echo "is not a piece this script knows (mpich, mpi4py, slurm, pmix, multihost, sshd)" ;;
+    *) echo "is not a piece this script knows (mpich, mpi4py, slurm, pmix, multihost, sshd, ofi)" ;;
     esac
 }
 failed=0
