@@ -460,9 +460,9 @@ static int gc_ofi__post_ctl(gc_ofichan *ch, int i) {
 
 /* Tell the peer how far receives are posted and how many of its RMA messages are read, when
  * either moved enough (half the ring, or any read). Lock held. */
-static void gc_ofi__tell(gc_ofichan *ch, int force) {
+static void gc_ofi__tell(gc_ofichan *ch) {
     if (!ch->connected || ch->gone) return;
-    int due = force || ch->ctl_due || ch->reads_done != ch->reads_told ||
+    int due = ch->ctl_due || ch->reads_done != ch->reads_told ||
               ch->posted - ch->posted_told >= (ch->nslots + 1) / 2;
     if (!due) return;
     gc_ofi_ctl_msg m = { ch->posted, ch->reads_done };
@@ -527,8 +527,6 @@ static void gc_ofi__progress(gc_ofi_dom *d) {
     }
 }
 
-static void gc_ofi__tell(gc_ofichan *ch, int force);
-
 static void *gc_ofi__progress_main(void *arg) {
     gc_ofi_dom *d = arg;
     uint64_t seen = d->activity;
@@ -541,7 +539,7 @@ static void *gc_ofi__progress_main(void *arg) {
         }
         if (pthread_mutex_trylock(&d->lock) == 0) {
             gc_ofi__progress(d);
-            for (struct gc_ofichan *ch = d->chans; ch; ch = ch->next) gc_ofi__tell(ch, 0);
+            for (struct gc_ofichan *ch = d->chans; ch; ch = ch->next) gc_ofi__tell(ch);
             pthread_mutex_unlock(&d->lock);
         }
     }
@@ -614,7 +612,7 @@ static ssize_t gc_ofi_send(gc_chan *c, const void *buf, size_t len) {
     ch->d->activity++;
     gc_ofi__progress(ch->d);
     ssize_t k = ch->gone ? ch->gone : gc_ofi__send_locked(ch, buf, len);
-    gc_ofi__tell(ch, 0);
+    gc_ofi__tell(ch);
     pthread_mutex_unlock(&ch->d->lock);
     return k;
 }
@@ -699,7 +697,7 @@ static ssize_t gc_ofi_peek(gc_chan *c, const void **ptr) {
     gc_ofi__progress(ch->d);
     ssize_t k = gc_ofi__peek_locked(ch, ptr);
     if (k == 0 && ch->gone) k = ch->gone;
-    gc_ofi__tell(ch, 0);
+    gc_ofi__tell(ch);
     pthread_mutex_unlock(&ch->d->lock);
     return k;
 }
@@ -719,7 +717,7 @@ static void gc_ofi_consume(gc_chan *c, size_t n) {
         ch->rx_off += n;
         if (ch->rx_off >= op->len) gc_ofi__next(ch);
     }
-    gc_ofi__tell(ch, 0);
+    gc_ofi__tell(ch);
     pthread_mutex_unlock(&ch->d->lock);
 }
 
@@ -783,7 +781,7 @@ static ssize_t gc_ofi_recv_direct(gc_chan *c, void *dst, size_t len) {
     }
     k = m;
 out:
-    gc_ofi__tell(ch, 0);
+    gc_ofi__tell(ch);
     pthread_mutex_unlock(&d->lock);
     return k;
 }
