@@ -199,3 +199,12 @@ def test_bad_hostlists_raise(bad):
 
 def test_tasks_per_node_expansion():
     assert hostlist.expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+
+
+def test_one_host_name_on_two_machines_makes_two_hosts():
+    from gpucoll.bootstrap.host_identity import host_labels, machine_key
+
+    assert host_labels([("a", "k1"), ("b", "k1"), ("a", "k2"), ("a", "k1"), ("a", "k3")]) == \
+        ["a", "b", "a#2", "a", "a#3"]
+    boot, netns, shm = machine_key().split("/")
+    assert boot and netns == str(os.stat("/proc/self/ns/net").st_ino), machine_key()

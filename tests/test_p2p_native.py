@@ -171,10 +171,12 @@ def two_hosts():
 
 @pytest.mark.multihost
 @pytest.mark.parametrize("net", ["tcp", pytest.param("ofi", marks=_OFI)])
-@pytest.mark.parametrize("mode", ["order", "truncate", "crossing"])
+@pytest.mark.parametrize("mode", ["order", "truncate", "crossing", "one-name"])
 def test_point_to_point_between_two_hosts(two_hosts, mode, net):
     """One rank on each of two network-namespace hosts: the TCP channel, rendezvous by CTS/DATA;
-    or the OFI channel (libfabric's tcp provider, large payloads read one-sided into place)."""
+    or the OFI channel (libfabric's tcp provider, large payloads read one-sided into place).
+    one-name: both namespaces have the same host name, as two cloned machines do; they are still
+    two hosts (their loopbacks differ), so the channel is the network one, not shared memory."""
     import json
     import subprocess
     import sys
@@ -185,14 +187,20 @@ def test_point_to_point_between_two_hosts(two_hosts, mode, net):
     a, b = two_hosts.names
     env = {k: v for k, v in os.environ.items() if k not in _SCRUB and k != "GPUCOLL_SOCKET_IFNAME"}
     env.update(PYTHONDONTWRITEBYTECODE="1", GPUCOLL_TIMEOUT="2" if mode == "crossing" else "20", GPUCOLL_NET=net)
+    if mode == "one-name":
+        env.update(NETNS_HOST_NAME="clone", GPUCOLL_DEBUG="INFO", GPUCOLL_DEBUG_SUBSYS="P2P")
+    script = [os.path.join(SCRIPTS, "p2p_native.py"), "order" if mode == "one-name" else mode]
     proc = two_hosts.run(0, [*GPURUN, "--hosts", f"{a},{b}", "--launcher", "local", "--launcher-cmd",
-                             f"{NSEXEC} {{host}}", sys.executable, os.path.join(SCRIPTS, "p2p_native.py"), mode],
+                             f"{NSEXEC} {{host}}", sys.executable, *script],
                          env=env, timeout=120, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = {int(line[1:line.index("]")]): json.loads(line.split("RESULT ", 1)[1])
            for line in proc.stdout.splitlines() if "] RESULT " in line}
-    if mode == "order":
+    if mode in ("order", "one-name"):
         assert all(res[1]["whole"]) and res[1]["tagged"] == {"7": True, "8": True, "9": True}, res
+    if mode == "one-name":
+        said = [line for line in proc.stdout.splitlines() + proc.stderr.splitlines() if "point to point with" in line]
+        assert said and all(f"via {net.upper()}" in line for line in said), said
     elif mode == "truncate":
         assert [e["type"] for e in res[1]["errors"]] == ["TruncationError"] * 2 and res[1]["next"] is True, res
     else:

@@ -15,13 +15,15 @@ from ..base.errors import TimeoutError as GpucollTimeout
 from ..base.ranks import ranges
 from ..transports.ifaces import server_address
 from .detect import LaunchInfo, detect
+from .host_identity import host_labels, machine_key
 
 
 class Bootstrap:
     """Base: identity of this rank and the exchange primitives.
 
     After `connect()`, `rank`, `size`, `local_rank`, `local_size`, `host` and `hosts`
-    (the host name of every rank) are known."""
+    (the host of every rank: its name, told apart from other machines of that name by
+    host_identity) are known."""
 
     method = "none"
 
@@ -47,8 +49,14 @@ class Bootstrap:
         pass
 
     def _learn_hosts(self):
-        """One exchange of host names; local rank/size follow unless the launcher said."""
-        self.hosts = [h.decode() for h in self.allgather(self.host.encode())]
+        """One exchange of host names and machine keys; local rank/size follow unless the launcher said."""
+        mine = f"{self.host}\n{machine_key()}".encode()
+        identities = [tuple(b.decode().split("\n", 1)) for b in self.allgather(mine)]
+        self.hosts = host_labels(identities)
+        if self.hosts[self.rank] != self.host:
+            log.info("BOOTSTRAP", "other machines (boot id or namespaces differ) are also named %s: this one "
+                     "counts as host %s", self.host, self.hosts[self.rank])
+        self.host = self.hosts[self.rank]
         same = [r for r, h in enumerate(self.hosts) if h == self.host]
         local_rank, local_size = same.index(self.rank), len(same)
         if self.local_rank is None:
