@@ -66,6 +66,7 @@ cdef extern from "gc_ofichan.h" nogil:
         char *name
         size_t namelen
         int nchans
+        uint64_t n_regs, n_reg_hits
     ctypedef struct gc_ofichan:
         gc_chan base
         uint32_t id
@@ -77,6 +78,8 @@ cdef extern from "gc_ofichan.h" nogil:
     fi_info *gc_ofi_getinfo(const char *provider, const char *domain, const char *source, uint64_t mr_extra)
     gc_ofi_dom *gc_ofi_dom_create(fi_info *info, uint64_t mr_extra)
     void gc_ofi_dom_destroy(gc_ofi_dom *d)
+    int gc_ofi_region_add(gc_ofi_dom *d, uintptr_t base, size_t length)
+    void gc_ofi_region_drop(gc_ofi_dom *d, uintptr_t base)
     int gc_ofichan_create(gc_ofi_dom *d, int ctl_fd, int peer, size_t slot_bytes, uint32_t nslots,
                           size_t rma_min, gc_ofichan **out)
     int gc_ofichan_connect(gc_ofichan *ch, const void *peer_name, size_t namelen, uint32_t peer_id,
@@ -193,6 +196,20 @@ cdef class OfiDomain:
     @property
     def channels(self):
         return self.d.nchans if self.d != NULL else 0
+
+    def add_region(self, uintptr_t base, size_t length):
+        """Memory that lives until drop_region(base): reads into it keep one registration."""
+        if self.d != NULL and gc_ofi_region_add(self.d, base, length):
+            raise MemoryError("no memory to note an OFI region")
+
+    def drop_region(self, uintptr_t base):
+        """The memory add_region named is being freed: its registration goes."""
+        if self.d != NULL:
+            gc_ofi_region_drop(self.d, base)
+
+    def stats(self):
+        """Local registrations made for reads, and reads that reused one."""
+        return {"registrations": self.d.n_regs, "reused": self.d.n_reg_hits} if self.d != NULL else {}
 
     def close(self):
         """Close the endpoint and everything under it, once no channel is open."""

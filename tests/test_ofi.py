@@ -159,3 +159,16 @@ def test_loading_libfabric_keeps_the_programs_signal_handlers():
             "    print('interrupted')\n")
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert got.returncode == 0 and got.stdout.strip() == "interrupted", (got.returncode, got.stdout, got.stderr)
+
+
+def test_alloc_mem_keeps_one_registration_and_a_reused_address_gets_its_own(gpurun_job):
+    """Reads into MPI.Alloc_mem memory register it once; once it is freed, a NumPy array the
+    allocator puts at the same address is registered per read, never through the old
+    registration (which named the old pages). Every message exact."""
+    env = {"GPUCOLL_TEST_HOST": "pretend%r", "GPUCOLL_NET": "ofi"}
+    job = gpurun_job(2, "ofi_registration.py", env=env, timeout=120).check()
+    res = job.json_lines()[1]
+    assert res["whole"] == [True] * 5 and res["same_address"], res
+    kept, reused_address = res["counts"]
+    assert kept == {"registrations": 1, "reused": 2}, res
+    assert reused_address["registrations"] >= 3 and reused_address["reused"] == 2, res

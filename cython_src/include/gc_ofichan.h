@@ -244,7 +244,11 @@ typedef struct {
     int progress_on;
     volatile int progress_stop;
     volatile uint64_t activity;  /* bumped by every channel call: the progress thread naps short */
+    struct gc_ofi_region *regions;  /* memory registered once for its life (gc_ofi_region_add) */
+    uint64_t n_regs, n_reg_hits;    /* local registrations made; reads that reused one */
 } gc_ofi_dom;
+
+static void gc_ofi__regions_free(gc_ofi_dom *d);
 
 static void gc_ofi_dom_destroy(gc_ofi_dom *d) {
     if (!d) return;
@@ -252,6 +256,7 @@ static void gc_ofi_dom_destroy(gc_ofi_dom *d) {
         d->progress_stop = 1;
         pthread_join(d->progress, NULL);
     }
+    gc_ofi__regions_free(d);
     if (d->ep) fi_close(&d->ep->fid);
     if (d->av) fi_close(&d->av->fid);
     if (d->cq) fi_close(&d->cq->fid);
@@ -375,6 +380,90 @@ static int gc_ofi_reg(gc_ofi_dom *d, const void *buf, size_t len, uint64_t acces
     return 0;
 }
 
+/* --- memory registered for its life ----------------------------------------------------------
+ * A read's destination must be registered (FI_MR_LOCAL). Memory whose life gpucoll knows
+ * (MPI.Alloc_mem's: gpucoll.MPI adds it when allocated, drops it when freed or collected) is
+ * registered once, on its first read, and that registration is used again; any other buffer
+ * is registered for one read and closed after, since nothing here would learn that it was
+ * freed and its address reused by another (whose pages an old registration does not name).
+ * Only local access is kept: memory a peer may read is exposed for one transfer only. */
+typedef struct gc_ofi_region {
+    struct gc_ofi_region *next;
+    uintptr_t base;
+    size_t len;
+    struct fid_mr *mr;           /* NULL until a first read lands in it */
+    void *desc;
+    int refs;                    /* reads in flight into it */
+    int dropped;                 /* freed: closed once refs is 0 */
+} gc_ofi_region;
+
+static void gc_ofi__region_unlink(gc_ofi_dom *d, gc_ofi_region *g) {
+    for (gc_ofi_region **at = &d->regions; *at; at = &(*at)->next)
+        if (*at == g) { *at = g->next; break; }
+    if (g->mr) fi_close(&g->mr->fid);
+    free(g);
+}
+
+static void gc_ofi__regions_free(gc_ofi_dom *d) {
+    while (d->regions) gc_ofi__region_unlink(d, d->regions);
+}
+
+/* 0, or -FI_ENOMEM. */
+static int gc_ofi_region_add(gc_ofi_dom *d, uintptr_t base, size_t len) {
+    gc_ofi_region *g = calloc(1, sizeof *g);
+    if (!g) return -FI_ENOMEM;
+    g->base = base;
+    g->len = len;
+    pthread_mutex_lock(&d->lock);
+    g->next = d->regions;
+    d->regions = g;
+    pthread_mutex_unlock(&d->lock);
+    return 0;
+}
+
+/* The memory at base is being freed: its registration goes (at once, or when its reads end). */
+static void gc_ofi_region_drop(gc_ofi_dom *d, uintptr_t base) {
+    pthread_mutex_lock(&d->lock);
+    for (gc_ofi_region *g = d->regions; g; g = g->next) {
+        if (g->base != base || g->dropped) continue;
+        g->dropped = 1;
+        if (!g->refs) gc_ofi__region_unlink(d, g);
+        break;
+    }
+    pthread_mutex_unlock(&d->lock);
+}
+
+/* Register [buf, buf+len) to be read into; *region is where the registration came from (NULL:
+ * made for this read alone, *mr to close after). Under the domain's lock. 0 or -FI_*. */
+static int gc_ofi__hold_local(gc_ofi_dom *d, void *buf, size_t len, gc_ofi_region **region,
+                              struct fid_mr **mr, void **desc) {
+    uintptr_t a = (uintptr_t)buf;
+    for (gc_ofi_region *g = d->regions; g; g = g->next) {
+        if (g->dropped || a < g->base || a + len > g->base + g->len) continue;
+        if (!g->mr) {
+            int r = gc_ofi_reg(d, (void *)g->base, g->len, FI_READ, &g->mr, &g->desc);
+            if (r) return r;
+            d->n_regs++;
+        } else {
+            d->n_reg_hits++;
+        }
+        g->refs++;
+        *region = g;
+        *mr = NULL;
+        *desc = g->desc;
+        return 0;
+    }
+    *region = NULL;
+    int r = gc_ofi_reg(d, buf, len, FI_READ, mr, desc);
+    if (!r) d->n_regs++;
+    return r;
+}
+
+static void gc_ofi__release_local(gc_ofi_dom *d, gc_ofi_region *region, struct fid_mr *mr) {
+    if (mr) fi_close(&mr->fid);
+    if (region && --region->refs == 0 && region->dropped) gc_ofi__region_unlink(d, region);
+}
+
 /* --- the channel ---------------------------------------------------------------------------- */
 typedef struct { uint64_t addr, key, len; } gc_ofi_rma_msg;    /* an RMA message's payload */
 typedef struct { uint64_t posted, reads; } gc_ofi_ctl_msg;      /* a control message's payload */
@@ -422,7 +511,8 @@ typedef struct gc_ofichan {
     uint64_t rd_base;            /* where the bounce ring's chunk 0 starts in it */
     int rd_direct;               /* a read straight into the caller's memory is in flight */
     size_t rd_direct_len;
-    struct fid_mr *rd_direct_mr;
+    struct fid_mr *rd_direct_mr;     /* its registration, when made for it alone */
+    gc_ofi_region *rd_direct_region; /* ... or the registered memory it lands in */
     gc_ofi_op rd_direct_op;
     int gone;                    /* 0, or the status every later call returns */
     int err;                     /* the provider's error behind it */
@@ -733,8 +823,9 @@ static ssize_t gc_ofi_recv_direct(gc_chan *c, void *dst, size_t len) {
         if (ch->rd_direct_op.done) {
             ch->rd_direct_op.done = 0;
             ch->rd_direct = 0;
-            fi_close(&ch->rd_direct_mr->fid);
+            gc_ofi__release_local(d, ch->rd_direct_region, ch->rd_direct_mr);
             ch->rd_direct_mr = NULL;
+            ch->rd_direct_region = NULL;
             k = (ssize_t)ch->rd_direct_len;
             ch->rd_consumed += ch->rd_direct_len;
             ch->rd_base = ch->rd_consumed;      /* bounce chunks count from here on */
@@ -751,15 +842,16 @@ static ssize_t gc_ofi_recv_direct(gc_chan *c, void *dst, size_t len) {
         size_t max = d->info->ep_attr->max_msg_size;
         if (max && n > max) n = max;
         void *desc;
-        int r = gc_ofi_reg(d, dst, n, FI_READ, &ch->rd_direct_mr, &desc);
+        int r = gc_ofi__hold_local(d, dst, n, &ch->rd_direct_region, &ch->rd_direct_mr, &desc);
         if (r) { gc_ofi__fail(ch, GC_ERR_IO, r); k = ch->gone; goto out; }
         ch->rd_direct_op = (gc_ofi_op){ .ch = ch, .kind = GC_OFI_OP_READ, .busy = 1 };
         r = (int)fi_read(d->ep, dst, n, desc, ch->peer_addr, ch->rd.addr + ch->rd_consumed, ch->rd.key,
                          &ch->rd_direct_op);
         if (r) {
             ch->rd_direct_op.busy = 0;
-            fi_close(&ch->rd_direct_mr->fid);
+            gc_ofi__release_local(d, ch->rd_direct_region, ch->rd_direct_mr);
             ch->rd_direct_mr = NULL;
+            ch->rd_direct_region = NULL;
             if (r != -FI_EAGAIN) { gc_ofi__fail(ch, GC_ERR_IO, r); k = ch->gone; }
             goto out;
         }
@@ -908,7 +1000,7 @@ static void gc_ofichan_destroy(gc_ofichan *ch) {
     ch->gone = GC_ERR_USAGE;
     int quiet = gc_ofi__quiesce(ch);
     if (ch->rma_mr) fi_close(&ch->rma_mr->fid);
-    if (ch->rd_direct_mr) fi_close(&ch->rd_direct_mr->fid);
+    if (quiet) gc_ofi__release_local(d, ch->rd_direct_region, ch->rd_direct_mr);
     if (ch->mr) fi_close(&ch->mr->fid);
     d->nchans--;
     for (gc_ofichan **at = &d->chans; *at; at = &(*at)->next)

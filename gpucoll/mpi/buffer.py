@@ -54,7 +54,13 @@ class buffer(np.ndarray):  # noqa: N801 - mpi4py's name
         if nbytes < 0:
             raise ValueError(f"allocate: nbytes {nbytes} is negative")
         storage = bytearray(nbytes)  # zeroed either way; `clear` is for mpi4py's signature
-        return cls._make(np.frombuffer(storage, np.uint8), storage)
+        mem = cls._make(np.frombuffer(storage, np.uint8), storage)
+        if nbytes:
+            from ..transports import lasting
+
+            # the storage outlives `mem` (which holds it): forgotten when `mem` goes or is released
+            mem._forget = lasting.note(mem, mem.address, nbytes)
+        return mem
 
     @classmethod
     def frombuffer(cls, obj, readonly=False):
@@ -141,6 +147,9 @@ class buffer(np.ndarray):  # noqa: N801 - mpi4py's name
         return self.nbytes > 0
 
     def release(self):
+        forget = getattr(self, "_forget", None)
+        if forget is not None:
+            forget()
         self._released = True
 
     def toreadonly(self):

@@ -20,6 +20,7 @@ import time
 
 from ..base import config, log
 from ..base.errors import ConfigError, LostPeerError, TimeoutError
+from . import lasting
 from .handshake import Purpose
 from .net import is_software, ofi_module
 
@@ -75,6 +76,7 @@ class OfiEndpoint:
                          d.fabric, d.domain, "|".join(d.mr_mode) or "nothing",
                          "|".join(d.provider_mr_mode) or "nothing", d.inject_size,
                          "registered directly (FI_HMEM)" if d.hmem else "staged through host memory")
+                lasting.watch(d)  # MPI.Alloc_mem's memory: registered once for its life
                 self._ofi, self._domain = ofi, d
             return self._domain
 
