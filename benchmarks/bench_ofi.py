@@ -13,7 +13,8 @@ provider, server on host b, client on host a. Tables:
 Each cell: median [min-max] of --repeats runs (the three alternate); ratios run by run. Every
 gpucoll message and all-reduce result is checked (#wrong). Needs root (namespaces), libfabric's
 headers at build time, and fi_pingpong for its column (without it the column stays empty and
-the exit status is 1). Without RDMA hardware the provider is libfabric's tcp: the figures say what the OFI path costs over the kernel's TCP, not what a fabric gives.
+the exit status is 1). Without RDMA hardware the provider is libfabric's tcp: the figures say
+what the OFI path costs over the kernel's TCP, not what a fabric gives.
 
     python benchmarks/bench_ofi.py [--provider 'tcp;ofi_rxm'] [--min 8] [--max 16M] [--repeats 3] [--json f]
 """
