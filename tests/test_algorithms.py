@@ -216,7 +216,14 @@ def test_every_element_is_combined_once_and_copied():
             count = 50
             reduced = sum(int(s.steps[s.steps[:, 0] & REDUCE != 0, 8].sum())
                           for s in (schedule("allreduce", algo, r, p, count) for r in range(p)))
-            assert reduced == (p - 1) * count, algo
+            if algo == "rd":
+                # recursive doubling combines on every rank of the power of two (the same
+                # expression on each: test_float_results_are_bitwise_identical_on_every_rank),
+                # plus once per folded pair
+                q = 1 << (p.bit_length() - 1)
+                assert reduced == (q * (q.bit_length() - 1) + p - q) * count, algo
+            else:
+                assert reduced == (p - 1) * count, algo
 
 
 # --- the simulator catches broken schedules ---------------------------------------------------------
@@ -406,7 +413,7 @@ def test_forced_algorithm_that_does_not_apply_falls_back_with_a_warning(auto, mo
     assert len(warnings) == 1 and warnings[0][0] == "TUNING"
     assert "GPUCOLL_ALGO=ring" in warnings[0][1] and "barrier" in warnings[0][1]
     # 'direct' forced but not available: the model decides among the rest.
-    assert select("allreduce", 1024, 4, "shm", forced="direct") in ("ring", "rhd", "tree")
+    assert select("allreduce", 1024, 4, "shm", forced="direct") in ("ring", "rhd", "tree", "rd")
     assert len(warnings) == 2
 
 
@@ -454,5 +461,25 @@ def test_tune_changes_the_choice(auto):
 
 
 def test_config_declares_the_forced_names():
-    assert {"auto", "direct", "ring", "tree", "rhd", "one-shot", "two-shot", "staged", "registered"} == \
+    assert {"auto", "direct", "ring", "tree", "rhd", "rd", "one-shot", "two-shot", "staged", "registered"} == \
         set(config.ALGO.choices)
+
+
+@pytest.mark.parametrize("p", (2, 3, 4, 5, 8))
+@pytest.mark.parametrize("op", ("max", "min"))
+def test_recursive_doubling_keeps_the_operand_order_on_every_rank(p, op):
+    """rd combines on every rank: each must put the lower partial first, or NaN payloads and
+    signed zeros (the first operand wins) would differ from rank to rank."""
+    rng = np.random.default_rng(p)
+    inputs = []
+    for r in range(p):
+        x = rng.choice(np.array([0.0, -0.0, 1.0], np.float32), 64)
+        bits = x.view(np.uint32)
+        nan = rng.random(64) < 0.3
+        bits[nan] = 0x7FC00000 | (r + 1)        # a NaN whose payload names its rank
+        inputs.append(x)
+    outs = simulate.collective("allreduce", "rd", inputs, op)
+    first = outs[0].view(np.uint32)
+    assert all(np.array_equal(o.view(np.uint32), first) for o in outs), op
+    if p & (p - 1) == 0:    # no fold: rank order itself, (x0 OP x1) OP (x2 OP x3) ...
+        assert np.array_equal(first, simulate.reference("allreduce", inputs, op)[0].view(np.uint32)), op

@@ -5,7 +5,7 @@ list) on several communicators of the same ranks, one per algorithm path:
 
     auto    what the cost model picks (on one host: mostly `direct`, the shared-memory segment)
     direct  GPUCOLL_ALGO=direct: the shared-memory segment for every collective that has it
-    ring / tree / rhd   GPUCOLL_ALGO forced (schedules over shared-memory channels; where the
+    ring / tree / rhd / rd   GPUCOLL_ALGO forced (schedules over shared-memory channels; where the
             algorithm does not exist for a collective, the cost model picks, as documented)
     tcp     GPUCOLL_SHM_DISABLE=1 (schedules over TCP channels)
 
@@ -37,6 +37,7 @@ PATHS = {
     "ring": {"GPUCOLL_ALGO": "ring"},
     "tree": {"GPUCOLL_ALGO": "tree"},
     "rhd": {"GPUCOLL_ALGO": "rhd"},
+    "rd": {"GPUCOLL_ALGO": "rd"},
     "tcp": {"GPUCOLL_SHM_DISABLE": "1"},
 }
 LARGE = 3_000_000
@@ -114,7 +115,7 @@ def test_every_collective_dtype_op_and_path(gpurun_job, tmp_path, size):
     job, _ = run_cases(gpurun_job, tmp_path, size, list(PATHS), cases, timeout=240)
     if size > 1:
         assert "available=['direct']" in used(job, "auto") and "forced=auto" in used(job, "auto")
-        for forced in ("direct", "ring", "tree", "rhd"):
+        for forced in ("direct", "ring", "tree", "rhd", "rd"):
             assert f"transport=shm forced={forced}" in used(job, forced)
     assert "transport=tcp" in used(job, "tcp")
 
@@ -139,7 +140,7 @@ def test_debug_info_names_algorithm_and_transport(gpurun_job):
         assert len(found) == 4, text
         assert found[1:] == [("direct", " one-shot (up to 65536 B)", "SHM/direct"), ("ring", "", "SHM"),
                              (found[3][0], "", "TCP")], text
-        assert found[3][0] in ("ring", "rhd", "tree"), text
+        assert found[3][0] in ("ring", "rhd", "tree", "rd"), text
         assert re.search(r"\[COLL\] bcast #1 8 B int64 root 1 (\S+) via (\S+)$", text, re.M), text
 
 

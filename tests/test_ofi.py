@@ -82,11 +82,11 @@ def test_channel_carries_every_size_whole_and_in_order(provider, domain):
 
 
 def test_every_collective_over_ofi_with_exact_results(gpurun_job, tmp_path):
-    """Schedules (auto, ring, tree, rhd) over OFI channels, 3 ranks, large cases included (one-sided
+    """Schedules (auto, ring, tree, rhd, rd) over OFI channels, 3 ranks, large cases included (one-sided
     reads of the 3M-element blocks)."""
     cases = build_cases(3, seed=30, large=True)
-    job, _ = run_cases(gpurun_job, tmp_path, 3, ["auto", "ring", "tree", "rhd"], cases, env=OFI, timeout=240)
-    for path in ("auto", "ring", "tree", "rhd"):
+    job, _ = run_cases(gpurun_job, tmp_path, 3, ["auto", "ring", "tree", "rhd", "rd"], cases, env=OFI, timeout=240)
+    for path in ("auto", "ring", "tree", "rhd", "rd"):
         assert "label=OFI" in used(job, path), used(job, path)
 
 

@@ -10,7 +10,8 @@ from . import dissemination, linear, pairwise, rhd, ring, tree
 
 # collective -> {algorithm: generator}. Order is the order `gpucoll info` lists them.
 GENERATORS = {
-    "allreduce": {"ring": ring.allreduce, "tree": tree.allreduce, "rhd": rhd.allreduce},
+    "allreduce": {"ring": ring.allreduce, "tree": tree.allreduce, "rhd": rhd.allreduce,
+                  "rd": rhd.allreduce_doubling},
     "reduce_scatter_block": {"ring": ring.reduce_scatter_block, "rhd": rhd.reduce_scatter_block},
     "allgather": {"ring": ring.allgather, "rhd": rhd.allgather},
     "bcast": {"tree": tree.bcast, "ring": ring.bcast},

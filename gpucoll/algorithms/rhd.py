@@ -6,6 +6,12 @@ doubling. For p not a power of two, the usual fold: with p' = 2**floor(log2 p) a
 rem = p - p', each even rank r < 2 rem hands its whole input to r + 1 and sits out; the
 remaining p' ranks ("new ranks") run the power-of-two schedule and the odd ranks hand the
 result back. Every element is still combined by one rank in one fixed order.
+
+Recursive doubling (``rd``) is the latency-bound all-reduce: lg rounds, each exchanging the
+whole vector with the partner, half the rounds of Rabenseifner's at small sizes (one round on
+two ranks). Every rank combines every element, so each pair of partners computes the same
+expression, ``lower OP higher`` (the lower new rank's partial first), and every rank ends with
+the same bits, NaN payloads and MAX/MIN ties included.
 """
 from functools import lru_cache
 
@@ -139,3 +145,37 @@ def allgather(rank, size, count):
         b.copy(SCRATCH, head, RECVBUF, 0, rank * count)
     return b.build("allgather", "rhd", count, send_count=count, recv_count=p * count,
                    scratch_count=scratch)
+
+
+@lru_cache(maxsize=1024)
+def allreduce_doubling(rank, size, count):
+    """Recursive-doubling all-reduce in buffer 1 (scratch: one vector). Each round receives the
+    partner's partial into the other of buffer 1 / scratch and combines the two there or here,
+    whichever keeps ``lower OP higher``; the result is copied to buffer 1 if it ends in scratch."""
+    check_args(rank, size, count)
+    b = StepBuilder(rank, size)
+    fold = _Fold(size)
+    new = fold.new(rank)
+    if count and new is None:
+        b.send(rank + 1, SENDBUF, 0, count)         # reads buffer 0 before buffer 1 is written
+        b.recv(rank + 1, RECVBUF, 0, count)
+    elif count:
+        b.copy(SENDBUF, 0, RECVBUF, 0, count)
+        if rank < 2 * fold.rem:
+            b.recv(rank - 1, RECVBUF, 0, count, reduce=True)
+        cur, other = RECVBUF, SCRATCH
+        mask = 1
+        while mask < fold.pof2:
+            b.step(send=(fold.real(new ^ mask), cur, 0, count), recv=(fold.real(new ^ mask), other, 0, count))
+            if new & mask:                          # the partner is lower: its partial goes first
+                b.combine(cur, 0, other, 0, count)
+                cur, other = other, cur
+            else:
+                b.combine(other, 0, cur, 0, count)
+            mask <<= 1
+        if cur == SCRATCH:
+            b.copy(SCRATCH, 0, RECVBUF, 0, count)
+        if rank < 2 * fold.rem:
+            b.send(rank - 1, RECVBUF, 0, count)
+    return b.build("allreduce", "rd", count, send_count=count, recv_count=count,
+                   scratch_count=count if new is not None and fold.pof2 > 1 else 0)

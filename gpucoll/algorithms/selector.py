@@ -107,6 +107,8 @@ GPU_TABLE = (
 TABLE = (
     Entry("allreduce", "ring", "2*(p-1)", "2*(p-1)/p"),
     Entry("allreduce", "rhd", "2*lg", "2*(q-1)/q + 2*fold"),
+    # each round's combine runs after its receive, not streamed with it: half a byte more per byte
+    Entry("allreduce", "rd", "lg + fold", "1.5*(lg + fold)"),
     Entry("allreduce", "tree", "2*lg", "2*lg"),
     Entry("allreduce", "direct", "1", "1", ("shm",), True, **_MEMORY),
     Entry("reduce_scatter_block", "ring", "p-1", "(p-1)/p"),

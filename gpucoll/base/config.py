@@ -180,10 +180,10 @@ TIMEOUT = declare("GPUCOLL_TIMEOUT", "float", 300.0,
                   "communicator's first collective included.", minimum=0.001)
 ALGO = declare("GPUCOLL_ALGO", "choice", "auto",
                "Force an algorithm where it applies: auto; on host buffers direct (one shared segment, one "
-               "host), ring, tree or rhd (recursive halving/doubling); on GPU buffers one-shot, two-shot or "
-               "staged (through the IPC staging buffers), or registered (between the callers' buffers, "
+               "host), ring, tree, rhd (recursive halving/doubling) or rd (recursive doubling, all-reduce); "
+               "on GPU buffers one-shot, two-shot or staged (through the IPC staging buffers), or registered (between the callers' buffers, "
                "registered with CUDA IPC).",
-               choices=("auto", "direct", "ring", "tree", "rhd", "one-shot", "two-shot", "staged", "registered"))
+               choices=("auto", "direct", "ring", "tree", "rhd", "rd", "one-shot", "two-shot", "staged", "registered"))
 BUFFSIZE = declare("GPUCOLL_BUFFSIZE", "size", 4 << 20,
                    "Bytes of staging buffer per peer and channel (shared memory, sockets).", minimum=4096)
 
