@@ -147,6 +147,30 @@ def _without_not_applicable(suite, result):
     return kept
 
 
+def _cupy_casts_as_numpy():
+    """The suite's CuPy back-end fills its arrays with the Python value as given, which CuPy 14
+    under NumPy 2 refuses when it does not fit the type (`OverflowError`: the suite fills unsigned
+    receive buffers with -1); its NumPy back-end casts through NumPy first. Give the CuPy back-end
+    the NumPy back-end's cast, so that GPU cases test MPI, not that incompatibility. Applied by
+    this runner on both sides (gpurun and mpiexec) alike."""
+    import numpy
+    import arrayimpl
+    cls = getattr(arrayimpl, "GPUArrayCuPy", None)
+    if cls is None:
+        return
+    made = cls.__init__
+
+    def cast_then_made(self, arg, typecode, shape=None, *rest, **kw):
+        if isinstance(arg, (int, float, complex)):
+            made(self, 0, typecode, shape, *rest, **kw)
+            self.array.fill(numpy.asarray(arg).astype(typecode))
+        else:
+            if isinstance(arg, (list, tuple, range)):
+                arg = numpy.asarray(arg).astype(typecode)
+            made(self, arg, typecode, shape, *rest, **kw)
+    cls.__init__ = cast_then_made
+
+
 def main():
     outdir, module = sys.argv[1], sys.argv[2]
     sys.path.insert(0, os.getcwd())
@@ -159,6 +183,8 @@ def main():
     result = Recorder(os.path.join(outdir, f"{module}.{_world_rank()}.json"), module)
     try:
         __import__("mpi4py.MPI")
+        if os.environ.get("MPI4PY_SUITE_CUPY"):
+            _cupy_casts_as_numpy()
         suite = unittest.defaultTestLoader.loadTestsFromModule(importlib.import_module(module))
         if os.environ.get("MPI4PY_SUITE_SRC"):  # under the shim, not the real mpi4py
             suite = _without_not_applicable(suite, result)

@@ -5,6 +5,7 @@
     python tests/mpi4py_suite/run.py --np 2 -m test_status test_request -v
     python tests/mpi4py_suite/run.py --np 2 --json ours.json --diff ref.json   # what the reference passes and we do not
     python tests/mpi4py_suite/run.py --np 2 --cupy      # GPU buffers too (the suite's CuPy back-end)
+    python tests/mpi4py_suite/run.py --np 2 --jobs 6    # six modules at a time (a host with many cores)
 
 The release's test/ folder runs unmodified (tests/mpi4py_suite/fetch.py fetches it). Each
 module runs as its own job (a hang or crash costs one module, not the run); the shim in
@@ -17,6 +18,7 @@ end in time is a hang. `--check` exits 1 on any import failure, failure, other e
 that passed there and did not pass here, with what they did here.
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import shutil
@@ -191,6 +193,8 @@ def main(argv=None):
                     help="with the suite's CuPy array back-end (GPU buffers; its main.py's --cupy); Numba's stays off")
     ap.add_argument("--timeout", type=int, default=300,
                     help="seconds per module job (times ranks per core where ranks outnumber cores)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="modules run at once (each its own job of --np ranks; on a host with cores to spare)")
     ap.add_argument("--op-timeout", type=int, default=60, help="GPUCOLL_TIMEOUT of the jobs")
     ap.add_argument("--json", help="write every record here")
     ap.add_argument("--import-only", action="store_true",
@@ -208,15 +212,18 @@ def main(argv=None):
     everything, ok = [], True
     for np_ in args.np:
         results = []
-        for module in modules:
-            res = run_module(args, top, np_, module)
-            results.append(res)
-            if args.json:  # after every module: a run stopped early still leaves its records
-                with open(args.json, "w") as f:
-                    json.dump(everything + results, f, indent=1)
-            if args.verbose:
-                t = totals([res], 0)
-                print(f"  {module} np={np_}: {res['seconds']} s, rank 0 {t}", flush=True)
+        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+            running = [pool.submit(run_module, args, top, np_, module) for module in modules]
+            for done in concurrent.futures.as_completed(running):
+                res = done.result()
+                results.append(res)
+                if args.json:  # after every module: a run stopped early still leaves its records
+                    with open(args.json, "w") as f:
+                        json.dump(everything + results, f, indent=1)
+                if args.verbose:
+                    t = totals([res], 0)
+                    print(f"  {res['module']} np={np_}: {res['seconds']} s, rank 0 {t}", flush=True)
+        results.sort(key=lambda res: modules.index(res["module"]))
         report(results, np_, label, args.verbose)
         everything.extend(results)
         for rank in range(np_):

@@ -37,11 +37,18 @@ def copied():
     return {"read": read, "written": written}
 
 
-def send_window(dest, seed):
+def window_payloads(seed):
+    """The arrays send_window sends, made before anything is posted: a pattern of 40 MiB takes
+    longer to make than the receiver takes to read the messages before it, which would leave the
+    sender nothing to copy."""
+    return [pattern(n, seed + i) for i, n in enumerate(SIZES)] + [pattern(5 << 20, seed + 99)]
+
+
+def send_window(dest, payloads):
     """Isends and one Issend of SIZES, then an object holding an array; the requests."""
-    reqs = [mpi.Isend(pattern(n, seed + i), dest, tag=i) for i, n in enumerate(SIZES[:-1])]
-    reqs.append(mpi.Issend(pattern(SIZES[-1], seed + len(SIZES) - 1), dest, tag=len(SIZES) - 1))
-    reqs.append(mpi.isend(pattern(5 << 20, seed + 99), dest, tag=99))
+    reqs = [mpi.Isend(p, dest, tag=i) for i, p in enumerate(payloads[:len(SIZES) - 1])]
+    reqs.append(mpi.Issend(payloads[len(SIZES) - 1], dest, tag=len(SIZES) - 1))
+    reqs.append(mpi.isend(payloads[-1], dest, tag=99))
     return reqs
 
 
@@ -59,13 +66,14 @@ def receive_window(source, seed):
     return reqs, check
 
 
+payloads = window_payloads(10 * rank) if mode in ("window", "both-ways") else None
 comm.send("warm-up", peer, tag=1000)  # the channel exists before anything is timed
 comm.recv(source=peer, tag=1000)
 comm.Barrier()
 out = {}
 if mode == "window":
     if rank == 0:
-        MPI.Request.Waitall(send_window(1, 0))
+        MPI.Request.Waitall(send_window(1, payloads))
     else:
         reqs, check = receive_window(0, 0)
         MPI.Request.Waitall(reqs)
@@ -73,7 +81,7 @@ if mode == "window":
     out.update(copied())
 elif mode == "both-ways":
     recvs, check = None, None
-    sends = send_window(peer, 10 * rank)
+    sends = send_window(peer, payloads)
     recvs, check = receive_window(peer, 10 * peer)
     MPI.Request.Waitall(sends + recvs)
     out = dict(copied(), whole=check())
