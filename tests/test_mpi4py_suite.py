@@ -25,7 +25,8 @@ def test_every_suite_module_imports(mpi4py_release):
 
 
 def test_sample_of_the_suite_passes(mpi4py_release):
-    proc = _run("--np", "2", "--check", "--op-timeout", "20", "--timeout", "120", "-m", *SAMPLE, timeout=400)
+    proc = _run("--np", "2", "--jobs", "2", "--check", "--op-timeout", "20", "--timeout", "120", "-m", *SAMPLE,
+                timeout=400)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     totals = [line.split() for line in proc.stdout.splitlines() if line.split()[:1] in (["0"], ["1"])]
     assert len(totals) == 2, proc.stdout
