@@ -11,7 +11,9 @@ def test_mpi_module_with_gpu_arrays(gpurun_job):
     res = gpurun_job(2, "mpi_gpu.py", env=job_env(2), timeout=120).check().json_lines()
     for r, got in res.items():
         assert got["collectives"] == [[3.0] * 5, [2.0] * 5, [0, 1, 2, 3]]
-        assert "LAND on GPU buffers" in got["refused"]["land"]
+        ops = got["host ops"]  # ops the GPU path lacks, through host memory
+        assert ops["land"] == [1, 0, 0, 1, 0] and ops["lor"] == ([1, 1, 1, 1, 0] if r == 0 else None)
+        assert ops["user"] == [3.0, 1.0] and ops["reduce_local"] == [10, 11, 12, 13]
         assert "derived datatype" in got["refused"]["derived"]
         assert got["host_interface"] == [3.0] * 3  # host memory behind __cuda_array_interface__
         # the elements counts and displacements name, and no others
@@ -24,6 +26,7 @@ def test_mpi_module_with_gpu_arrays(gpurun_job):
         assert host["reduce_scatter"] == [[0.0], [2.0, 4.0]][r]  # the sum of both ranks' 0, 1, 2
         assert host["scan"] == [[1, 1], [3, 3]][r] and host["exscan"] == [None, [1, 1]][r]
         assert host["neighbours"] == [1.0 - r] * 2  # a ring of 2: both neighbours are the other rank
+    assert res[1]["ssend"] == [[0.0, 1.0, 2.0, 3.0], [0, 1, 2]]
     assert res[1]["counted recv"] == [-1, 0, 1, 2, 3, -1]
     assert res[1]["recv"] == [[0.0, 1.0, 2.0], 0, 3]
     for count, tag in ((5, 6), (70_000, 7)):  # Probe/Iprobe read the GPU message's envelope

@@ -29,7 +29,7 @@ from .composite import VCOLL_TAG, VDIRECT_TAG, Composite, done
 from .op import PREDEFINED as _OPS
 from .op import as_op, check, combine
 from .request import Prequest, Request
-from .staging import through_host
+from .staging import staged, through_host
 
 ERR_ROOT = _C["ERR_ROOT"]
 _CORE_DTYPES = {np.dtype(n) for n in _dtypes.NAMES if n != "bfloat16"}
@@ -82,12 +82,11 @@ class _Landing:
             self.msg.store(self.buf if nbytes is None else self.buf[:nbytes])
 
 
-def _gpu_op(op, what):
-    """gpucoll's own op for a reduction on GPU buffers (its GPU path has only those)."""
-    if op.core is None:
-        raise NotImplementedError(f"{what} with {op.name} on GPU buffers (gpucoll reduces GPU buffers with SUM, "
-                                  "PROD, MAX, MIN, AVG, BAND, BOR, BXOR)")
-    return op.core
+def _gpu_folds(op):
+    """Whether gpucoll's GPU path reduces with op (SUM, PROD, MAX, MIN, AVG, BAND, BOR, BXOR: the
+    ops with a core op); the others go through host memory, on every rank alike (the op is the
+    same on every rank)."""
+    return op.core is not None
 
 
 def _native_reduction(msg, op):
@@ -303,8 +302,10 @@ class Collectives:
         if s is not None and s.gpu is None and r.gpu is None and s.count != r.count:
             raise ValueError(f"Allreduce: send count {s.count} and receive count {r.count} differ")
         if r.gpu is not None or (s is not None and s.gpu is not None):
-            return _issue(blocking, core.Allreduce, core.Iallreduce, IN_PLACE if s is None else s.gpu, r.gpu,
-                          _gpu_op(rec, "Allreduce"))
+            if not _gpu_folds(rec):
+                return staged(Collectives._allreduce, "allreduce", self, sendbuf, recvbuf, (op,),
+                              {"blocking": blocking}, blocking)
+            return _issue(blocking, core.Allreduce, core.Iallreduce, IN_PLACE if s is None else s.gpu, r.gpu, rec.core)
         native = _native_reduction(r, rec)
         if native is not None:
             view = r.span().view(r.t.np)
@@ -351,8 +352,11 @@ class Collectives:
         else:
             s, r = _m.simple(sendbuf, True, root, what="Reduce sendbuf"), None
         if s is not None and s.gpu is not None or r is not None and r.gpu is not None:
+            if not _gpu_folds(rec):
+                return staged(Collectives._reduce, "reduce", self, sendbuf, recvbuf, (op, root),
+                              {"blocking": blocking}, blocking)
             return _issue(blocking, core.Reduce, core.Ireduce, IN_PLACE if s is None else s.gpu,
-                          None if r is None else r.gpu, _gpu_op(rec, "Reduce"), root)
+                          None if r is None else r.gpu, rec.core, root)
         ref = r if r is not None else s
         native = _native_reduction(ref, rec)
         if native is not None:
@@ -396,8 +400,11 @@ class Collectives:
                     raise ValueError(f"Reduce_scatter_block: send count {s.count} per rank and receive count "
                                      f"{r.count} differ")
         if r.gpu is not None or (s is not None and s.gpu is not None):
+            if not _gpu_folds(rec):
+                return staged(Collectives._reduce_scatter_block, "reduce_scatter_block", self, sendbuf, recvbuf,
+                              (op,), {"blocking": blocking}, blocking)
             return _issue(blocking, core.Reduce_scatter_block, core.Ireduce_scatter_block,
-                          IN_PLACE if s is None else s.gpu, r.gpu, _gpu_op(rec, "Reduce_scatter_block"))
+                          IN_PLACE if s is None else s.gpu, r.gpu, rec.core)
         count = r.count
         native = _native_reduction(r, rec)
         if native is not None:

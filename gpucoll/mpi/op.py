@@ -154,12 +154,16 @@ class Op:
         return self._r is None or self._r.predefined
 
     def Reduce_local(self, inbuf, inoutbuf):
-        """Compute inoutbuf = inbuf op inoutbuf, on this rank only."""
+        """Compute inoutbuf = inbuf op inoutbuf, on this rank only (GPU buffers through host memory)."""
         from .message import local_pair
+        from .staging import HostStage
 
-        a, b, datatype, finish = local_pair(inbuf, inoutbuf)
+        stage = HostStage()
+        a, b, datatype, finish = local_pair(stage.spec(inbuf, False, "Reduce_local inbuf"),
+                                            stage.spec(inoutbuf, True, "Reduce_local inoutbuf"))
         combine(self, a, b, datatype)
         finish()
+        stage.finish()
 
     def __call__(self, x, y):
         """Return x op y for Python objects (what the object methods, such as allreduce, use)."""

@@ -26,6 +26,7 @@ from .composite import Composite
 from .datatype import plain_predefined
 from .matched import Message
 from .request import Prequest, Request
+from .staging import HostStage
 from .status import reset
 
 ANY_SOURCE, ANY_TAG, PROC_NULL = _C["ANY_SOURCE"], _C["ANY_TAG"], _C["PROC_NULL"]
@@ -127,9 +128,10 @@ class PointToPoint:
         dest = _as_rank(dest)
         core = self._c(what)
         _check_tag(tag, what)
-        data = self._send_bytes(buf, dest, what)
+        # synchronous sends run on host memory: a GPU buffer's bytes go from a host copy
+        data = self._send_bytes(HostStage().spec(buf, False, what), dest, what)
         if not isinstance(data, np.ndarray):
-            raise NotImplementedError(f"{what} of GPU buffers (synchronous sends are on host memory)")
+            raise NotImplementedError(f"{what} of this GPU buffer (synchronous sends are on host memory)")
         payload = memoryview(data).cast("B") if data.size else memoryview(b"")
         return issend_state(core, payload, dest, tag, what)
 

@@ -1,5 +1,6 @@
 """GPU buffers of the calls gpucoll has no device path for (the vector collectives, Alltoallw, the
-neighbourhood collectives, Reduce_scatter with counts, Scan, Exscan), run through host memory as a
+neighbourhood collectives, Reduce_scatter with counts, Scan, Exscan, and reductions with an op
+the GPU path lacks: LAND, LOR, LXOR, MINLOC, MAXLOC, REPLACE, NO_OP, user ops), run through host memory as a
 CUDA-aware MPI stages them: each GPU buffer of the call's message specifications is copied into host memory, the host
 path runs the call, and the buffers it writes are copied back when it completes (a blocking call
 before it returns, a nonblocking one when its request completes).
@@ -69,6 +70,20 @@ class HostStage:
             _sync(device)
 
 
+def staged(run, name, self, sendbuf, recvbuf, args, kwargs, blocking):
+    """run(self, sendbuf, recvbuf, *args, **kwargs) with the GPU buffers of sendbuf and recvbuf
+    through a HostStage: a blocking call's results are back on the GPU when it returns, a
+    nonblocking one's when its request completes."""
+    what = name.capitalize()
+    stage = HostStage()
+    state = run(self, stage.spec(sendbuf, False, f"{what} sendbuf"), stage.spec(recvbuf, True, f"{what} recvbuf"),
+                *args, **kwargs)
+    if blocking:
+        stage.finish()
+        return None
+    return Composite([state] if state is not None else [], stage.finish, f"I{name}")
+
+
 def through_host(run):
     """For a method run(self, sendbuf, recvbuf, ..., blocking, ...) that returns its started
     request (or None once done): GPU buffers in sendbuf or recvbuf go through a HostStage."""
@@ -76,16 +91,10 @@ def through_host(run):
     name = run.__name__.strip("_")
 
     @functools.wraps(run)
-    def staged(self, sendbuf, recvbuf, *args, **kwargs):
+    def staged_run(self, sendbuf, recvbuf, *args, **kwargs):
         what = name.capitalize()
         if _device_buffer(sendbuf, what) is None and _device_buffer(recvbuf, what) is None:
             return run(self, sendbuf, recvbuf, *args, **kwargs)
         blocking = kwargs["blocking"] if "blocking" in kwargs else args[blocking_at - 3]
-        stage = HostStage()
-        state = run(self, stage.spec(sendbuf, False, f"{what} sendbuf"), stage.spec(recvbuf, True, f"{what} recvbuf"),
-                    *args, **kwargs)
-        if blocking:
-            stage.finish()
-            return None
-        return Composite([state] if state is not None else [], stage.finish, f"I{name}")
-    return staged
+        return staged(run, name, self, sendbuf, recvbuf, args, kwargs, blocking)
+    return staged_run

@@ -1,7 +1,8 @@
 """gpucoll.MPI with GPU arrays: whole CuPy arrays (bare or as [array, datatype]) and the elements
 that counts and displacements of a basic datatype name go to gpucoll's GPU path; the vector,
-neighbourhood, scan and counted reduce-scatter collectives go through host memory; what gpucoll
-lacks raises NotImplementedError; an object with __cuda_array_interface__ over host memory is a
+neighbourhood, scan and counted reduce-scatter collectives, and reductions with an op the GPU path
+lacks (LAND, LOR, a user op, Reduce_local), go through host memory; what gpucoll lacks raises
+NotImplementedError; an object with __cuda_array_interface__ over host memory is a
 host buffer even where CUDA runs.
 
     gpurun -np 2 python mpi_gpu.py      -> "RESULT {json}" per rank
@@ -97,9 +98,35 @@ out["through host"] = {"allgatherv": gathered.get().tolist(), "gatherv": rooted.
                        "reduce_scatter": rs_out.get().tolist(), "scan": inclusive.get().tolist(),
                        "exscan": exclusive.get().tolist() if r else None, "neighbours": neighbours.get().tolist()}
 
+# reductions with ops the GPU path lacks: through host memory, on every rank alike
+flags = cp.asarray([[1, 0, 1, 1, 0], [1, 1, 0, 1, 0]][r], cp.int32)
+land = cp.full(5, -1, cp.int32)
+comm.Allreduce(flags, land, op=MPI.LAND)
+lor = cp.full(5, -1, cp.int32)
+comm.Ireduce(flags, lor if r == 0 else None, op=MPI.LOR, root=0).Wait()
+absmax = MPI.Op.Create(lambda x, y, t: np.copyto(np.frombuffer(y, np.float64),
+                                                 np.maximum(np.abs(np.frombuffer(x, np.float64)),
+                                                            np.abs(np.frombuffer(y, np.float64)))), commute=True)
+signed = cp.asarray([[-3.0, 1.0], [2.0, -0.5]][r])
+comm.Allreduce(MPI.IN_PLACE, signed, op=absmax)
+absmax.Free()
+local = cp.arange(4, dtype=cp.int32)
+MPI.SUM.Reduce_local(cp.full(4, 10, cp.int32), local)
+cp.cuda.get_current_stream().synchronize()
+if r == 0:  # a synchronous send of a GPU buffer: from a host copy
+    comm.Ssend(cp.arange(4, dtype=cp.float32), 1, tag=9)
+    comm.Issend([cp.arange(6, dtype=cp.int64), 3, MPI.INT64_T], 1, tag=10).Wait()
+else:
+    synced, isynced = cp.zeros(4, cp.float32), np.zeros(3, np.int64)
+    comm.Recv(synced, 0, 9)
+    comm.Recv(isynced, 0, 10)
+    cp.cuda.get_current_stream().synchronize()
+    out["ssend"] = [synced.get().tolist(), isynced.tolist()]
+out["host ops"] = {"land": land.get().tolist(), "lor": lor.get().tolist() if r == 0 else None,
+                   "user": signed.get().tolist(), "reduce_local": local.get().tolist()}
+
 refused = {}
-for name, call in (("land", lambda: comm.Allreduce(a, b, op=MPI.LAND)),
-                   ("derived", lambda: comm.Bcast([a, 1, MPI.FLOAT.Create_contiguous(5).Commit()], root=0))):
+for name, call in (("derived", lambda: comm.Bcast([a, 1, MPI.FLOAT.Create_contiguous(5).Commit()], root=0)),):
     try:
         call()
         refused[name] = "no error"
