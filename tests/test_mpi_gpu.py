@@ -14,10 +14,14 @@ def test_mpi_module_with_gpu_arrays(gpurun_job):
         ops = got["host ops"]  # ops the GPU path lacks, through host memory
         assert ops["land"] == [1, 0, 0, 1, 0] and ops["lor"] == ([1, 1, 1, 1, 0] if r == 0 else None)
         assert ops["user"] == [3.0, 1.0] and ops["reduce_local"] == [10, 11, 12, 13]
-        assert "derived datatype" in got["refused"]["derived"]
+        derived = got["derived"]  # packed on the device, the caller's layout written back
+        assert derived["bcast"] == [11.0] * 5
+        assert derived["allreduce"] == [3.0, -1.0 * (r + 1), 6.0, -2.0 * (r + 1)]
+        assert derived["iallgather"] == [5.0, 6.0, 6.0, 7.0]
         assert got["host_interface"] == [3.0] * 3  # host memory behind __cuda_array_interface__
         # the elements counts and displacements name, and no others
         assert got["counted"] == [[-1.0, -1.0, 0.0, 1.0, 2.0, -1.0], [3.0, 3.0, r + 1.0, r + 1.0]]
+        assert got["per rank"] == [[0.0, 1.0, -1.0, -1.0], [2.0 * r, 2.0 * r + 1]]
         host = got["through host"]
         assert host["allgatherv"] == [0.0, 10.0, 11.0]
         assert host["gatherv"] == ([0.0, 10.0, 11.0] if r == 0 else [0.0, 0.0, 0.0])
@@ -26,6 +30,7 @@ def test_mpi_module_with_gpu_arrays(gpurun_job):
         assert host["reduce_scatter"] == [[0.0], [2.0, 4.0]][r]  # the sum of both ranks' 0, 1, 2
         assert host["scan"] == [[1, 1], [3, 3]][r] and host["exscan"] == [None, [1, 1]][r]
         assert host["neighbours"] == [1.0 - r] * 2  # a ring of 2: both neighbours are the other rank
+    assert res[1]["mrecv"] == [0.0, 1.0, 2.0, -1.0]
     assert res[1]["ssend"] == [[0.0, 1.0, 2.0, 3.0], [0, 1, 2]]
     assert res[1]["counted recv"] == [-1, 0, 1, 2, 3, -1]
     assert res[1]["recv"] == [[0.0, 1.0, 2.0], 0, 3]

@@ -56,6 +56,21 @@ def _issue(blocking, now, later, *args):
     return later(*args)
 
 
+def _gpu_issue(blocking, now, later, name, msgs, *args):
+    """_issue of a call on GPU messages, then the scatter back of those of derived datatypes
+    (Msg.unpack: enqueued after the call, in stream order); a nonblocking call's request
+    completes once they are back in place."""
+    state = _issue(blocking, now, later, *args)
+    unpacks = [m.unpack for m in msgs if m is not None and m.unpack is not None]
+    if not unpacks:
+        return state
+
+    def unpack_all():
+        for unpack in unpacks:
+            unpack()
+    return _then(state, unpack_all, blocking, name)
+
+
 def _then(state, finish, blocking, name):
     """After `state` (a started gpucoll request, or None when it ran already): `finish`."""
     if blocking:
@@ -129,7 +144,7 @@ class Collectives:
         root = check_root(core, root)
         msg = _m.simple(buf, core.rank == root, root, what="Bcast buf")
         if msg.gpu is not None:
-            return _issue(blocking, core.Bcast, core.Ibcast, msg.gpu, root)
+            return _gpu_issue(blocking, core.Bcast, core.Ibcast, "Ibcast", (msg,), msg.gpu, root)
         if core.rank == root:
             return _issue(blocking, core.Bcast, core.Ibcast, msg.data(), root)
         land = _Landing(msg)
@@ -162,7 +177,8 @@ class Collectives:
         r = _m.simple(recvbuf, False, root, size, what="Gather recvbuf")
         s = None if _m.is_in_place(sendbuf) else _m.simple(sendbuf, True, what="Gather sendbuf")
         if r.gpu is not None or (s is not None and s.gpu is not None):
-            return _issue(blocking, core.Gather, core.Igather, IN_PLACE if s is None else s.gpu, r.gpu, root)
+            return _gpu_issue(blocking, core.Gather, core.Igather, "Igather", (r,), IN_PLACE if s is None else s.gpu,
+                              r.gpu, root)
         whole = r.with_count(r.count * size)
         land = _Landing(whole)
         if s is None and not land.direct:  # the root's own block, in place in recvbuf, packed too
@@ -189,14 +205,15 @@ class Collectives:
         if rank != root:
             r = _m.simple(recvbuf, False, root, what="Scatter recvbuf")
             if r.gpu is not None:
-                return _issue(blocking, core.Scatter, core.Iscatter, None, r.gpu, root)
+                return _gpu_issue(blocking, core.Scatter, core.Iscatter, "Iscatter", (r,), None, r.gpu, root)
             land = _Landing(r)
             return _then(_issue(blocking, core.Scatter, core.Iscatter, None, land.buf, root), land.finish,
                          blocking, "Iscatter")
         s = _m.simple(sendbuf, True, root, size, what="Scatter sendbuf")
         r = None if _m.is_in_place(recvbuf) else _m.simple(recvbuf, False, what="Scatter recvbuf")
         if s.gpu is not None or (r is not None and r.gpu is not None):
-            return _issue(blocking, core.Scatter, core.Iscatter, s.gpu, IN_PLACE if r is None else r.gpu, root)
+            return _gpu_issue(blocking, core.Scatter, core.Iscatter, "Iscatter", (r,), s.gpu,
+                              IN_PLACE if r is None else r.gpu, root)
         data = s.with_count(s.count * size).data()
         if r is None:
             return _issue(blocking, core.Scatter, core.Iscatter, data, IN_PLACE, root)
@@ -221,7 +238,8 @@ class Collectives:
         r = _m.simple(recvbuf, False, 0, size, what="Allgather recvbuf")
         s = None if _m.is_in_place(sendbuf) else _m.simple(sendbuf, True, what="Allgather sendbuf")
         if r.gpu is not None or (s is not None and s.gpu is not None):
-            return _issue(blocking, core.Allgather, core.Iallgather, IN_PLACE if s is None else s.gpu, r.gpu)
+            return _gpu_issue(blocking, core.Allgather, core.Iallgather, "Iallgather", (r,),
+                              IN_PLACE if s is None else s.gpu, r.gpu)
         land = _Landing(r.with_count(r.count * size))
         if s is None and not land.direct:
             block = r.nbytes
@@ -246,7 +264,8 @@ class Collectives:
         r = _m.simple(recvbuf, False, 0, size, what="Alltoall recvbuf")
         s = None if _m.is_in_place(sendbuf) else _m.simple(sendbuf, True, 0, size, what="Alltoall sendbuf")
         if r.gpu is not None or (s is not None and s.gpu is not None):
-            return _issue(blocking, core.Alltoall, core.Ialltoall, IN_PLACE if s is None else s.gpu, r.gpu)
+            return _gpu_issue(blocking, core.Alltoall, core.Ialltoall, "Ialltoall", (r,),
+                              IN_PLACE if s is None else s.gpu, r.gpu)
         whole = r.with_count(r.count * size)
         land = _Landing(whole)
         if s is None:
@@ -305,7 +324,8 @@ class Collectives:
             if not _gpu_folds(rec):
                 return staged(Collectives._allreduce, "allreduce", self, sendbuf, recvbuf, (op,),
                               {"blocking": blocking}, blocking)
-            return _issue(blocking, core.Allreduce, core.Iallreduce, IN_PLACE if s is None else s.gpu, r.gpu, rec.core)
+            return _gpu_issue(blocking, core.Allreduce, core.Iallreduce, "Iallreduce", (r,),
+                              IN_PLACE if s is None else s.gpu, r.gpu, rec.core)
         native = _native_reduction(r, rec)
         if native is not None:
             view = r.span().view(r.t.np)
@@ -355,8 +375,8 @@ class Collectives:
             if not _gpu_folds(rec):
                 return staged(Collectives._reduce, "reduce", self, sendbuf, recvbuf, (op, root),
                               {"blocking": blocking}, blocking)
-            return _issue(blocking, core.Reduce, core.Ireduce, IN_PLACE if s is None else s.gpu,
-                          None if r is None else r.gpu, rec.core, root)
+            return _gpu_issue(blocking, core.Reduce, core.Ireduce, "Ireduce", (r,), IN_PLACE if s is None else s.gpu,
+                              None if r is None else r.gpu, rec.core, root)
         ref = r if r is not None else s
         native = _native_reduction(ref, rec)
         if native is not None:
@@ -403,8 +423,8 @@ class Collectives:
             if not _gpu_folds(rec):
                 return staged(Collectives._reduce_scatter_block, "reduce_scatter_block", self, sendbuf, recvbuf,
                               (op,), {"blocking": blocking}, blocking)
-            return _issue(blocking, core.Reduce_scatter_block, core.Ireduce_scatter_block,
-                          IN_PLACE if s is None else s.gpu, r.gpu, rec.core)
+            return _gpu_issue(blocking, core.Reduce_scatter_block, core.Ireduce_scatter_block, "Ireduce_scatter_block",
+                              (r,), IN_PLACE if s is None else s.gpu, r.gpu, rec.core)
         count = r.count
         native = _native_reduction(r, rec)
         if native is not None:

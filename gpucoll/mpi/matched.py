@@ -56,7 +56,10 @@ class Message(Handle):
 
     def _deliver(self, s, buf, status):
         from . import message as _m
+        from .staging import HostStage
 
+        stage = HostStage()  # a GPU buffer takes the bytes through a host copy
+        buf = stage.spec(buf, True, "Message.Recv buf")
         if status is not None:
             reset(status)
             status.source, status.tag = s.source, s.tag
@@ -69,6 +72,7 @@ class Message(Handle):
         if status is not None:
             status.nbytes = data.size
         _m.Msg(msg.raw, data.size // max(msg.t.size, 1), msg.datatype).store(data) if data.size else None
+        stage.finish()
 
     def Recv(self, buf, status=None):
         self._deliver(self._take("Message.Recv"), buf, status)

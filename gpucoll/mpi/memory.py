@@ -44,10 +44,13 @@ class Msg:
     """count elements of datatype, starting at raw[0] (raw: the bytes from there to the buffer's
     end). gpu: the caller's GPU object, passed to gpucoll's GPU path as it is."""
 
-    __slots__ = ("raw", "count", "datatype", "t", "gpu", "shift", "plain")
+    __slots__ = ("raw", "count", "datatype", "t", "gpu", "shift", "plain", "unpack")
 
-    def __init__(self, raw, count, datatype, gpu=None, shift=0, plain=True):
+    def __init__(self, raw, count, datatype, gpu=None, shift=0, plain=True, unpack=None):
         self.raw, self.count, self.datatype, self.gpu = raw, count, datatype, gpu
+        # a GPU message of a derived datatype: gpu is a packed copy, and unpack() (None for a
+        # buffer the call only reads) puts what the call wrote into the caller's layout
+        self.unpack = unpack
         self.t = datatype._t
         self.shift = shift  # raw[0] is this many bytes past the first element's address (BOTTOM messages)
         # False for DLPack and interface views: gpucoll's threads get copies, never the view itself,

@@ -126,13 +126,15 @@ class DeviceSpan:
         return self._interface
 
 
+def _derived(t):
+    """A datatype whose elements are not one basic value each, one after the other."""
+    return t.np is None or t.contents is not None
+
+
 def _device_span(obj, count, displ, datatype, what):
-    """A DeviceSpan of count elements of datatype from displacement displ of a GPU array (a basic,
-    contiguous datatype: derived ones over GPU memory are not supported); None for no elements."""
+    """A DeviceSpan of count elements of a basic datatype from displacement displ of a GPU array
+    (no copy); None for no elements."""
     t = datatype._t
-    if t.np is None or t.contents is not None:
-        raise NotImplementedError(f"{what}: the derived datatype {datatype.Get_name() or 'given'} over a GPU "
-                                  "buffer (gpucoll takes counts and displacements of basic datatypes there)")
     gpu = _gpu_buffer(obj, what)
     elements = gpu.nbytes // t.extent
     displ = 0 if displ is None else _index(displ, what, "displacement")
@@ -141,6 +143,42 @@ def _device_span(obj, count, displ, datatype, what):
         raise ValueError(f"{what}: {count} elements at displacement {displ} do not fit the GPU buffer's "
                          f"{elements} {datatype.Get_name()} elements")
     return DeviceSpan(obj, gpu.addr + displ * t.extent, count, t.np) if count else None
+
+
+def _device_packed(obj, count, displ, datatype, writable, what):
+    """count elements of a derived datatype from displacement displ of a GPU array, gathered on
+    the device into a contiguous array (of the type's one basic type, else bytes) that the GPU
+    path moves, and for a buffer the call writes the scatter back, enqueued on the current
+    stream after the call (so in stream order, as the call itself); (None, None) for no elements."""
+    import cupy
+
+    t = datatype._t
+    name = datatype.Get_name() or "the derived datatype"
+    if t.extent <= 0:
+        raise ValueError(f"{what}: {name} has extent {t.extent}; a GPU buffer of it has no element count")
+    gpu = _gpu_buffer(obj, what)
+    displ = 0 if displ is None else _index(displ, what, "displacement")
+    count = gpu.nbytes // t.extent - displ if count is None else _index(count, what, "count")
+    if displ < 0 or count < 0:
+        raise ValueError(f"{what}: {count} elements at displacement {displ} of {name}")
+    if count == 0 or t.size == 0:
+        return None, None
+    where = t.byte_index(count) + displ * t.extent
+    if where.min() < 0 or where.max() >= gpu.nbytes:
+        raise ValueError(f"{what}: {count} elements of {name} at displacement {displ} reach outside the GPU "
+                         f"buffer's {gpu.nbytes} bytes")
+    with cupy.cuda.Device(gpu.device):
+        memory = cupy.cuda.UnownedMemory(gpu.addr, gpu.nbytes, obj, gpu.device)
+        whole = cupy.ndarray(gpu.nbytes, cupy.uint8, cupy.cuda.MemoryPointer(memory, 0))
+        index = cupy.asarray(where)
+        packed = whole[index]
+    e = t.element()
+    typed = packed.view(e.np) if e is not None and e.np is not None else packed
+
+    def unpack():
+        with cupy.cuda.Device(gpu.device):
+            whole[index] = packed
+    return typed, (unpack if writable else None)
 
 
 def is_plain(msg):
@@ -249,6 +287,13 @@ def simple(msg, readonly, rank=0, blocks=0, what="buffer"):
     if buf is BOTTOM and count:
         return at_address(0, _index(count, what, "count"), datatype, what)
     if gpu is not None:
+        if count is not None and blocks >= 2:  # a count per rank: the blocks of every rank
+            count = _index(count, what, "count") * blocks
+        if t is not None and _derived(t):
+            packed, unpack = _device_packed(gpu, count, displ, datatype, not readonly, what)
+            if packed is None:
+                return Msg(np.zeros(0, np.uint8), 0, datatype)
+            return Msg(None, None, datatype, packed, unpack=unpack)
         if count is not None or displ is not None:
             gpu = _device_span(gpu, count, displ, datatype, what)
             if gpu is None:  # no elements: an empty message, as an empty GPU array is

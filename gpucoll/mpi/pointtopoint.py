@@ -164,7 +164,10 @@ class PointToPoint:
         if msg is None:
             return core.Irecv(np.zeros(0, np.uint8), PROC_NULL, tag)
         if msg.gpu is not None:
-            return core.Irecv(msg.gpu, source, tag)
+            state = core.Irecv(msg.gpu, source, tag)
+            if msg.unpack is None:
+                return state
+            return Composite([state], msg.unpack, what, status_part=state)  # a derived datatype's layout
         land = _Landing(msg)
         state = core.Irecv(land.buf, source, tag)
         if land.direct:
