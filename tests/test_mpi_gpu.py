@@ -14,6 +14,10 @@ def test_mpi_module_with_gpu_arrays(gpurun_job):
         ops = got["host ops"]  # ops the GPU path lacks, through host memory
         assert ops["land"] == [1, 0, 0, 1, 0] and ops["lor"] == ([1, 1, 1, 1, 0] if r == 0 else None)
         assert ops["user"] == [3.0, 1.0] and ops["reduce_local"] == [10, 11, 12, 13]
+        peer = 1 - r  # each rank put, accumulated and fetched-and-added into the other's window
+        fetched, old, window = got["rma"]
+        assert fetched == [1.0 + r, 2.0 + r, 100.0 * peer, 100.0 * peer + 5.0]
+        assert old == [100.0 * peer] and window == [1.0 + peer, 2.0 + peer, 100.0 * r + 1.0, 100.0 * r + 5.0]
         derived = got["derived"]  # packed on the device, the caller's layout written back
         assert derived["bcast"] == [11.0] * 5
         assert derived["allreduce"] == [3.0, -1.0 * (r + 1), 6.0, -2.0 * (r + 1)]

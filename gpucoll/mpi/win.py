@@ -36,6 +36,7 @@ from .info import Info
 from .op import PREDEFINED as _OPS
 from .op import as_op, check
 from .request import Request
+from .staging import HostStage
 
 PROC_NULL, ANY_SOURCE = _C["PROC_NULL"], _C["ANY_SOURCE"]
 ERR_WIN, ERR_ARG, ERR_RANK = _C["ERR_WIN"], _C["ERR_ARG"], _C["ERR_RANK"]
@@ -467,7 +468,8 @@ class Win(Handle, BufferExporter):
         self._st(what)
         if target_rank == PROC_NULL:
             return None
-        msg = _m.simple(origin, put, what=f"{what} origin")
+        stage = HostStage()  # GPU origins: through a host copy
+        msg = _m.simple(stage.spec(origin, not put, f"{what} origin"), put, what=f"{what} origin")
         direct = self._checked(target_rank, what).direct
         offset, index, _ = self._layout(msg, target, what, direct)
         if direct is not None:  # done when it returns
@@ -475,11 +477,13 @@ class Win(Handle, BufferExporter):
                 direct.put(target_rank, offset, index, msg.data(), what)
             else:
                 _read_into(msg, lambda into: direct.get(target_rank, offset, index, into, what))
+                stage.finish()
             return None
         me = self._s.comm.rank
         if put:
             return self._send(target_rank, ("put", me, offset, index, msg.data().copy()), what)
-        return self._send(target_rank, ("get", me, offset, index), what, lambda answer: msg.store(answer[1]))
+        return self._send(target_rank, ("get", me, offset, index), what,
+                          lambda answer: (msg.store(answer[1]), stage.finish()))
 
     def _accumulate(self, origin, result, target_rank, target, op, what, fetch):
         self._st(what)
@@ -488,6 +492,9 @@ class Win(Handle, BufferExporter):
             raise win_error(f"{what}: RMA accumulates take predefined operations only, not {rec.name}", _C["ERR_OP"])
         if target_rank == PROC_NULL:
             return None
+        stage = HostStage()  # GPU origins and results: through host copies
+        origin = stage.spec(origin, False, f"{what} origin")
+        result = stage.spec(result, True, f"{what} result") if fetch else result
         res = _m.simple(result, False, what=f"{what} result") if fetch else None
         if origin is None or rec.name == "NO_OP":
             ref = res if res is not None else _m.simple(origin, True, what=f"{what} origin")
@@ -508,8 +515,9 @@ class Win(Handle, BufferExporter):
             old = direct.update(target_rank, offset, index, change or (lambda old: None), what)
             if fetch:
                 res.store(old)
+                stage.finish()
             return None
-        answer = (lambda a: res.store(a[1])) if fetch else None
+        answer = (lambda a: (res.store(a[1]), stage.finish())) if fetch else None
         return self._send(target_rank, ("acc", self._s.comm.rank, offset, index, rec.name, element.np.str,
                                         data.tobytes(), fetch), what, answer)
 
@@ -525,8 +533,8 @@ class Win(Handle, BufferExporter):
     def Fetch_and_op(self, origin, result, target_rank, target_disp=0, op=None):
         """Get_accumulate of one element."""
         what = "Fetch_and_op"
-        o = _m.simple(origin, True, what=f"{what} origin")
-        r = _m.simple(result, False, what=f"{what} result")
+        o = _m.simple(HostStage().spec(origin, False, f"{what} origin"), True, what=f"{what} origin")
+        r = _m.simple(HostStage().spec(result, False, f"{what} result"), False, what=f"{what} result")
         for m, name in ((o, "origin"), (r, "result")):
             if m is not None and m.count != 1:
                 raise ValueError(f"{what}: the {name} must be one element, not {m.count}")
@@ -541,9 +549,10 @@ class Win(Handle, BufferExporter):
         """Set result = target; if target == compare: target = origin (atomic, one element)."""
         what = "Compare_and_swap"
         self._st(what)
-        o = _m.simple(origin, True, what=f"{what} origin")
-        c = _m.simple(compare, True, what=f"{what} compare")
-        r = _m.simple(result, False, what=f"{what} result")
+        stage = HostStage()  # GPU buffers: through host copies
+        o = _m.simple(stage.spec(origin, False, f"{what} origin"), True, what=f"{what} origin")
+        c = _m.simple(stage.spec(compare, False, f"{what} compare"), True, what=f"{what} compare")
+        r = _m.simple(stage.spec(result, True, f"{what} result"), False, what=f"{what} result")
         for m, name in ((o, "origin"), (c, "compare"), (r, "result")):
             if m is None or m.count != 1:
                 raise ValueError(f"{what}: the {name} must be one element")
@@ -557,9 +566,10 @@ class Win(Handle, BufferExporter):
             compared, data = c.data().tobytes(), o.data().tobytes()
             r.store(direct.update(target_rank, offset, index, lambda old: winmemory.swapped(old, compared, data),
                                   what))
+            stage.finish()
             return
         self._send(target_rank, ("cas", self._s.comm.rank, offset, index, c.data().tobytes(),
-                                 o.data().tobytes()), what, lambda a: r.store(a[1]))
+                                 o.data().tobytes()), what, lambda a: (r.store(a[1]), stage.finish()))
 
     # request-based forms: complete when the target has answered
     def _request(self, entry, name):

@@ -2,7 +2,7 @@
 that counts and displacements of a basic datatype name go to gpucoll's GPU path, as do derived
 datatypes (packed on the device); the vector, neighbourhood, scan and counted reduce-scatter
 collectives, reductions with an op the GPU path lacks (LAND, LOR, a user op, Reduce_local),
-synchronous sends and matched receives go through host memory; an object with
+synchronous sends, matched receives and one-sided origins go through host memory; an object with
 __cuda_array_interface__ over host memory is a host buffer even where CUDA runs.
 
     gpurun -np 2 python mpi_gpu.py      -> "RESULT {json}" per rank
@@ -149,6 +149,22 @@ if r == 0:
 elif r == 1:
     matched = cp.full(4, -1.0, cp.float64)
     comm.Mprobe(0, 11).Recv(matched)
+# one-sided operations with GPU origins and results (a host window): through host copies
+win = MPI.Win.Allocate(4 * 8, 8, comm=comm)
+window = np.frombuffer(win.tomemory(), np.float64)
+window[:] = 100.0 * r
+win.Fence()
+peer = (r + 1) % n
+win.Put(cp.asarray([1.0 + r, 2.0 + r]), peer, (0, 2, MPI.DOUBLE))
+win.Accumulate(cp.asarray([5.0]), peer, (3, 1, MPI.DOUBLE), op=MPI.SUM)
+win.Fence()
+fetched, old = cp.full(4, -1.0, cp.float64), cp.full(1, -1.0, cp.float64)
+win.Get(fetched, peer)
+win.Fence()
+win.Fetch_and_op(cp.asarray([1.0]), old, peer, 2, op=MPI.SUM)
+win.Fence()
+out["rma"] = [fetched.get().tolist(), old.get().tolist(), window.tolist()]
+win.Free()
 cp.cuda.get_current_stream().synchronize()
 out["derived"] = {"bcast": shown.get().tolist(), "allreduce": strided.get().tolist(),
                   "iallgather": gathered_strided.get().tolist()[:2 * n]}
