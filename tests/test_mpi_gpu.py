@@ -26,6 +26,7 @@ def test_mpi_module_with_gpu_arrays(gpurun_job):
         # the elements counts and displacements name, and no others
         assert got["counted"] == [[-1.0, -1.0, 0.0, 1.0, 2.0, -1.0], [3.0, 3.0, r + 1.0, r + 1.0]]
         assert got["per rank"] == [[0.0, 1.0, -1.0, -1.0], [2.0 * r, 2.0 * r + 1]]
+        assert got["inter"] == [[2.0 - r] * 2, [-1, -1, -1] if r == 0 else [0, 1, 2]]  # the remote group's
         host = got["through host"]
         assert host["allgatherv"] == [0.0, 10.0, 11.0]
         assert host["gatherv"] == ([0.0, 10.0, 11.0] if r == 0 else [0.0, 0.0, 0.0])

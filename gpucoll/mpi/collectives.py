@@ -97,6 +97,11 @@ class _Landing:
             self.msg.store(self.buf if nbytes is None else self.buf[:nbytes])
 
 
+def _send_recv(sendbuf, recvbuf):
+    """The (spec, writable, label) pairs of staging.staged for a call's sendbuf and recvbuf."""
+    return [(sendbuf, False, "sendbuf"), (recvbuf, True, "recvbuf")]
+
+
 def _gpu_folds(op):
     """Whether gpucoll's GPU path reduces with op (SUM, PROD, MAX, MIN, AVG, BAND, BOR, BXOR: the
     ops with a core op); the others go through host memory, on every rank alike (the op is the
@@ -322,8 +327,8 @@ class Collectives:
             raise ValueError(f"Allreduce: send count {s.count} and receive count {r.count} differ")
         if r.gpu is not None or (s is not None and s.gpu is not None):
             if not _gpu_folds(rec):
-                return staged(Collectives._allreduce, "allreduce", self, sendbuf, recvbuf, (op,),
-                              {"blocking": blocking}, blocking)
+                return staged("allreduce", _send_recv(sendbuf, recvbuf),
+                              lambda send, recv: self._allreduce(send, recv, op, blocking), blocking)
             return _gpu_issue(blocking, core.Allreduce, core.Iallreduce, "Iallreduce", (r,),
                               IN_PLACE if s is None else s.gpu, r.gpu, rec.core)
         native = _native_reduction(r, rec)
@@ -373,8 +378,8 @@ class Collectives:
             s, r = _m.simple(sendbuf, True, root, what="Reduce sendbuf"), None
         if s is not None and s.gpu is not None or r is not None and r.gpu is not None:
             if not _gpu_folds(rec):
-                return staged(Collectives._reduce, "reduce", self, sendbuf, recvbuf, (op, root),
-                              {"blocking": blocking}, blocking)
+                return staged("reduce", _send_recv(sendbuf, recvbuf),
+                              lambda send, recv: self._reduce(send, recv, op, root, blocking), blocking)
             return _gpu_issue(blocking, core.Reduce, core.Ireduce, "Ireduce", (r,), IN_PLACE if s is None else s.gpu,
                               None if r is None else r.gpu, rec.core, root)
         ref = r if r is not None else s
@@ -421,8 +426,8 @@ class Collectives:
                                      f"{r.count} differ")
         if r.gpu is not None or (s is not None and s.gpu is not None):
             if not _gpu_folds(rec):
-                return staged(Collectives._reduce_scatter_block, "reduce_scatter_block", self, sendbuf, recvbuf,
-                              (op,), {"blocking": blocking}, blocking)
+                return staged("reduce_scatter_block", _send_recv(sendbuf, recvbuf),
+                              lambda send, recv: self._reduce_scatter_block(send, recv, op, blocking), blocking)
             return _gpu_issue(blocking, core.Reduce_scatter_block, core.Ireduce_scatter_block, "Ireduce_scatter_block",
                               (r,), IN_PLACE if s is None else s.gpu, r.gpu, rec.core)
         count = r.count

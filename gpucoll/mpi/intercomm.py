@@ -26,6 +26,7 @@ from .kinds import register
 from .op import as_op, check
 from .ports import side_key
 from .request import Request
+from .staging import device_buffer, staged, through_host
 
 ROOT, PROC_NULL, UNDEFINED = _C["ROOT"], _C["PROC_NULL"], _C["UNDEFINED"]
 ERR_ROOT, ERR_COMM, ERR_RANK = _C["ERR_ROOT"], _C["ERR_COMM"], _C["ERR_RANK"]
@@ -321,12 +322,16 @@ class Intercomm(Comm):
         return msg
 
     def _bcast(self, buf, root, blocking):
+        if device_buffer(buf, "Bcast") is not None:  # the buffer through a host copy
+            return staged("bcast", [(buf, True, "buf")], lambda host: self._bcast(host, root, blocking), blocking)
+
         def at_root():
             data = self._host(buf, True, "Bcast", "buf").data()
             return [(j, data) for j in range(self.Get_remote_size())], []
         return self._rooted("Bcast", root, blocking, at_root,
                             lambda role: ([], [(role, self._host(buf, False, "Bcast", "buf"))]))
 
+    @through_host
     def _gather(self, sendbuf, recvbuf, root, blocking, vector=False):
         what = "Gatherv" if vector else "Gather"
         return self._rooted(
@@ -337,6 +342,7 @@ class Intercomm(Comm):
     def _gatherv(self, sendbuf, recvbuf, root, blocking):
         return self._gather(sendbuf, recvbuf, root, blocking, True)
 
+    @through_host
     def _scatter(self, sendbuf, recvbuf, root, blocking, vector=False):
         what = "Scatterv" if vector else "Scatter"
 
@@ -349,6 +355,7 @@ class Intercomm(Comm):
     def _scatterv(self, sendbuf, recvbuf, root, blocking):
         return self._scatter(sendbuf, recvbuf, root, blocking, True)
 
+    @through_host
     def _allgather(self, sendbuf, recvbuf, blocking, vector=False):
         what = "Allgatherv" if vector else "Allgather"
         rsize = self.Get_remote_size()
@@ -361,6 +368,7 @@ class Intercomm(Comm):
     def _allgatherv(self, sendbuf, recvbuf, blocking):
         return self._allgather(sendbuf, recvbuf, blocking, True)
 
+    @through_host
     def _alltoall(self, sendbuf, recvbuf, blocking, kind=""):
         what = "Alltoall" + kind
         rsize = self.Get_remote_size()
@@ -396,6 +404,7 @@ class Intercomm(Comm):
     def Allreduce(self, sendbuf, recvbuf, op=None):
         self._allreduce(sendbuf, recvbuf, _SUM if op is None else op, True)
 
+    @through_host
     def _allreduce(self, sendbuf, recvbuf, op, blocking):
         """This group's recvbuf = op over the remote group's sendbufs."""
         rec = as_op(op)
@@ -407,6 +416,7 @@ class Intercomm(Comm):
         rsize = self.Get_remote_size()
         return self._reduced("Allreduce", r, rec, range(rsize), blocking, [(j, data) for j in range(rsize)])
 
+    @through_host
     def _reduce(self, sendbuf, recvbuf, op, root, blocking):
         role = self._root(root, "Reduce")
         rec = as_op(op)

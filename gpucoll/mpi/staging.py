@@ -19,7 +19,7 @@ from . import message as _m
 from .composite import Composite
 
 
-def _device_buffer(spec, what):
+def device_buffer(spec, what):
     """The GpuBuffer of a message specification's buffer (bare or its first item), or None."""
     buf = spec[0] if isinstance(spec, (list, tuple)) and spec else spec
     if buf is None or buf is _m.BOTTOM or _m.is_in_place(buf):
@@ -50,7 +50,7 @@ class HostStage:
     def spec(self, spec, writable, what):
         """spec with its GPU buffer replaced by a host copy of the same dtype (counts,
         displacements and datatypes stay as given); host specs as they are."""
-        gpu = _device_buffer(spec, what)
+        gpu = device_buffer(spec, what)
         if gpu is None:
             return spec
         host = np.empty(gpu.count, _dtypes.numpy_dtype(gpu.code))
@@ -70,14 +70,13 @@ class HostStage:
             _sync(device)
 
 
-def staged(run, name, self, sendbuf, recvbuf, args, kwargs, blocking):
-    """run(self, sendbuf, recvbuf, *args, **kwargs) with the GPU buffers of sendbuf and recvbuf
-    through a HostStage: a blocking call's results are back on the GPU when it returns, a
-    nonblocking one's when its request completes."""
+def staged(name, specs, start, blocking):
+    """start(*host_specs): each (spec, writable, label) of specs through a HostStage (a GPU buffer
+    replaced by a host copy, copied back when writable); a blocking call's results are back on the
+    GPU when it returns, a nonblocking one's (start returns its request) when that completes."""
     what = name.capitalize()
     stage = HostStage()
-    state = run(self, stage.spec(sendbuf, False, f"{what} sendbuf"), stage.spec(recvbuf, True, f"{what} recvbuf"),
-                *args, **kwargs)
+    state = start(*[stage.spec(spec, writable, f"{what} {label}") for spec, writable, label in specs])
     if blocking:
         stage.finish()
         return None
@@ -93,8 +92,9 @@ def through_host(run):
     @functools.wraps(run)
     def staged_run(self, sendbuf, recvbuf, *args, **kwargs):
         what = name.capitalize()
-        if _device_buffer(sendbuf, what) is None and _device_buffer(recvbuf, what) is None:
+        if device_buffer(sendbuf, what) is None and device_buffer(recvbuf, what) is None:
             return run(self, sendbuf, recvbuf, *args, **kwargs)
         blocking = kwargs["blocking"] if "blocking" in kwargs else args[blocking_at - 3]
-        return staged(run, name, self, sendbuf, recvbuf, args, kwargs, blocking)
+        return staged(name, [(sendbuf, False, "sendbuf"), (recvbuf, True, "recvbuf")],
+                      lambda send, recv: run(self, send, recv, *args, **kwargs), blocking)
     return staged_run

@@ -2,7 +2,8 @@
 that counts and displacements of a basic datatype name go to gpucoll's GPU path, as do derived
 datatypes (packed on the device); the vector, neighbourhood, scan and counted reduce-scatter
 collectives, reductions with an op the GPU path lacks (LAND, LOR, a user op, Reduce_local),
-synchronous sends, matched receives and one-sided origins go through host memory; an object with
+synchronous sends, matched receives, one-sided origins and the collectives across an
+intercommunicator go through host memory; an object with
 __cuda_array_interface__ over host memory is a host buffer even where CUDA runs.
 
     gpurun -np 2 python mpi_gpu.py      -> "RESULT {json}" per rank
@@ -99,6 +100,20 @@ comm.Exscan(cp.full(2, r + 1, cp.int32), exclusive, op=MPI.SUM)
 ring = comm.Create_cart([n], periods=[True])
 neighbours = cp.zeros(2, cp.float32)
 ring.Neighbor_allgather(cp.full(1, float(r), cp.float32), neighbours)
+# across an intercommunicator (a group of one on each side): through host memory
+local = comm.Split(r, 0)
+inter = local.Create_intercomm(0, comm, 1 - r, 12)
+remote_sum = cp.zeros(2, cp.float32)
+inter.Allreduce(cp.full(2, float(r + 1), cp.float32), remote_sum, op=MPI.SUM)
+from_root = cp.full(3, -1, cp.int32)
+if r == 0:
+    inter.Bcast(cp.arange(3, dtype=cp.int32), root=MPI.ROOT)
+else:
+    inter.Bcast(from_root, root=0)
+cp.cuda.get_current_stream().synchronize()
+out["inter"] = [remote_sum.get().tolist(), from_root.get().tolist()]
+inter.Free()
+local.Free()
 out["through host"] = {"allgatherv": gathered.get().tolist(), "gatherv": rooted.get().tolist(),
                        "scatterv": scattered.get().tolist(), "ialltoallv": recvs.get().tolist(),
                        "reduce_scatter": rs_out.get().tolist(), "scan": inclusive.get().tolist(),
