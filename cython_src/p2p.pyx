@@ -929,7 +929,7 @@ cdef class ShortCalls:
 
 
 cdef class MPIShortCalls:
-    """gpucoll.MPI's Send, Isend, Recv and Irecv (its Comm derives from this): the communicator's
+    """gpucoll.MPI's Send, Isend, Recv, Irecv and Barrier (its Comm derives from this): the communicator's
     short paths (ShortPaths' mpi_* flavour) straight from the caller, with no Python frame
     between; when they decline, the Python class's general path (_send, _isend, _recv, _irecv)
     reads the message specification and checks everything. self._s is the communicator's state
@@ -959,3 +959,11 @@ cdef class MPIShortCalls:
         s = self._s
         req = None if s is None else (<ShortPaths?>s.seam.short).mpi_irecv(buf, source, tag)
         return self._irecv(buf, source, tag) if req is None else req
+
+    def Barrier(self):
+        """Return once every rank of the communicator has called Barrier (its native fast path
+        where it has one, with no Python frame between)."""
+        s = self._s
+        if s is None:
+            self._c("Barrier")  # raises: MPI.COMM_NULL
+        s.core.Barrier()
