@@ -114,6 +114,8 @@ def create_or_attach(segments, comm_id, local_rank, local_size, creator_pid=0, t
             if mm is not None:
                 break
             if state == "creator gone" and creator_pid:
+                if check is not None:
+                    check()  # names every rank found gone: the creator may have quit over another
                 raise LostPeerError(f"local rank 0 (pid {creator_pid}) ended after creating the "
                                     f"shared-memory segment {path}, before local rank {local_rank} "
                                     "attached", ranks=(0,))
