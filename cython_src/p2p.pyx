@@ -48,6 +48,7 @@ cdef extern from "gc_p2p.h" nogil:
         uint64_t progress_count
     gc_p2p *gc_p2p_create(int me, int n, uint64_t max_message)
     void gc_p2p_set_peer(gc_p2p *e, int peer, int pid, int cma, int eager_max)
+    int gc_p2p_grow(gc_p2p *e, int n)
     void gc_p2p_set_channel(gc_p2p *e, int peer, gc_chan *chan)
     void gc_p2p_set_share(gc_p2p *e, int on)
     void gc_p2p_copied(gc_p2p *e, uint64_t *read, uint64_t *written)
@@ -399,6 +400,15 @@ cdef class P2PCore:
             raise MemoryError("point to point: no memory for the engine")
         self.rank, self.size = rank, size
         # never freed: requests and channels may outlive any Python object (interpreter exit)
+
+    def grow(self, int size):
+        """Room for world ranks up to size - 1 (processes spawned later)."""
+        cdef int ok
+        with nogil:
+            ok = gc_p2p_grow(self.e, size)
+        if not ok:
+            raise MemoryError("point to point: no memory for more peers")
+        self.size = max(self.size, size)
 
     def set_peer(self, int peer, int pid, bint cma, int eager_max):
         with nogil:

@@ -142,12 +142,16 @@ RANK_COUNT = RankCount()
                    "initialises CUDA at import makes the job start its ranks anew.")
 @click.option("--no-preload", is_flag=True, help="Start every rank as a new interpreter instead of forking "
               "it from gpurun's, which has NumPy and gpucoll imported.")
+@click.option("--universe-size", type=click.IntRange(min=1), metavar="N",
+              help="Processes that may run at once, those MPI's Spawn starts included (MPI.UNIVERSE_SIZE). "
+                   "Default: -np, or 8 a CPU (at least 64) when that is more.")
 @click.option("-v", "--verbose", is_flag=True, help="Say on stderr how the ranks were bound and started, or why "
               "not.")
 @click.version_option(__version__, "-V", "--version", prog_name="gpurun")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="PROGRAM [ARGS]...")
 def gpurun(nprocs, module, tag_output, output_dir, timeout, grace, exports, command, hosts, hostfile,
-           launcher, launcher_cmd, nnodes, node_rank, master, bind_to, preload, no_preload, verbose):
+           launcher, launcher_cmd, nnodes, node_rank, master, bind_to, preload, no_preload, universe_size,
+           verbose):
     import os
 
     from .env import parse_exports
@@ -168,7 +172,7 @@ def gpurun(nprocs, module, tag_output, output_dir, timeout, grace, exports, comm
         module, command = command[0], command[1:]
     opts = Options(nprocs, command, module=module or None, tag_output=tag_output, output_dir=output_dir,
                    timeout=timeout, grace=grace, exports=exported, bind_to=bind_to, verbose=verbose,
-                   preload=preload)
+                   preload=preload, universe_size=universe_size)
     if multi is None:
         raise SystemExit(launch(opts))
     if multi.launcher == "agent":

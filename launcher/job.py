@@ -23,6 +23,7 @@ from . import report, warm
 from .output import RankStream, Sink, make_output_dir, open_output_file
 from .signals import ENDING, FORWARDED, SignalInbox
 from .spawn import LaunchError, become_subreaper, kill_orphans, program_argv, reap_orphans, start_rank
+from .spawn_service import SpawnService
 
 # After the ranks are gone, how long a pipe that some escaped process holds open may
 # delay the end of the job.
@@ -35,7 +36,8 @@ class Options:
     """What the command line asked for."""
 
     def __init__(self, nprocs, command, module=None, tag_output=True, output_dir=None,
-                 timeout=None, grace=3.0, exports=(), bind_to=None, verbose=False, preload=None):
+                 timeout=None, grace=3.0, exports=(), bind_to=None, verbose=False, preload=None,
+                 universe_size=None):
         self.nprocs = nprocs
         self.command = list(command)
         self.module = module
@@ -47,6 +49,13 @@ class Options:
         self.bind_to = bind_to      # binding.CHOICES, or None: gpurun's default
         self.verbose = verbose
         self.preload = preload      # modules to preload besides the default; False: fork nothing (warm.py)
+        # processes that may run at once, spawned ones included (MPI's Spawn: spawn_service.py)
+        self.universe_size = universe_size or default_universe_size(nprocs)
+
+
+def default_universe_size(nprocs):
+    """--universe-size's default: the ranks, or 8 processes a CPU (at least 64)."""
+    return max(nprocs or 0, 8 * (os.cpu_count() or 1), 64)
 
 
 def launch(opts):
@@ -76,6 +85,7 @@ def launch(opts):
         # from its own thread once they are all started, answering those that came early.
         for r in range(opts.nprocs):
             job.add(start(r, envs[r], stdin_inherit=(r == 0), cpus=cpus[r]))
+        job.serve_spawns(SpawnService(store, opts, common))
         store.start()
         return job.run()
     except LaunchError as exc:
@@ -169,6 +179,7 @@ class Job:
         self.term_at = None
         self.kill_at = None
         self.all_ended_at = None
+        self.spawner = None            # the SpawnService, where processes may be spawned
 
     # --- starting -------------------------------------------------------------------
     def add(self, rank):
@@ -184,6 +195,11 @@ class Job:
             stream = RankStream(r, name, pipe, sink, prefix, tee, keep_tail=tail)
             self.streams.append(stream)
             self.selector.register(stream.fd, selectors.EVENT_READ, stream)
+
+    def serve_spawns(self, spawner):
+        """Start the processes that MPI's Spawn asks `spawner` for, from this loop."""
+        self.spawner = spawner
+        self.selector.register(spawner.fileno(), selectors.EVENT_READ, spawner)
 
     def abort(self):
         """Kill what was started when starting the rest failed."""
@@ -205,6 +221,9 @@ class Job:
             for key, _ in events:
                 if key.data is None:
                     child_event |= self._on_signals(self.inbox.take())
+                elif key.data is self.spawner:
+                    if self.stop_reason is None:
+                        self.spawner.serve(self)
                 elif not key.data.pump():
                     self.selector.unregister(key.fd)
             if child_event:
@@ -245,7 +264,8 @@ class Job:
     def _reap(self):
         # Reap all first, so that ranks which ended together are not reported as stopped.
         ended = [rank for rank in self.ranks if rank.poll()]
-        failed = [rank for rank in ended if rank.returncode != 0]
+        failed = [rank for rank in ended if rank.returncode != 0
+                  and not (self.spawner is not None and self.spawner.ended_early(rank))]
         if failed and self.stop_reason is None:
             self.first_failure = failed[0]
             self._stop("failure")
@@ -330,3 +350,5 @@ class Job:
         for stream in self.streams:
             stream.close()
         self.selector.close()
+        if self.spawner is not None:
+            self.spawner.close()

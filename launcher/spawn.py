@@ -171,14 +171,14 @@ class Rank:
         return self.signal_group(0)
 
 
-def start_rank(rank, argv, env, stdin_inherit=False, die_with_parent=True, cpus=None):
+def start_rank(rank, argv, env, stdin_inherit=False, die_with_parent=True, cpus=None, cwd=None):
     """Start one rank with piped stdout and stderr in its own session.
 
     Rank 0 may inherit gpurun's stdin (as with mpiexec); the others read /dev/null.
     die_with_parent (Linux): the kernel kills the rank when its parent dies, so that the
     ranks of a gpurun or a host agent that was killed outright do not run on alone.
     cpus: the CPUs the rank is bound to (binding.py), set before exec so that nothing of the
-    rank ever runs elsewhere; None leaves gpurun's mask.
+    rank ever runs elsewhere; None leaves gpurun's mask. cwd: its working directory (None: gpurun's).
 
     That needs code in the child between fork and exec (a preexec_fn), which is only safe
     in a process with one thread: a lock that another thread held at the fork stays locked
@@ -189,6 +189,7 @@ def start_rank(rank, argv, env, stdin_inherit=False, die_with_parent=True, cpus=
         proc = subprocess.Popen(
             argv,
             env=env,
+            cwd=cwd,
             stdin=None if stdin_inherit else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

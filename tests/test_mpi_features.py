@@ -170,7 +170,7 @@ def test_derived_datatypes(results):
 def test_unsupported_features_raise_not_implemented_naming_them(results):
     for got in results.values():
         missing = got["missing"]
-        assert "dynamic processes" in missing["Spawn"]
+        assert "name service" in missing["Publish_name"]
         assert "revoking communicators" in missing["Revoke"]
         assert "user-defined data representations" in missing["Register_datarep"]
         assert all(m.startswith("gpucoll.MPI.") and "not supported by gpucoll" in m for m in missing.values())

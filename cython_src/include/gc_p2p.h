@@ -1124,6 +1124,26 @@ static gc_p2p *gc_p2p_create(int me, int n, uint64_t max_message)
     return e;
 }
 
+/* Room for peers up to world rank n - 1 (processes started later: MPI's Spawn). Every access to
+ * e->peers holds the mutex, so moving the array under it is safe. 0 when out of memory. */
+static int gc_p2p_grow(gc_p2p *e, int n)
+{
+    int ok = 1;
+    pthread_mutex_lock(&e->mu);
+    if (n > e->n) {
+        gc_p2p_peer *peers = (gc_p2p_peer *)realloc(e->peers, (size_t)n * sizeof *peers);
+        if (peers) {
+            memset(peers + e->n, 0, (size_t)(n - e->n) * sizeof *peers);
+            e->peers = peers;
+            e->n = n;
+        } else {
+            ok = 0;
+        }
+    }
+    pthread_mutex_unlock(&e->mu);
+    return ok;
+}
+
 /* pid: the peer's pid where it can be watched (0: not), cma: may its memory be read directly. */
 static void gc_p2p_set_peer(gc_p2p *e, int peer, pid_t pid, int cma, int eager_max)
 {

@@ -20,32 +20,101 @@ from ..bootstrap import connect
 
 
 class Context:
-    """What every communicator of this process shares."""
+    """What every communicator of this process shares.
+
+    World ranks number every process of the job: the ranks gpurun started first (COMM_WORLD of
+    each of them), then the processes that MPI's Spawn started, each spawn's block after the
+    last (gpucoll/mpi/spawn.py). `rank` is this process's world rank, `world_ranks` its
+    COMM_WORLD's, `size` one more than the highest world rank it knows of; what it knows of
+    another process (pid, host, TCP address) sits in lists indexed by world rank, None where
+    it knows nothing yet (learn() adds processes)."""
 
     def __init__(self, boot):
         self.boot = boot
-        self.rank, self.size, self.job_id = boot.rank, boot.size, boot.job_id
+        self.job_id = boot.job_id
+        spawn = getattr(boot.info, "spawn", None)
+        base = spawn[1] if spawn else 0
+        self.rank, self.size = base + boot.rank, base + boot.size
+        self.world_ranks = range(base, base + boot.size)
         self.secret = boot.info.secret or _fresh_secret(boot)
-        self.hosts = boot.hosts
         self.interface = _listen_interface(boot)
         self._tcp = None
         self._ofi = None
         self._ofi_lock = threading.Lock()   # the listener's threads may ask for it too
-        mine = {"pid": os.getpid(), "pidns": _pid_namespace()}
+        self._learn_lock = threading.Lock()
+        self.pidns = _pid_namespace()
+        mine = {"pid": os.getpid(), "pidns": self.pidns, "host": boot.host}
         if self.size > 1:
             mine["tcp"] = self.tcp().address
             from ..transports import ofi
 
             ofi.serve(self.tcp(), self.ofi)  # a peer may meet an OFI channel before this rank needs one
         table = [json.loads(b) for b in boot.allgather(json.dumps(mine).encode())]
-        self.pids = [t["pid"] for t in table]
-        # A pid says whether a process lives only on its host and in its pid namespace.
-        self._watchable = [t.get("pidns") == mine["pidns"] != 0 and h == self.hosts[self.rank]
-                           for t, h in zip(table, self.hosts)]
-        self.tcp_addresses = [t.get("tcp") for t in table]
+        for entry, host in zip(table, boot.hosts):
+            entry["host"] = host  # the bootstrap's label (host_identity): machines of one name told apart
+        self.entries = {}
+        self.pids, self.hosts, self.tcp_addresses, self._watchable = [], [], [], []
+        self._record(dict(zip(self.world_ranks, table)))
+        self.spawn = spawn            # (spawn number, first world rank) in a spawned process, else None
+        self.spawn_parents = None     # there: the world ranks of the parents
+        if spawn:
+            from ..bootstrap import spawns
+
+            self.spawn_parents, parents = spawns.join(boot.store, spawn[0], boot.rank, self.rank,
+                                                      self.entries[self.rank], config.INIT_TIMEOUT.get())
+            self._record(parents)  # before any parent is reached
         from ..engines.p2p.host import ProcessP2P
 
         self.p2p = ProcessP2P(self)  # point to point of every communicator (after the table: links need it)
+
+    def _record(self, entries):
+        """Note what `entries` ({world rank: {pid, pidns, tcp, host}}) says; the new world ranks."""
+        new = [w for w in sorted(entries) if w not in self.entries]
+        if not new:
+            return new
+        self.size = max(self.size, new[-1] + 1)
+        for table in (self.pids, self.hosts, self.tcp_addresses, self._watchable):
+            table.extend([None] * (self.size - len(table)))
+        me = self.hosts[self.rank] if self.rank < len(self.hosts) and self.hosts[self.rank] else self.boot.host
+        for w in new:
+            e = self.entries[w] = entries[w]
+            self.pids[w], self.hosts[w], self.tcp_addresses[w] = e["pid"], e["host"], e.get("tcp")
+            # A pid says whether a process lives only on its host and in its pid namespace.
+            self._watchable[w] = e.get("pidns") == self.pidns != 0 and e["host"] == me
+        return new
+
+    def reachable(self):
+        """This process's entry, with a TCP address that takes announcements (a job of one
+        process listens only once it spawns others)."""
+        entry = self.entries[self.rank]
+        if entry.get("tcp") is None:
+            from ..transports import ofi
+
+            entry["tcp"] = self.tcp_addresses[self.rank] = self.tcp().address
+            ofi.serve(self.tcp(), self.ofi)
+            self.p2p.links.serve()
+        return entry
+
+    def look_up(self, world_rank):
+        """Learn world rank `world_rank`, a process spawned after this one joined, from the store
+        (on a connection of its own: the listener's threads call this)."""
+        from ..bootstrap import spawns
+        from ..bootstrap.store import StoreClient
+
+        info = self.boot.info
+        if getattr(self.boot, "store", None) is None:
+            raise InvalidUsageError(f"world rank {world_rank} is not a process of this job")
+        timeout = config.INIT_TIMEOUT.get()
+        with StoreClient(info.store_host, info.store_port, info.secret, timeout=timeout,
+                         connect_timeout=timeout) as store:
+            self.learn({world_rank: spawns.look_up(store, world_rank, timeout)})
+
+    def learn(self, entries):
+        """Processes started after this one joined (MPI's Spawn): {world rank: entry}."""
+        with self._learn_lock:
+            new = self._record(entries)
+            if new:
+                self.p2p.add_peers(new)
 
     def watch_pid(self, world_rank):
         """The pid of `world_rank` when this process can tell whether it lives (same host, same
@@ -119,7 +188,8 @@ def init():
 
             started = time.monotonic()
             ctx = Context(connect())
-            _world = Communicator(ctx, "world", range(ctx.size))
+            spawn = getattr(ctx.boot.info, "spawn", None)
+            _world = Communicator(ctx, f"spawn{spawn[0]}" if spawn else "world", ctx.world_ranks)
             store = getattr(ctx.boot, "store", None)
             log.info("BOOTSTRAP", "COMM_WORLD ready in %.1f ms after %d store request(s)",
                      (time.monotonic() - started) * 1e3, store.requests if store is not None else 0)

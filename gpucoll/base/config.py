@@ -172,6 +172,9 @@ STORE_SECRET = declare("GPUCOLL_STORE_SECRET", "str", None,
 INIT_TIMEOUT = declare("GPUCOLL_INIT_TIMEOUT", "float", 120.0,
                        "Seconds to wait for every rank to join at start-up (not the set-up in a communicator's "
                        "first collective, which waits GPUCOLL_TIMEOUT).", minimum=0.001)
+SPAWN = declare("GPUCOLL_SPAWN", "str", None,
+                "Set by gpurun in the processes that MPI's Spawn started: the spawn's number and the "
+                "first world rank of its processes (k:base).", launcher=True)
 JOB_ID = declare("GPUCOLL_JOB_ID", "str", None, "Identifier of the job, used in names.", launcher=True)
 
 # --- collectives -----------------------------------------------------------------

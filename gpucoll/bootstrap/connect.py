@@ -143,6 +143,8 @@ class StoreBootstrap(Bootstrap):
         self._timeout = config.INIT_TIMEOUT.get()
         self._seq = 0
         self._server = None
+        # The processes of a spawn (MPI's Spawn) join their own COMM_WORLD under keys of their own.
+        self._ns = f"spawn/{info.spawn[0]}/" if info.spawn else ""
         from .store import StoreClient
 
         if info.host_store and info.rank == 0:  # rank 0 serves (torchrun-style): only it loads the server
@@ -172,7 +174,7 @@ class StoreBootstrap(Bootstrap):
     def _check_size(self):
         """All ranks must agree on the size; the first to register fixes it."""
         mine = str(self.size).encode()
-        stored = self.store.compare_set("gpucoll/size", None, mine)
+        stored = self.store.compare_set(self._ns + "gpucoll/size", None, mine)
         if stored != mine:
             raise BootstrapError(
                 f"rank {self.rank} was started with a world size of {self.size}, but other ranks of this "
@@ -191,7 +193,7 @@ class StoreBootstrap(Bootstrap):
     def allgather(self, data):
         seq = self._seq
         self._seq += 1
-        prefix = f"ag/{seq}/"
+        prefix = f"{self._ns}ag/{seq}/"
         self.store.set(prefix + str(self.rank), bytes(data))
         deadline = time.monotonic() + self._timeout
         try:

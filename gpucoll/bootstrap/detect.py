@@ -40,6 +40,7 @@ class LaunchInfo:
     host_store: bool = False  # this process (rank 0) must serve the store itself
     one_host: bool = False    # the launcher says every rank runs on this host
     job_id: str = "local"
+    spawn: Optional[tuple] = None  # (spawn number, first world rank) in a process MPI's Spawn started
 
 
 def _int(environ, name, what):
@@ -94,7 +95,17 @@ def _from_gpurun(environ):
     host, port = _split_address(config.STORE.get(environ), "GPUCOLL_STORE")
     return LaunchInfo("gpurun", rank, size, config.LOCAL_RANK.get(environ), config.LOCAL_SIZE.get(environ),
                       host, port, bytes.fromhex(config.STORE_SECRET.get(environ)), False,
-                      config.JOB_ID.get(environ) or f"{host}-{port}")
+                      config.JOB_ID.get(environ) or f"{host}-{port}", spawn=_spawn(environ))
+
+
+def _spawn(environ):
+    text = config.SPAWN.get(environ)
+    if text is None:
+        return None
+    k, _, base = text.partition(":")
+    if not (k.isdigit() and base.isdigit()):
+        raise BootstrapError(f"GPUCOLL_SPAWN={text!r} is not k:base (gpurun sets it in spawned processes).")
+    return int(k), int(base)
 
 
 def _mpi_present(environ):

@@ -75,6 +75,7 @@ class StoreServer:
         self.max_frame = 2 * self.max_value_size + wire.MAX_KEY_SIZE + 64
         self.data = {}
         self.waiting = {}          # key -> set of _Waiter parked on it
+        self._watchers = []        # (key prefix, callback(key)) called on the loop when such a key is set
         self.connections = set()
         self._sock = None
         self._loop = None
@@ -197,6 +198,25 @@ class StoreServer:
         self.data[key] = value
         for waiter in self.waiting.pop(key, ()):
             waiter.arrived(key)
+        for prefix, callback in self._watchers:
+            if key.startswith(prefix):
+                callback(key.decode(errors="replace"))
+
+    def watch(self, prefix, callback):
+        """Call callback(key), on the store's thread, whenever a key starting with `prefix` (str)
+        is set (the launcher's service for MPI's Spawn); it must not block."""
+        self._watchers.append((prefix.encode(), callback))
+
+    def value(self, key):
+        """The value of `key` (str), or None (from any thread: one dict read)."""
+        return self.data.get(key.encode())
+
+    def put_threadsafe(self, key, value):
+        """put() of a str key from another thread than the store's (before start(): at once)."""
+        if self._loop is None:
+            self.put(key.encode(), value)
+        else:
+            self._loop.call_soon_threadsafe(self.put, key.encode(), value)
 
     def park(self, waiter):
         """Register a waiter under each key it still misses."""

@@ -30,6 +30,7 @@ from .op import as_op
 from .partitioned import Partitioned
 from .pointtopoint import MPIShortCalls, PointToPoint, issend_state
 from .ports import Ports, join
+from .spawn import Spawning, parent
 from .request import Request
 from .topology import TopologyMaker
 from .ulfm import FaultTolerance
@@ -327,8 +328,8 @@ class Comm(Collectives, PointToPoint, Partitioned, FaultTolerance, Handle, MPISh
 
     @classmethod
     def Get_parent(cls):
-        """The parent of a spawned job: gpucoll does not spawn, so always the null communicator."""
-        return kind("Intercomm")()
+        """In a process that Spawn started, the intercommunicator with its parents; else MPI.COMM_NULL."""
+        return parent()
 
     # --- Python objects (pickle): gpucoll's own methods -------------------------------------------
     def bcast(self, obj, root=0):
@@ -488,7 +489,7 @@ def _last_used_code():
 
 
 @register
-class Intracomm(TopologyMaker, Ports, Comm):
+class Intracomm(TopologyMaker, Ports, Spawning, Comm):
     """An intra-communicator."""
 
     __slots__ = ()

@@ -45,15 +45,30 @@ class Links:
         self._failed = {}        # world rank -> why building it failed
         self._shm = None
         self._use_shm = not config.SHM_DISABLE.get()
-        me = ctx.rank
-        for peer in range(ctx.size):
-            if peer == me:
+        self._serving = False
+        self.add_peers([w for w in range(ctx.size) if ctx.pids[w] is not None])
+
+    def add_peers(self, peers):
+        """Tell the engine of world ranks `peers` (all of them at start, spawned ones later)."""
+        ctx = self._ctx
+        self._engine.grow(ctx.size)
+        for peer in peers:
+            if peer == ctx.rank:
                 continue
             local = self._same_host(peer)
             pid = ctx.watch_pid(peer)
-            engine.set_peer(peer, pid, bool(local and pid), SHM_EAGER_MAX if local else TCP_EAGER_MAX)
+            self._engine.set_peer(peer, pid, bool(local and pid), SHM_EAGER_MAX if local else TCP_EAGER_MAX)
+        if self._shm is not None:
+            self._shm.pids = list(ctx.pids)
+            self._shm.watch = [ctx.watch_pid(w) for w in range(ctx.size)]
         if ctx.size > 1:
-            ctx.tcp().serve(Purpose.P2P, self._announced)
+            self.serve()
+
+    def serve(self):
+        """Take announcements on the process's listener (once there is another process to make them)."""
+        if not self._serving:
+            self._serving = True
+            self._ctx.tcp().serve(Purpose.P2P, self._announced)
 
     def _same_host(self, peer):
         return self._use_shm and self._ctx.hosts[peer] == self._ctx.hosts[self._ctx.rank]
@@ -74,6 +89,8 @@ class Links:
         """Make sure the channel to world rank `peer` exists (built here, or asked for)."""
         if peer in self._chans or peer == self._ctx.rank:
             return
+        if peer >= self._ctx.size or self._ctx.pids[peer] is None:
+            self._ctx.look_up(peer)
         if self._ctx.rank < peer:
             self._build(peer)
             return
@@ -164,7 +181,7 @@ class Links:
         """A peer proved the secret and says "p2p/open" or "p2p/ask" (on the listener's thread)."""
         conn.close()
         peer = claim.sender
-        if not 0 <= peer < self._ctx.size or peer == self._ctx.rank:
+        if peer < 0 or peer == self._ctx.rank:
             raise ValueError(f"a point-to-point announcement from rank {peer} makes no sense")
         if claim.comm_id == OPEN and peer < self._ctx.rank:
             target = self._take
@@ -177,6 +194,8 @@ class Links:
 
     def _quietly(self, fn, peer):
         try:
+            if peer >= self._ctx.size or self._ctx.pids[peer] is None:
+                self._ctx.look_up(peer)  # spawned after this process joined, and not known here yet
             fn(peer)
         except Exception as exc:  # whoever waits for this channel sees _failed; say it once here too
             with self._cond:

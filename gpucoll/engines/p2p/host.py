@@ -81,6 +81,10 @@ class ProcessP2P:
         self.links = Links(ctx, self.native)
         self._told = set()  # lost peers whose reason was logged
 
+    def add_peers(self, world_ranks):
+        """Processes spawned after this one started (Context.learn)."""
+        self.links.add_peers(world_ranks)
+
     def why_lost(self, world_rank, what):
         """The text of a failure with world rank `world_rank`, logged once per peer."""
         native = _native()
