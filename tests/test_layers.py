@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LAYERS = [
     ("launcher", ["launcher"]),
-    ("tools", ["gpucoll.bench", "gpucoll.tools"]),
+    ("tools", ["gpucoll.bench", "gpucoll.tools", "gpucoll.mpi4py_alias"]),
     # gpucoll.MPI is the mpi4py drop-in's entry; its body is gpucoll/mpi/.
     ("API", ["gpucoll.api", "gpucoll.mpi", "=gpucoll.MPI"]),
     ("calls", ["gpucoll.calls"]),

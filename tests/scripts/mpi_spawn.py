@@ -1,0 +1,82 @@
+"""MPI's Spawn under gpurun (for tests/test_spawn.py).
+
+    gpurun -np 2 python mpi_spawn.py parents     spawn 3 children of this script, talk, merge, disconnect
+    gpurun -np 1 python mpi_spawn.py fails       a command that ends before joining; then a good spawn
+    gpurun -np 1 python mpi_spawn.py limit       more processes than --universe-size allows
+
+Parents print "RESULT {json}", children "CHILD {json}".
+"""
+import json
+import sys
+
+import numpy as np
+
+from gpucoll import MPI
+
+mode = sys.argv[1]
+world = MPI.COMM_WORLD
+rank = world.Get_rank()
+
+
+def spawn_error(call):
+    try:
+        call()
+        return "no error"
+    except MPI.Exception as exc:
+        return [exc.Get_error_class() == MPI.ERR_SPAWN, str(exc)]
+
+
+if mode == "child":
+    parent = MPI.Comm.Get_parent()
+    out = {"world": [rank, world.Get_size()], "remote": parent.Get_remote_size(),
+           "same_handle": MPI.Comm.Get_parent() is parent}
+    x = np.zeros(1)
+    parent.Bcast(x, root=0)  # from the parents' rank 0
+    out["bcast"] = float(x[0])
+    parent.send(rank * 10, dest=rank % parent.Get_remote_size(), tag=7)
+    merged = parent.Merge(high=True)
+    out["merged"] = [merged.Get_rank(), merged.Get_size(), merged.allreduce(merged.Get_rank())]
+    merged.Free()
+    world.Barrier()  # the children's own COMM_WORLD works
+    parent.Disconnect()
+    out["after"] = [parent == MPI.COMM_NULL, MPI.Comm.Get_parent() == MPI.COMM_NULL]
+    print("CHILD " + json.dumps(out), flush=True)
+elif mode == "parents":
+    codes = []
+    out = {"parent_null": MPI.Comm.Get_parent() == MPI.COMM_NULL}
+    child = world.Spawn(sys.executable, [__file__, "child"], 3, root=1, errcodes=codes)
+    out["sizes"] = [child.Get_size(), child.Get_remote_size(), child.Get_rank()]
+    out["errcodes"] = codes
+    child.Bcast(np.full(1, 42.0), root=MPI.ROOT if rank == 0 else MPI.PROC_NULL)
+    got = []
+    for source in range(3):
+        if source % 2 == rank:
+            got.append(child.recv(source=source, tag=7))
+    out["received"] = got
+    merged = child.Merge(high=False)
+    out["merged"] = [merged.Get_rank(), merged.Get_size(), merged.allreduce(merged.Get_rank())]
+    merged.Free()
+    child.Disconnect()
+    print("RESULT " + json.dumps(out), flush=True)
+elif mode == "fails":
+    out = {"fails": spawn_error(lambda: MPI.COMM_SELF.Spawn(sys.executable, ["-c", "import sys; sys.exit(3)"], 1)),
+           "missing": spawn_error(lambda: MPI.COMM_SELF.Spawn("/nonexistent/program", None, 1)),
+           "bad_count": spawn_error(lambda: MPI.COMM_SELF.Spawn(sys.executable, ["-c", "pass"], 0))}
+    try:
+        MPI.COMM_SELF.Spawn_multiple([sys.executable], [["-c", "pass"]] * 2, [1])
+        out["bad_lists"] = "no error"
+    except ValueError as exc:
+        out["bad_lists"] = str(exc)
+    child = MPI.COMM_SELF.Spawn(sys.executable, [__file__, "child"], 1)  # the job goes on
+    child.Bcast(np.full(1, 5.0), root=MPI.ROOT)
+    out["then"] = child.recv(source=0, tag=7)
+    merged = child.Merge()
+    out["then_merged"] = merged.allreduce(1)
+    merged.Free()
+    child.Disconnect()
+    print("RESULT " + json.dumps(out), flush=True)
+elif mode == "limit":
+    out = {"limit": spawn_error(lambda: MPI.COMM_WORLD.Spawn(sys.executable, ["-c", "pass"], 2))}
+    print("RESULT " + json.dumps(out), flush=True)
+else:
+    sys.exit(f"unknown mode {mode}")

@@ -1,0 +1,102 @@
+"""MPI's Spawn under gpurun, with real processes (tests/scripts/mpi_spawn.py): children that
+talk to their parents and merge with them, spawn errors that name their cause and leave the
+job running, gpurun's --universe-size, mpi4py's own test_spawn.py on 1 and 3 ranks, and
+mpi4py.futures' MPIPoolExecutor on spawned workers."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import GPURUN
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MPI_SUCCESS = 0
+
+
+def test_children_talk_to_their_parents_merge_and_disconnect(gpurun_job):
+    job = gpurun_job(2, "mpi_spawn.py", "parents", timeout=90).check()
+    parents, children = job.json_lines("RESULT "), job.json_lines("CHILD ")
+    assert sorted(parents) == [0, 1] and sorted(children) == [2, 3, 4], job.describe()
+    total = sum(range(5))  # merged: the parents first (high=False), then the 3 children
+    for r, got in parents.items():
+        assert got["parent_null"] is True
+        assert got["sizes"] == [2, 3, r] and got["errcodes"] == [MPI_SUCCESS] * 3
+        assert got["received"] == [10 * s for s in range(3) if s % 2 == r]
+        assert got["merged"] == [r, 5, total]
+    for w, got in children.items():
+        i = w - 2
+        assert got["world"] == [i, 3] and got["remote"] == 2 and got["same_handle"] is True
+        assert got["bcast"] == 42.0
+        assert got["merged"] == [2 + i, 5, total]
+        assert got["after"] == [True, True]
+
+
+
+def test_a_spawn_that_fails_names_why_and_the_job_goes_on(gpurun_job):
+    job = gpurun_job(1, "mpi_spawn.py", "fails", timeout=90).check()
+    got = job.json_lines("RESULT ")[0]
+    is_spawn, text = got["fails"]
+    assert is_spawn and "ended before it joined: exit code 3" in text, got
+    is_spawn, text = got["missing"]
+    assert is_spawn and "/nonexistent/program" in text, got
+    is_spawn, text = got["bad_count"]
+    assert is_spawn and "cannot start 0 processes" in text, got
+    assert "2 argument lists for 1 commands" in got["bad_lists"]
+    assert got["then"] == 0 and got["then_merged"] == 2
+
+
+def test_universe_size_caps_the_processes_at_once(gpurun_job):
+    job = gpurun_job(1, "mpi_spawn.py", "limit", launcher_args=("--universe-size", 2), timeout=60).check()
+    is_spawn, text = job.json_lines("RESULT ")[0]["limit"]
+    assert is_spawn and "--universe-size allows 2" in text and "1 are running" in text, text
+
+
+def test_without_gpurun_spawn_says_why(tmp_path):
+    # A program run alone has no launcher to start processes.
+    script = tmp_path / "alone.py"
+    script.write_text("import sys\nfrom gpucoll import MPI\n"
+                      "try:\n    MPI.COMM_SELF.Spawn(sys.executable, ['-c', 'pass'], 1)\n"
+                      "except MPI.Exception as exc:\n    print('ERR', exc.Get_error_class() == MPI.ERR_SPAWN, exc)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUCOLL_", "OMPI_", "PMIX_", "SLURM_"))}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ERR True") and "Spawn needs a job that gpurun started" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("np_", [1, 3])
+def test_mpi4py_own_spawn_tests_pass(np_, tmp_path):
+    pytest.importorskip("mpi4py")
+    records = tmp_path / "spawn.json"
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "mpi4py_suite", "run.py"), "--np", str(np_),
+                          "--modules", "test_spawn", "--check", "--json", str(records)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    [result] = json.loads(records.read_text())
+    assert sorted(result["ranks"], key=int) == [str(r) for r in range(np_)]
+    for rank, rec in result["ranks"].items():
+        counts = rec["counts"]
+        assert counts.get("pass", 0) == 44 and rec["run"] == 44, (rank, counts)
+
+
+def test_mpi_pool_executor_maps_over_spawned_workers(tmp_path):
+    pytest.importorskip("mpi4py.futures")
+    program = tmp_path / "pool.py"
+    program.write_text(
+        "import os\nfrom mpi4py import MPI\nfrom mpi4py.futures import MPIPoolExecutor\n\n"
+        "def square(x):\n    return x * x, os.getpid()\n\n"
+        "if __name__ == '__main__':\n"
+        "    with MPIPoolExecutor(max_workers=4) as pool:\n"
+        "        out = list(pool.map(square, range(100)))\n"
+        "    print('MODULE', MPI.__name__)\n"
+        "    print('SQUARES', [v for v, _ in out] == [i * i for i in range(100)])\n"
+        "    print('WORKERS', len({p for _, p in out}), os.getpid() in {p for _, p in out})\n")
+    alias = subprocess.run([sys.executable, "-m", "gpucoll.mpi4py_alias"], capture_output=True, text=True,
+                           check=True).stdout.strip()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (alias, os.environ.get("PYTHONPATH")) if p))
+    out = subprocess.run([*GPURUN, "-np", "1", "--timeout", "100", sys.executable, str(program)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "[0] MODULE gpucoll.MPI" in out.stdout and "[0] SQUARES True" in out.stdout, out.stdout
+    assert "[0] WORKERS 4 False" in out.stdout, out.stdout
