@@ -25,7 +25,8 @@ _EXPORTS = {
     "GpucollError": "base.errors", "ConfigError": "base.errors", "InvalidUsageError": "base.errors",
     "BootstrapError": "base.errors", "StoreError": "base.errors", "AuthenticationError": "base.errors",
     "TimeoutError": "base.errors", "LostPeerError": "base.errors", "MismatchError": "base.errors",
-    "SharedMemoryError": "base.errors", "TruncationError": "base.errors",
+    "SharedMemoryError": "base.errors", "TruncationError": "base.errors", "SpawnError": "base.errors",
+    "parent": "api.spawning",
 }
 
 __all__ = ["COMM_WORLD", *_EXPORTS]

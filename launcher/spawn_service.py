@@ -83,8 +83,7 @@ class SpawnService:
         i = 0
         for argv, count, wdir in zip(argvs, maxprocs, wdirs):
             for _ in range(count):
-                env = envmod.rank_environ(common, i, i, self._opts.exports)
-                env["GPUCOLL_SPAWN"] = f"{k}:{base}"
+                env = envmod.rank_environ(common, i, i, self._opts.exports, spawn=(k, base))
                 rank = start_rank(base + i, argv, env, cwd=wdir)
                 self._children[rank.pid] = (k, i, base + i, " ".join(argv))
                 job.add(rank)

@@ -34,6 +34,17 @@ def test_children_talk_to_their_parents_merge_and_disconnect(gpurun_job):
 
 
 
+def test_gpucoll_own_spawn_gives_one_communicator_of_parents_and_children(gpurun_job):
+    job = gpurun_job(2, "mpi_spawn.py", "own", timeout=90).check()
+    parents, children = job.json_lines("RESULT "), job.json_lines("CHILD ")
+    assert sorted(parents) == [0, 1] and sorted(children) == [2, 3], job.describe()
+    for r, got in parents.items():
+        assert got["rank"] == [r, 4] and got["sum"] == [6.0, 6.0] and got["parent"] is None
+        assert "cannot start 0 processes" in got["refused"]
+    for w, got in children.items():
+        assert got["rank"] == [w, 4] and got["sum"] == [6.0, 6.0] and got["again"] is True
+
+
 def test_a_spawn_that_fails_names_why_and_the_job_goes_on(gpurun_job):
     job = gpurun_job(1, "mpi_spawn.py", "fails", timeout=90).check()
     got = job.json_lines("RESULT ")[0]
@@ -62,7 +73,7 @@ def test_without_gpurun_spawn_says_why(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUCOLL_", "OMPI_", "PMIX_", "SLURM_"))}
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("ERR True") and "Spawn needs a job that gpurun started" in out.stdout, out.stdout
+    assert out.stdout.startswith("ERR True") and "spawning needs a job that gpurun started" in out.stdout, out.stdout
 
 
 @pytest.mark.parametrize("np_", [1, 3])

@@ -134,6 +134,16 @@ class Communicator(ShortCalls):
         return build.checked_root(root, self.size)
 
     # --- communicator management ------------------------------------------------
+    def spawn(self, argv, nprocs=1, root=0, cwd=None):
+        """Start `nprocs` processes of `argv` (a command and its arguments; root's count) in this
+        job, under gpurun, and return the communicator of this communicator's ranks followed by
+        theirs (collective). In the started processes, gpucoll.parent() returns the same
+        communicator. Raises SpawnError naming why it could not start them (gpucoll/api/spawning.py)."""
+        from .spawning import spawn
+
+        self._check_alive()
+        return spawn(self, argv, nprocs, root, cwd)
+
     def Dup(self):
         """A new communicator with the same ranks, isolated from this one."""
         self._check_alive()

@@ -55,6 +55,11 @@ class LostPeerError(GpucollError):
         self.ranks = tuple(ranks)
 
 
+class SpawnError(GpucollError):
+    """Processes could not be spawned: no launcher that starts them, too many, a command that
+    cannot run or that ended before it joined (MPI's ERR_SPAWN)."""
+
+
 class TruncationError(InvalidUsageError):
     """A message is larger than the receive buffer that matched it (MPI's ERR_TRUNCATE)."""
 
@@ -70,7 +75,7 @@ class MismatchError(InvalidUsageError):
 # The exceptions are public as gpucoll.<Name> (gpucoll/__init__.py): tracebacks, reprs and pickles
 # name them so, not by the module that happens to define them.
 for _cls in (GpucollError, ConfigError, InvalidUsageError, BootstrapError, StoreError, AuthenticationError,
-             TimeoutError, SharedMemoryError, LostPeerError, TruncationError, MismatchError):
+             TimeoutError, SharedMemoryError, LostPeerError, TruncationError, MismatchError, SpawnError):
     _cls.__module__ = "gpucoll"
 del _cls
 

@@ -1,27 +1,21 @@
 """MPI's dynamic processes: Intracomm.Spawn, Spawn_multiple and Comm.Get_parent, under gpurun.
 
-The parents' root asks gpurun through the job's store to start the children
-(gpucoll/bootstrap/spawns.py has the exchange, launcher/spawn_service.py gpurun's side); the
-children get the next world ranks of the job, so the parents and the children reach each
-other as any two ranks do. Both sides then build the same intercommunicator as
-Create_intercomm (intercomm.py), named after the spawn's number: the parents from Spawn, the
-children from Get_parent, without any message.
+The spawn itself is gpucoll's (gpucoll/api/spawning.py): the children get the next world ranks
+of the job and reach their parents as any two ranks do. Both sides then build the same
+intercommunicator as Create_intercomm (intercomm.py), named after the spawn's number: the
+parents from Spawn, the children from Get_parent, without any message.
 """
 import os
 
 from ..api import comm as _core
+from ..api import spawning as _spawning
 from ..api import world as _world
-from ..base import config
-from ..base.errors import GpucollError, InvalidUsageError
+from ..base.errors import SpawnError
 from ..base.mpi_constants import INTEGERS as _C
 from .kinds import kind
 
-ERR_SPAWN, SUCCESS = _C["ERR_SPAWN"], _C["SUCCESS"]
+SUCCESS = _C["SUCCESS"]
 _parent = None  # the children's intercommunicator with their parents, made on first Get_parent
-
-
-def _error(message):
-    return InvalidUsageError(message, error_class=ERR_SPAWN)
 
 
 def _keys(k, parents, base):
@@ -53,7 +47,7 @@ def _wdir(info, what):
     items = dict(info.items()) if info is not None and getattr(info, "_s", True) is not None else {}
     host = items.get("host")
     if host is not None and host not in ("localhost", _world.init().host):
-        raise _error(f"{what}: info host={host!r}: gpurun starts spawned processes on the parents' host "
+        raise SpawnError(f"{what}: info host={host!r}: gpurun starts spawned processes on the parents' host "
                      f"({_world.init().host}) only")
     return items.get("wdir")
 
@@ -68,9 +62,7 @@ def _request(what, commands, args, maxprocs, infos):
         raise ValueError(f"{what}: the arguments must be one list per command")
     maxprocs = _per_command(1 if maxprocs is None else maxprocs, count, what, "process counts")
     infos = _per_command(infos, count, what, "infos")
-    for n in maxprocs:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise _error(f"{what}: cannot start {n!r} processes of a command (give 1 or more)")
+    _spawning.check_counts(what, maxprocs)
     argvs = [_argv(c, a, what) for c, a in zip(commands, args)]
     return argvs, maxprocs, [_wdir(i, what) for i in infos]
 
@@ -81,40 +73,13 @@ def spawn(intra, what, commands, args, maxprocs, infos, root, errcodes, single):
 
     core = intra._c(what)
     root = check_root(core, root)
-    ctx = core.seam.context
-    outcome = None
-    if core.rank == root:
-        try:
-            outcome = _start(ctx, core, what, *_request(what, commands, args, maxprocs, infos))
-        except (GpucollError, ValueError) as exc:
-            outcome = exc
-    outcome = core.bcast(outcome, root)
-    if isinstance(outcome, BaseException):
-        raise outcome
-    k, base, entries, sizes = outcome
-    ctx.learn(entries)
+    k, children, sizes = _spawning.start(core, what, lambda: _request(what, commands, args, maxprocs, infos),
+                                         root)
     if errcodes is not None:
         errcodes[:] = [SUCCESS] * sizes[0] if single else [[SUCCESS] * n for n in sizes]
-    mine, theirs = _keys(k, core.world_ranks, base)
-    local = _core.Communicator(ctx, f"spawn{k}/parents", core.world_ranks)
-    return kind("Intercomm")._joined(local, tuple(sorted(entries)), mine, theirs)
-
-
-def _start(ctx, core, what, argvs, maxprocs, wdirs):
-    from ..bootstrap import spawns
-
-    store = getattr(ctx.boot, "store", None)
-    if store is None:
-        raise _error(f"{what}: this job has no store to ask a launcher through: Spawn needs a job that gpurun "
-                     "started (not mpiexec, or a program run alone)")
-    ctx.reachable()  # a single parent listens only from now
-    entries = {w: ctx.entries[w] for w in core.world_ranks}
-    try:
-        k, base, children = spawns.request(store, core.world_ranks, entries, argvs, maxprocs, wdirs,
-                                           config.INIT_TIMEOUT.get())
-    except spawns.SpawnFailed as exc:
-        raise _error(f"{what}: {exc}") from None
-    return k, base, children, maxprocs
+    mine, theirs = _keys(k, core.world_ranks, children[0])
+    local = _core.Communicator(core.seam.context, f"spawn{k}/parents", core.world_ranks)
+    return kind("Intercomm")._joined(local, children, mine, theirs)
 
 
 def parent():

@@ -78,5 +78,26 @@ elif mode == "fails":
 elif mode == "limit":
     out = {"limit": spawn_error(lambda: MPI.COMM_WORLD.Spawn(sys.executable, ["-c", "pass"], 2))}
     print("RESULT " + json.dumps(out), flush=True)
+elif mode == "own-child":  # gpucoll's own API, in a process that comm.spawn started
+    import gpucoll
+
+    comm = gpucoll.parent()
+    x = np.full(2, float(comm.rank))
+    comm.Allreduce(gpucoll.IN_PLACE, x)
+    print("CHILD " + json.dumps({"rank": [comm.rank, comm.size], "sum": x.tolist(),
+                                 "again": gpucoll.parent() is comm}), flush=True)
+elif mode == "own":
+    import gpucoll
+
+    comm = gpucoll.COMM_WORLD.spawn([sys.executable, __file__, "own-child"], nprocs=2, root=0)
+    x = np.full(2, float(comm.rank))
+    comm.Allreduce(gpucoll.IN_PLACE, x)
+    try:
+        gpucoll.COMM_WORLD.spawn([sys.executable, "-c", "pass"], nprocs=0)
+        refused = "no error"
+    except gpucoll.SpawnError as exc:
+        refused = str(exc)
+    print("RESULT " + json.dumps({"rank": [comm.rank, comm.size], "sum": x.tolist(), "parent": gpucoll.parent(),
+                                  "refused": refused}), flush=True)
 else:
     sys.exit(f"unknown mode {mode}")
