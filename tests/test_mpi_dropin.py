@@ -83,7 +83,7 @@ def test_names_and_missing_pieces(gpurun_job):
         assert got["initialized"] is True
         for name, message in got["missing"].items():
             assert message.startswith("gpucoll.MPI.") and "not supported by gpucoll" in message, message
-        assert "name service" in got["missing"]["Lookup_name"]
+        assert "hardware resource information" in got["missing"]["Get_hw_resource_info"]
         assert "data representations" in got["missing"]["Register_datarep"]
         message, is_err_op = got["allreduce_maxloc"]
         assert "MAXLOC needs a (value, index) pair type" in message and is_err_op is True

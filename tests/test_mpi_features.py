@@ -167,10 +167,15 @@ def test_derived_datatypes(results):
         assert packed_end == 2 * 12 and extent == [0, 16] and roundtrip is True
 
 
+def test_name_service_publishes_job_wide(results):
+    for got in results.values():
+        assert got["names"] == {"found": True, "twice": True, "wrong_port": True, "gone": True}
+
+
 def test_unsupported_features_raise_not_implemented_naming_them(results):
     for got in results.values():
         missing = got["missing"]
-        assert "name service" in missing["Publish_name"]
+        assert "hardware resource information" in missing["Get_hw_resource_info"]
         assert "revoking communicators" in missing["Revoke"]
         assert "user-defined data representations" in missing["Register_datarep"]
         assert all(m.startswith("gpucoll.MPI.") and "not supported by gpucoll" in m for m in missing.values())

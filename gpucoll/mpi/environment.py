@@ -18,7 +18,7 @@ __all__ = ["Init", "Init_thread", "Finalize", "Is_initialized", "Is_finalized", 
            "Remove_error_class", "Remove_error_code", "Remove_error_string", "Alloc_mem", "Free_mem", "Get_address",
            "Aint_add", "Aint_diff", "Compute_dims", "Attach_buffer", "Detach_buffer", "Flush_buffer",
            "Iflush_buffer", "Get_abi_version", "Get_abi_info", "Get_abi_fortran_info",
-           "Open_port", "Close_port"]
+           "Open_port", "Close_port", "Publish_name", "Unpublish_name", "Lookup_name"]
 
 _finalized = [False]
 
@@ -252,7 +252,7 @@ def Iflush_buffer():
     return Request()
 
 
-from .ports import Close_port, Open_port  # noqa: E402,F401 - MPI module functions
+from .ports import Close_port, Lookup_name, Open_port, Publish_name, Unpublish_name  # noqa: E402,F401 - MPI module functions
 
 
 def Get_abi_version():

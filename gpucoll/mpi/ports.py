@@ -45,6 +45,68 @@ def Close_port(port_name):
         raise _error(f"Close_port: {port_name!r} is not a port this process opened")
 
 
+# --- the name service: service name -> port name, in the job's store -----------------------------
+_LOCAL_NAMES = {}  # a job of one process with no store keeps its names here
+
+
+def _names(what):
+    """(the job's store, or None for the process-local table)."""
+    world = _world.init()
+    store = getattr(world.seam.context.boot, "store", None)
+    if store is None and world.seam.context.size > 1:
+        raise Unsupported(f"{what}: the name service needs the job's store (gpurun, srun or torchrun jobs); "
+                          "this job was started by an MPI launcher")
+    return store
+
+
+def _service_key(service_name, what):
+    if not isinstance(service_name, str) or not service_name:
+        raise InvalidUsageError(f"{what}: the service name must be a non-empty string", error_class=_C["ERR_ARG"])
+    return f"gpucoll/names/{service_name}"
+
+
+def Publish_name(service_name, port_name, info=None):
+    """Publish port_name under service_name for the whole job."""
+    key, store = _service_key(service_name, "Publish_name"), _names("Publish_name")
+    if store is None:
+        held = _LOCAL_NAMES.setdefault(key, port_name)
+    else:
+        held = store.compare_set(key, None, port_name.encode()).decode()
+    if held != port_name:
+        raise InvalidUsageError(f"Publish_name: {service_name!r} is published already (as {held!r})",
+                                error_class=_C["ERR_SERVICE"])
+
+
+def Unpublish_name(service_name, port_name, info=None):
+    key, store = _service_key(service_name, "Unpublish_name"), _names("Unpublish_name")
+    held = _LOCAL_NAMES.get(key) if store is None else _lookup(store, key)
+    if held != port_name:
+        raise InvalidUsageError(f"Unpublish_name: {service_name!r} is not published as {port_name!r}",
+                                error_class=_C["ERR_SERVICE"])
+    if store is None:
+        del _LOCAL_NAMES[key]
+    else:
+        store.delete(key)
+
+
+def Lookup_name(service_name, info=None):
+    """The port name published under service_name."""
+    key, store = _service_key(service_name, "Lookup_name"), _names("Lookup_name")
+    held = _LOCAL_NAMES.get(key) if store is None else _lookup(store, key)
+    if held is None:
+        raise InvalidUsageError(f"Lookup_name: nothing is published as {service_name!r}", error_class=_C["ERR_NAME"])
+    return held
+
+
+def _lookup(store, key):
+    from ..base.errors import TimeoutError as GpucollTimeout
+
+    try:
+        return store.get(key, timeout=0.001).decode()
+    except GpucollTimeout:
+        return None
+
+
 def _parse(port_name, what):
     try:
         owner, n = port_name[len(_PREFIX):].split(":") if port_name.startswith(_PREFIX) else (None, None)

@@ -28,7 +28,6 @@ FEATURES = [
      _on("Intercomm", "Reduce_scatter Reduce_scatter_block Ireduce_scatter Ireduce_scatter_block "
                       "Reduce_scatter_init Reduce_scatter_block_init")),
     ("revoking communicators (ULFM)", _on("Comm", "Revoke")),
-    ("the name service (dynamic processes)", ["Publish_name", "Unpublish_name", "Lookup_name"]),
     ("hardware resource information (MPI 4.1)", ["Get_hw_resource_info"]),
     ("access to C-level MPI handles", ["_addressof", "_handleof", "_sizeof", "_datatype_create",
                                        "_datatype_decode", "_set_abort_status"]),

@@ -290,7 +290,7 @@ point.Free()
 
 # --- what gpucoll lacks: NotImplementedError naming it, at the call ---------------------------------------------
 missing = {}
-for name, call in (("Publish_name", lambda: MPI.Publish_name("service", "port")),
+for name, call in (("Get_hw_resource_info", lambda: MPI.Get_hw_resource_info()),
                    ("Revoke", lambda: comm.Revoke()),
                    ("Register_datarep", lambda: MPI.Register_datarep("mine", None, None, None))):
     try:
@@ -299,4 +299,26 @@ for name, call in (("Publish_name", lambda: MPI.Publish_name("service", "port"))
     except NotImplementedError as exc:
         missing[name] = str(exc)
 out["missing"] = missing
+
+# --- the name service: one job-wide table in the store ---------------------------------------------------
+port = MPI.Open_port()
+MPI.Publish_name(f"svc-{r}", port)
+comm.Barrier()
+names = {"found": MPI.Lookup_name(f"svc-{(r + 1) % n}").startswith("gpucoll-port:")}
+for what, call in (("twice", lambda: MPI.Publish_name(f"svc-{r}", "other")),
+                   ("wrong_port", lambda: MPI.Unpublish_name(f"svc-{r}", "other"))):
+    try:
+        call()
+        names[what] = "no error"
+    except MPI.Exception as exc:
+        names[what] = exc.Get_error_class() == MPI.ERR_SERVICE
+comm.Barrier()
+MPI.Unpublish_name(f"svc-{r}", port)
+try:
+    MPI.Lookup_name(f"svc-{r}")
+    names["gone"] = "no error"
+except MPI.Exception as exc:
+    names["gone"] = exc.Get_error_class() == MPI.ERR_NAME
+MPI.Close_port(port)
+out["names"] = names
 print("RESULT " + json.dumps(out), flush=True)

@@ -14,7 +14,7 @@ out = {"initialized": MPI.Is_initialized(), "version": list(MPI.Get_version())}
 # names that mpi4py has and gpucoll does not provide: they exist, and calling them raises
 # NotImplementedError naming the missing piece (what programs probing for a feature catch)
 missing = {}
-for name, call in (("Lookup_name", lambda: MPI.Lookup_name("service")),
+for name, call in (("Get_hw_resource_info", lambda: MPI.Get_hw_resource_info()),
                    ("Register_datarep", lambda: MPI.Register_datarep("mine", None, None, None))):
     try:
         getattr(MPI, name)  # the name itself is there
