@@ -26,7 +26,7 @@ _EXPORTS = {
     "BootstrapError": "base.errors", "StoreError": "base.errors", "AuthenticationError": "base.errors",
     "TimeoutError": "base.errors", "LostPeerError": "base.errors", "MismatchError": "base.errors",
     "SharedMemoryError": "base.errors", "TruncationError": "base.errors", "SpawnError": "base.errors",
-    "parent": "api.spawning",
+    "parent": "api.world",
 }
 
 __all__ = ["COMM_WORLD", *_EXPORTS]

@@ -1,7 +1,7 @@
 """Processes started by a running job (MPI's Spawn), on gpucoll's own communicator.
 
     comm.spawn([sys.executable, "worker.py"], nprocs=4)  # -> the parents, then the 4 children
-    gpucoll.parent()                                     # in a child: the same communicator
+    gpucoll.parent()                                     # in a child: the same communicator (world.py)
 
 The root of the parents asks gpurun, through the job's store, to start the children
 (gpucoll/bootstrap/spawns.py has the exchange, launcher/spawn_service.py gpurun's side). They
@@ -28,14 +28,14 @@ def start(comm, what, request, root):
     if isinstance(outcome, BaseException):
         raise outcome
     k, entries, maxprocs = outcome
-    comm._ctx.learn(entries)
+    comm.seam.context.learn(entries)
     return k, tuple(sorted(entries)), maxprocs
 
 
 def _ask(comm, what, argvs, maxprocs, wdirs):
     from ..bootstrap import spawns
 
-    ctx = comm._ctx
+    ctx = comm.seam.context
     store = getattr(ctx.boot, "store", None)
     if store is None:
         raise SpawnError(f"{what}: this job has no store to ask a launcher through: spawning needs a job that "
@@ -67,26 +67,9 @@ def spawn(comm, argv, nprocs=1, root=0, cwd=None):
         return [args], [nprocs], [cwd]
 
     k, children, _ = start(comm, "spawn", request, root)
-    return _merged(comm._ctx, k, comm.world_ranks, children)
+    return type(comm)(comm.seam.context, merged_name(k), tuple(comm.world_ranks) + children)
 
 
-def _merged(ctx, k, parents, children):
-    from .comm import Communicator
-
-    return Communicator(ctx, f"spawn{k}/all", tuple(parents) + tuple(children))
-
-
-_parent = []  # the communicator parent() made
-
-
-def parent():
-    """In a process that a spawn started: the communicator of its parents, then the spawned
-    processes (the one the parents' spawn returned); None elsewhere."""
-    from .world import init
-
-    ctx = init().seam.context
-    if ctx.spawn is None:
-        return None
-    if not _parent:
-        _parent.append(_merged(ctx, ctx.spawn[0], ctx.spawn_parents, ctx.world_ranks))
-    return _parent[0]
+def merged_name(k):
+    """The id of the communicator of spawn k's parents then children (the same on both sides)."""
+    return f"spawn{k}/all"

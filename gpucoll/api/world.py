@@ -233,6 +233,23 @@ def _settle_gpu_messages():
         log.warn("P2P", "at exit: could not wait for GPU point-to-point messages on the device: %s", exc)
 
 
+_parent = []  # the communicator parent() made
+
+
+def parent():
+    """In a process that a spawn started (Communicator.spawn, MPI's Spawn): the communicator of
+    its parents, then the spawned processes, the one the parents' spawn returned; None elsewhere."""
+    from .comm import Communicator
+    from .spawning import merged_name
+
+    ctx = init().seam.context
+    if ctx.spawn is None:
+        return None
+    if not _parent:
+        _parent.append(Communicator(ctx, merged_name(ctx.spawn[0]), tuple(ctx.spawn_parents) + tuple(ctx.world_ranks)))
+    return _parent[0]
+
+
 def world():
     if _world is None:
         raise InvalidUsageError("gpucoll is not initialised: call gpucoll.init() or use gpucoll.COMM_WORLD")
