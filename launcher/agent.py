@@ -22,7 +22,7 @@ import time
 from . import binding
 from . import env as envmod
 from . import wire
-from .job import Job, Options, rank_cpus, rank_starter, remove_shared_memory
+from .job import Job, Options, rank_cpus, rank_starter, remove_shared_memory, warm_interpreter
 from .output import Sink, make_output_dir
 from .signals import SignalInbox
 from .spawn import LaunchError, become_subreaper, program_argv
@@ -147,7 +147,7 @@ def run_agent(master, node, secret, slots=None, host=None):
             nlocal = len(start["ranks"])
             envs = [envmod.rank_environ(common, r, local, opts.exports, binding.threads_per_rank(cpus[local], nlocal))
                     for local, r in enumerate(start["ranks"])]
-            begin = rank_starter(opts, argv, envs[0] if envs else common, inbox, who)
+            begin = rank_starter(opts, argv, warm_interpreter(opts, argv, envs[0] if envs else common, who), inbox)
             for local, r in enumerate(start["ranks"]):
                 job.add(begin(r, envs[local], stdin_inherit=False, cpus=cpus[local]))
         except LaunchError as exc:

@@ -24,6 +24,7 @@ from .output import RankStream, Sink, make_output_dir, open_output_file
 from .signals import ENDING, FORWARDED, SignalInbox
 from .spawn import LaunchError, become_subreaper, kill_orphans, program_argv, reap_orphans, start_rank
 from .spawn_service import SpawnService
+from .spawn_zygote import Zygote
 
 # After the ranks are gone, how long a pipe that some escaped process holds open may
 # delay the end of the job.
@@ -80,12 +81,15 @@ def launch(opts):
         cpus = rank_cpus(opts, opts.nprocs, "gpurun")
         envs = [envmod.rank_environ(common, r, r, opts.exports, binding.threads_per_rank(cpus[r], opts.nprocs))
                 for r in range(opts.nprocs)]
-        start = rank_starter(opts, argv, envs[0], inbox, "gpurun")
+        ready = warm_interpreter(opts, argv, envs[0], "gpurun")
+        # Spawned processes are forked by a helper made now, while gpurun has one thread (spawn_zygote.py).
+        zygote = Zygote(ready, inbox) if ready is not None else None
+        start = rank_starter(opts, argv, ready, inbox)
         # The ranks start while gpurun has one thread (see start_rank); the store serves
         # from its own thread once they are all started, answering those that came early.
         for r in range(opts.nprocs):
             job.add(start(r, envs[r], stdin_inherit=(r == 0), cpus=cpus[r]))
-        job.serve_spawns(SpawnService(store, opts, common))
+        job.serve_spawns(SpawnService(store, opts, common, zygote))
         store.start()
         return job.run()
     except LaunchError as exc:
@@ -103,16 +107,22 @@ def launch(opts):
             remove_shared_memory(job_id, secret_hex)
 
 
-def rank_starter(opts, argv, sample_env, inbox, who):
-    """start(rank, env, stdin_inherit, cpus) -> Rank for this host's ranks: forked from this
-    interpreter warmed up (warm.py) where that cannot be told from a fresh start, else
-    started anew. Under --verbose (or with --preload) `who` says which, and why."""
+def warm_interpreter(opts, argv, sample_env, who):
+    """This interpreter warmed up to fork the ranks of argv (warm.WarmInterpreter), or None where
+    a fork could be told from a fresh start. Under --verbose (or with --preload) `who` says which,
+    and why."""
     say = (lambda text: Sink(2).write(f"{who}: {text}\n".encode())) if opts.verbose or opts.preload else None
     ready = warm.prepare(argv, opts.preload, sample_env, note=say)
+    if ready is not None and opts.verbose:
+        say(f"ranks forked from this interpreter, with {', '.join(ready.modules)} imported")
+    return ready
+
+
+def rank_starter(opts, argv, ready, inbox):
+    """start(rank, env, stdin_inherit, cpus) -> Rank for this host's ranks: forked from `ready`
+    (warm_interpreter's), else started anew."""
     if ready is None:
         return lambda r, env, stdin_inherit, cpus: start_rank(r, argv, env, stdin_inherit=stdin_inherit, cpus=cpus)
-    if opts.verbose:
-        say(f"ranks forked from this interpreter, with {', '.join(ready.modules)} imported")
     return lambda r, env, stdin_inherit, cpus: ready.start(r, env, stdin_inherit=stdin_inherit, cpus=cpus, inbox=inbox)
 
 

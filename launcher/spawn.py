@@ -226,14 +226,15 @@ def bind(cpus):
         os.sched_setaffinity(0, cpus)
 
 
-def parent_death_arm():
-    """A preexec_fn that sets PR_SET_PDEATHSIG to SIGKILL (Linux; else None)."""
+def parent_death_arm(parent=None):
+    """A preexec_fn that sets PR_SET_PDEATHSIG to SIGKILL (Linux; else None): the child dies with
+    `parent` (default: this process, which forks it)."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
 
     prctl = ctypes.CDLL(None, use_errno=True).prctl
-    parent = os.getpid()
+    parent = os.getpid() if parent is None else parent
 
     def arm():
         prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)

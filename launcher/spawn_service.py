@@ -3,9 +3,10 @@
 The store (gpucoll/bootstrap/spawns.py says what each key holds) calls `_requested` on its own
 thread when a request is set; that only queues the key and wakes gpurun's loop through a pipe,
 which the loop watches with the ranks' pipes. The loop then starts the children (`serve`) and
-answers. Children start as new interpreters, never forked from gpurun: by then the store's
-thread runs, and a fork of a process with threads may deadlock. Each child gets the next world
-ranks, the job's store and secret, and GPUCOLL_SPAWN=k:base.
+answers. Python children are forked from the warmed interpreter by the zygote
+(spawn_zygote.py), never by gpurun itself: by then the store's thread runs, and a fork of a
+process with threads may deadlock; others start as new processes. Each child gets the next
+world ranks, the job's store and secret, and GPUCOLL_SPAWN=k:base.
 
 A child that ends before it joined (a command that fails at start) is told to its parents'
 root, which raises it from Spawn, and does not end the job; once joined, a child that fails
@@ -24,8 +25,9 @@ from .spawn import LaunchError, program_argv, start_rank
 class SpawnService:
     """opts: the job's Options; common: the environment every rank shares (env.common_environ)."""
 
-    def __init__(self, store, opts, common):
+    def __init__(self, store, opts, common, zygote=None):
         self._store = store
+        self._zygote = zygote               # forks Python children from the warmed interpreter (or None)
         self._opts = opts
         self._common = common
         self.next_rank = opts.nprocs      # the next world rank to hand out
@@ -84,7 +86,9 @@ class SpawnService:
         for argv, count, wdir in zip(argvs, maxprocs, wdirs):
             for _ in range(count):
                 env = envmod.rank_environ(common, i, i, self._opts.exports, spawn=(k, base))
-                rank = start_rank(base + i, argv, env, cwd=wdir)
+                rank = self._zygote.start(base + i, argv, env, cwd=wdir) if self._zygote else None
+                if rank is None:
+                    rank = start_rank(base + i, argv, env, cwd=wdir)
                 self._children[rank.pid] = (k, i, base + i, " ".join(argv))
                 job.add(rank)
                 i += 1
@@ -108,6 +112,8 @@ class SpawnService:
     def close(self):
         os.close(self._rfd)
         os.close(self._wfd)
+        if self._zygote is not None:
+            self._zygote.close()
 
 
 def _store_parts(common):

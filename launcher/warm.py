@@ -95,12 +95,16 @@ class WarmInterpreter:
         self.modules = modules
         self._blas = blas
 
+    def blas_for(self, env, cpus):
+        """What sizes the BLAS pool of a rank with `env` on `cpus` as a fresh import would (or None)."""
+        return None if self._blas is None else (lambda: self._blas(env, cpus))
+
     def start(self, rank, env, stdin_inherit=False, die_with_parent=True, cpus=None, inbox=None):
         """Fork rank `rank` (as spawn.start_rank would start it) and return its Rank."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         arm = parent_death_arm() if die_with_parent else None
-        blas = None if self._blas is None else (lambda: self._blas(env, cpus))
+        blas = self.blas_for(env, cpus)
 
         def setup():
             os.setsid()

@@ -4,12 +4,14 @@ job running, gpurun's --universe-size, mpi4py's own test_spawn.py on 1 and 3 ran
 mpi4py.futures' MPIPoolExecutor on spawned workers."""
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
-from conftest import GPURUN
+from conftest import GPURUN, SCRIPTS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPI_SUCCESS = 0
@@ -43,6 +45,53 @@ def test_gpucoll_own_spawn_gives_one_communicator_of_parents_and_children(gpurun
         assert "cannot start 0 processes" in got["refused"]
     for w, got in children.items():
         assert got["rank"] == [w, 4] and got["sum"] == [6.0, 6.0] and got["again"] is True
+
+
+@pytest.mark.parametrize("preload", [True, False])
+def test_children_fork_from_the_warmed_interpreter_as_gpuruns_own(gpurun_job, tmp_path, preload):
+    # Forked by the zygote, the child is still gpurun's child (gpurun reaps it, and it dies with
+    # gpurun), in the info's wdir, with its argv; with --no-preload it starts anew.
+    job = gpurun_job(1, "mpi_spawn.py", "start", tmp_path, launcher_args=() if preload else ("--no-preload",),
+                     timeout=60).check()
+    gpurun = job.json_lines("RESULT ")[0]["gpurun"]
+    children = job.json_lines("CHILD ")
+    assert sorted(children) == [1, 2], job.describe()
+    for got in children.values():
+        assert got == {"preloaded": preload, "cwd": str(tmp_path), "ppid": gpurun, "argv": ["start-child", "x y"],
+                       "name": "__main__"}
+
+
+def test_a_child_reaches_a_parent_before_that_parent_knows_of_it(gpurun_job):
+    # Parent 1 comes to the Spawn 1.5 s late: the children's messages to it arrive first, and it
+    # looks them up in the store (Context.look_up) to open their channels.
+    job = gpurun_job(2, "mpi_spawn.py", "late", env={"GPUCOLL_INIT_TIMEOUT": 20}, timeout=60).check()
+    assert job.json_lines("RESULT ") == {0: {"got": None}, 1: {"got": [0, 1]}}, job.describe()
+
+
+def test_spawned_children_die_with_a_killed_gpurun(tmp_path):
+    # Adopted by gpurun, the children have their parent-death signal set against it.
+    from test_launcher import gone
+
+    proc = subprocess.Popen([*GPURUN, "-np", "1", sys.executable, os.path.join(SCRIPTS, "mpi_spawn.py"), "spin",
+                             str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids = []
+    try:
+        deadline = time.monotonic() + 30
+        while len(list(tmp_path.glob("pid.*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        pids = [int(p.read_text()) for p in tmp_path.glob("pid.?")]
+        assert len(pids) == 2, "the children did not start"
+        proc.kill()
+        proc.wait(timeout=5)
+        deadline = time.monotonic() + 3
+        while not all(gone(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        proc.kill()
+    left = [p for p in pids if not gone(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"spawned processes still running 3 s after gpurun was killed: {left}"
 
 
 def test_a_spawn_that_fails_names_why_and_the_job_goes_on(gpurun_job):

@@ -3,13 +3,21 @@
     gpurun -np 2 python mpi_spawn.py parents     spawn 3 children of this script, talk, merge, disconnect
     gpurun -np 1 python mpi_spawn.py fails       a command that ends before joining; then a good spawn
     gpurun -np 1 python mpi_spawn.py limit       more processes than --universe-size allows
+    gpurun -np 1 python mpi_spawn.py start DIR   how the children started (warmed or not, in DIR)
+    gpurun -np 1 python mpi_spawn.py spin DIR    children that write DIR/pid.N and spin (to be killed)
+    gpurun -np 2 python mpi_spawn.py late        children reach a parent that has not learned of them yet
 
 Parents print "RESULT {json}", children "CHILD {json}".
 """
-import json
 import sys
 
-import numpy as np
+PRELOADED = "numpy" in sys.modules  # before any import of this script: forked from gpurun's warmed interpreter
+
+import json  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 from gpucoll import MPI
 
@@ -99,5 +107,40 @@ elif mode == "own":
         refused = str(exc)
     print("RESULT " + json.dumps({"rank": [comm.rank, comm.size], "sum": x.tolist(), "parent": gpucoll.parent(),
                                   "refused": refused}), flush=True)
+elif mode == "start-child":
+    parent = MPI.Comm.Get_parent()
+    print("CHILD " + json.dumps({"preloaded": PRELOADED, "cwd": os.getcwd(), "ppid": os.getppid(),
+                                 "argv": sys.argv[1:], "name": __name__}), flush=True)
+    parent.Barrier()
+    parent.Disconnect()
+elif mode == "start":
+    info = MPI.Info.Create()
+    info.Set("wdir", sys.argv[2])
+    child = MPI.COMM_SELF.Spawn(sys.executable, [os.path.abspath(__file__), "start-child", "x y"], 2, info=info)
+    child.Barrier()
+    child.Disconnect()
+    print("RESULT " + json.dumps({"gpurun": os.getppid()}), flush=True)
+elif mode == "late-child":  # reaches parent 1 before that parent's Spawn has returned
+    parent = MPI.Comm.Get_parent()
+    parent.send(rank, dest=1, tag=3)
+    parent.Disconnect()
+elif mode == "late":
+    if rank == 1:
+        time.sleep(1.5)  # the children are up and sending to this rank before it knows of them
+    child = world.Spawn(sys.executable, [os.path.abspath(__file__), "late-child"], 2, root=0)
+    got = sorted(child.recv(source=s, tag=3) for s in range(2)) if rank == 1 else None
+    child.Disconnect()
+    print("RESULT " + json.dumps({"got": got}), flush=True)
+elif mode == "spin-child":  # says its pid, then runs until killed
+    path = os.path.join(sys.argv[2], f"pid.{rank}")
+    with open(path + ".part", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(path + ".part", path)
+    while True:
+        pass
+elif mode == "spin":
+    MPI.COMM_SELF.Spawn(sys.executable, [os.path.abspath(__file__), "spin-child", sys.argv[2]], 2)
+    while True:
+        time.sleep(1)
 else:
     sys.exit(f"unknown mode {mode}")
