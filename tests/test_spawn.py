@@ -5,6 +5,7 @@ mpi4py.futures' MPIPoolExecutor on spawned workers."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -113,16 +114,31 @@ def test_universe_size_caps_the_processes_at_once(gpurun_job):
     assert is_spawn and "--universe-size allows 2" in text and "1 are running" in text, text
 
 
-def test_without_gpurun_spawn_says_why(tmp_path):
-    # A program run alone has no launcher to start processes.
-    script = tmp_path / "alone.py"
-    script.write_text("import sys\nfrom gpucoll import MPI\n"
-                      "try:\n    MPI.COMM_SELF.Spawn(sys.executable, ['-c', 'pass'], 1)\n"
-                      "except MPI.Exception as exc:\n    print('ERR', exc.Get_error_class() == MPI.ERR_SPAWN, exc)\n")
+ALONE = ("import sys\nfrom gpucoll import MPI\n"
+         "try:\n    MPI.COMM_SELF.Spawn(sys.executable, ['-c', 'pass'], 1)\n"
+         "except MPI.Exception as exc:\n    print('ERR', exc.Get_error_class() == MPI.ERR_SPAWN, exc)\n")
+
+
+@pytest.mark.parametrize("how", ["alone", "torchrun", pytest.param("mpiexec", marks=pytest.mark.mpi)])
+def test_without_gpurun_spawn_says_why(tmp_path, how):
+    # No launcher that starts processes: a program run alone, a torchrun-style job (rank 0 serves
+    # the store), mpiexec. Spawn raises ERR_SPAWN at once, saying so.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUCOLL_", "OMPI_", "PMIX_", "SLURM_"))}
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    cmd = [sys.executable, "-c", ALONE]
+    if how == "torchrun":
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    elif how == "mpiexec":
+        mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+        if not os.path.exists(mpiexec):
+            pytest.skip("no mpiexec in this environment")
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        cmd = [mpiexec, "-n", "1", *cmd]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("ERR True") and "spawning needs a job that gpurun started" in out.stdout, out.stdout
+    assert out.stdout.startswith("ERR True") and "needs a job that gpurun started" in out.stdout, out.stdout
 
 
 @pytest.mark.parametrize("np_", [1, 3])
