@@ -143,8 +143,9 @@ RANK_COUNT = RankCount()
 @click.option("--no-preload", is_flag=True, help="Start every rank as a new interpreter instead of forking "
               "it from gpurun's, which has NumPy and gpucoll imported.")
 @click.option("--universe-size", type=click.IntRange(min=1), metavar="N",
-              help="Processes that may run at once, those MPI's Spawn starts included (MPI.UNIVERSE_SIZE). "
-                   "Default: -np, or 8 a CPU (at least 64) when that is more.")
+              help="Processes that may run at once, those MPI's Spawn starts included; when given, also "
+                   "MPI.UNIVERSE_SIZE (else the number of ranks). Default: -np, or 8 a CPU (at least 64) when "
+                   "that is more.")
 @click.option("-v", "--verbose", is_flag=True, help="Say on stderr how the ranks were bound and started, or why "
               "not.")
 @click.version_option(__version__, "-V", "--version", prog_name="gpurun")

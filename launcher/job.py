@@ -52,6 +52,7 @@ class Options:
         self.preload = preload      # modules to preload besides the default; False: fork nothing (warm.py)
         # processes that may run at once, spawned ones included (MPI's Spawn: spawn_service.py)
         self.universe_size = universe_size or default_universe_size(nprocs)
+        self.universe_size_given = universe_size  # MPI.UNIVERSE_SIZE where given, else COMM_WORLD's size
 
 
 def default_universe_size(nprocs):

@@ -37,7 +37,8 @@ class SpawnService:
         os.set_blocking(self._wfd, False)
         self._children = {}               # pid -> (spawn number, index, world rank, argv)
         store.watch(spawns.PREFIX, self._requested)
-        store.put_threadsafe(spawns.SERVICE, b"gpurun")  # before the store serves: Spawn asks for it first
+        # Before the store serves: Spawn asks for it first, MPI.UNIVERSE_SIZE reads it.
+        store.put_threadsafe(spawns.SERVICE, json.dumps({"universe_size": opts.universe_size_given}).encode())
 
     def fileno(self):
         """Readable when a request waits."""

@@ -24,7 +24,7 @@ def test_children_talk_to_their_parents_merge_and_disconnect(gpurun_job):
     assert sorted(parents) == [0, 1] and sorted(children) == [2, 3, 4], job.describe()
     total = sum(range(5))  # merged: the parents first (high=False), then the 3 children
     for r, got in parents.items():
-        assert got["parent_null"] is True
+        assert got["parent_null"] is True and got["universe"] == 2  # no --universe-size: COMM_WORLD's size
         assert got["sizes"] == [2, 3, r] and got["errcodes"] == [MPI_SUCCESS] * 3
         assert got["received"] == [10 * s for s in range(3) if s % 2 == r]
         assert got["merged"] == [r, 5, total]
@@ -110,8 +110,10 @@ def test_a_spawn_that_fails_names_why_and_the_job_goes_on(gpurun_job):
 
 def test_universe_size_caps_the_processes_at_once(gpurun_job):
     job = gpurun_job(1, "mpi_spawn.py", "limit", launcher_args=("--universe-size", 2), timeout=60).check()
-    is_spawn, text = job.json_lines("RESULT ")[0]["limit"]
+    got = job.json_lines("RESULT ")[0]
+    is_spawn, text = got["limit"]
     assert is_spawn and "--universe-size allows 2" in text and "1 are running" in text, text
+    assert got["universe"] == 2  # MPI.UNIVERSE_SIZE
 
 
 ALONE = ("import sys\nfrom gpucoll import MPI\n"

@@ -24,7 +24,8 @@ from ..base.errors import GpucollError
 from ..base.errors import TimeoutError as GpucollTimeout
 
 COUNT = "gpucoll/spawn/count"
-SERVICE = "gpucoll/spawn/service"   # set by a launcher that starts spawned processes (gpurun on one host)
+SERVICE = "gpucoll/spawn/service"   # set by a launcher that starts spawned processes (gpurun on one host):
+                                    # {"universe_size": --universe-size where its user gave it, else null}
 PREFIX = "gpucoll/spawn/"
 REQUEST = "/request"
 
@@ -103,6 +104,14 @@ def join(store, k, index, world_rank, entry, timeout):
     store.set(universe_key(world_rank), json.dumps(entry).encode())
     store.set(key(k, f"child/{index}"), json.dumps(entry).encode())
     return record["ranks"], {int(w): e for w, e in record["entries"].items()}
+
+
+def universe_size(store):
+    """The number of processes the launcher lets run at once when its user set it, else None."""
+    try:
+        return _load(store.get(SERVICE, timeout=0.001)).get("universe_size")
+    except GpucollTimeout:
+        return None
 
 
 def look_up(store, world_rank, timeout):

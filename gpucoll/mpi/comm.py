@@ -30,7 +30,7 @@ from .op import as_op
 from .partitioned import Partitioned
 from .pointtopoint import MPIShortCalls, PointToPoint, issend_state
 from .ports import Ports, join
-from .spawn import Spawning, parent
+from .spawn import Spawning, parent, universe_size
 from .request import Request
 from .topology import TopologyMaker
 from .ulfm import FaultTolerance
@@ -275,7 +275,7 @@ class Comm(Collectives, PointToPoint, Partitioned, FaultTolerance, Handle, MPISh
     def Get_attr(self, keyval):
         core = self._c("Get_attr")
         predefined = {_C["TAG_UB"]: TAG_UB, _C["IO"]: _C["ANY_SOURCE"], _C["WTIME_IS_GLOBAL"]: False,
-                      _C["UNIVERSE_SIZE"]: _world.init().size, _C["APPNUM"]: 0,
+                      _C["UNIVERSE_SIZE"]: universe_size(), _C["APPNUM"]: 0,
                       _C["LASTUSEDCODE"]: _last_used_code()}
         if keyval in predefined and self._s is _world_state():
             return predefined[keyval]

@@ -98,6 +98,20 @@ def parent():
     return _parent
 
 
+def universe_size():
+    """MPI.UNIVERSE_SIZE: gpurun's --universe-size where it was given, else the size of COMM_WORLD."""
+    from ..bootstrap import spawns
+
+    world = _world.init()
+    if not _universe:
+        store = getattr(world.seam.context.boot, "store", None)
+        _universe.append(spawns.universe_size(store) if store is not None else None)
+    return _universe[0] or world.size
+
+
+_universe = []
+
+
 class Spawning:
     """Intracomm.Spawn and Spawn_multiple (mixed into MPI.Intracomm)."""
 

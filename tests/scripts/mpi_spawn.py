@@ -51,7 +51,7 @@ if mode == "child":
     print("CHILD " + json.dumps(out), flush=True)
 elif mode == "parents":
     codes = []
-    out = {"parent_null": MPI.Comm.Get_parent() == MPI.COMM_NULL}
+    out = {"parent_null": MPI.Comm.Get_parent() == MPI.COMM_NULL, "universe": world.Get_attr(MPI.UNIVERSE_SIZE)}
     child = world.Spawn(sys.executable, [__file__, "child"], 3, root=1, errcodes=codes)
     out["sizes"] = [child.Get_size(), child.Get_remote_size(), child.Get_rank()]
     out["errcodes"] = codes
@@ -84,7 +84,8 @@ elif mode == "fails":
     child.Disconnect()
     print("RESULT " + json.dumps(out), flush=True)
 elif mode == "limit":
-    out = {"limit": spawn_error(lambda: MPI.COMM_WORLD.Spawn(sys.executable, ["-c", "pass"], 2))}
+    out = {"limit": spawn_error(lambda: MPI.COMM_WORLD.Spawn(sys.executable, ["-c", "pass"], 2)),
+           "universe": MPI.COMM_WORLD.Get_attr(MPI.UNIVERSE_SIZE)}
     print("RESULT " + json.dumps(out), flush=True)
 elif mode == "own-child":  # gpucoll's own API, in a process that comm.spawn started
     import gpucoll
