@@ -6,7 +6,7 @@ NP ?= 4
 STAMP := $(VENV)/.installed
 SOURCES := pyproject.toml setup.py $(wildcard cython_src/*.pyx cython_src/*.pxd cython_src/include/*.h)
 
-.PHONY: install demo docs-environment test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref test-mpi4py-demos bench bench-many bench-vector bench-request-cost bench-gloo bench-launch bench-ofi bench-multihost bench-p2p bench-p2p-mpi bench-p2p-mpi-alloc bench-p2p-hosts bench-reproduce bench-gpu calibrate-gpu calibrate-host clean
+.PHONY: install demo docs-environment test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref test-mpi4py-demos bench bench-many bench-vector bench-request-cost bench-gloo bench-launch bench-spawn bench-ofi bench-multihost bench-p2p bench-p2p-mpi bench-p2p-mpi-alloc bench-p2p-hosts bench-reproduce bench-gpu calibrate-gpu calibrate-host clean
 
 install: $(STAMP)
 
@@ -169,6 +169,11 @@ bench-ofi: $(STAMP) test-deps
 bench-multihost: $(STAMP) test-deps
 	@mkdir -p $(BENCH_OUT)
 	$(PY) benchmarks/bench_multihost.py --repeats $(REPEATS) --json $(BENCH_OUT)/multihost.json
+
+# MPI's Spawn to return: gpucoll.MPI under gpurun (warmed, and --no-preload) beside mpi4py under mpiexec.
+bench-spawn: $(STAMP)
+	@mkdir -p $(BENCH_OUT)
+	$(PY) benchmarks/bench_spawn.py --reps $(REPEATS) --json $(BENCH_OUT)/spawn.json
 
 bench-launch: $(STAMP)
 	@mkdir -p $(BENCH_OUT)
