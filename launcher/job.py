@@ -84,13 +84,12 @@ def launch(opts):
                 for r in range(opts.nprocs)]
         ready = warm_interpreter(opts, argv, envs[0], "gpurun")
         # Spawned processes are forked by a helper made now, while gpurun has one thread (spawn_zygote.py).
-        zygote = Zygote(ready, inbox) if ready is not None else None
+        job.serve_spawns(SpawnService(store, opts, common, Zygote(ready, inbox) if ready is not None else None))
         start = rank_starter(opts, argv, ready, inbox)
         # The ranks start while gpurun has one thread (see start_rank); the store serves
         # from its own thread once they are all started, answering those that came early.
         for r in range(opts.nprocs):
             job.add(start(r, envs[r], stdin_inherit=(r == 0), cpus=cpus[r]))
-        job.serve_spawns(SpawnService(store, opts, common, zygote))
         store.start()
         return job.run()
     except LaunchError as exc:
