@@ -4,6 +4,8 @@ job running, gpurun's --universe-size, mpi4py's own test_spawn.py on 1 and 3 ran
 mpi4py.futures' MPIPoolExecutor on spawned workers."""
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -178,3 +180,23 @@ def test_mpi_pool_executor_maps_over_spawned_workers(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "[0] MODULE gpucoll.MPI" in out.stdout and "[0] SQUARES True" in out.stdout, out.stdout
     assert "[0] WORKERS 4 False" in out.stdout, out.stdout
+
+
+def test_mpi4py_futures_own_tests_pass_on_spawned_workers(tmp_path):
+    # mpi4py's demo/futures/test_futures.py: MPIPoolExecutor, MPICommExecutor, the pool's
+    # shutdown, errors and maps, its workers spawned by gpurun, mpi4py.MPI being gpucoll.MPI.
+    pytest.importorskip("mpi4py")
+    sys.path.insert(0, os.path.join(ROOT, "tests", "mpi4py_suite"))
+    import fetch
+
+    top = fetch.fetch()
+    shutil.copytree(os.path.join(top, "demo", "futures"), tmp_path / "futures")
+    alias = subprocess.run([sys.executable, "-m", "gpucoll.mpi4py_alias"], capture_output=True, text=True,
+                           check=True).stdout.strip()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([alias, os.path.join(top, "test")]))
+    out = subprocess.run([*GPURUN, "-np", "1", "--timeout", "280", sys.executable, "test_futures.py"],
+                         cwd=tmp_path / "futures", capture_output=True, text=True, timeout=300, env=env)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+    ran = re.search(r"Ran (\d+) tests", text)
+    assert ran and int(ran[1]) == 121 and "[0] OK" in text, text[-2000:]  # mpi4py 4.1.2's file: 121 tests
