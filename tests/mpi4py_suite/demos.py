@@ -10,9 +10,13 @@ them untouched) and run there with the rank count of the demo's own makefile or 
 demo passes when every rank exits 0 within the time limit and no traceback is printed, and, with
 --compare, when the demos whose output is deterministic (results, not timings) print the same
 lines (in any order) as under mpiexec with real mpi4py.
-Left out: the demos that spawn processes (compute-pi/cpi-dpm, mandelbrot, spawning, nxtval-dynproc,
-futures), that configure mpi4py itself (init-fini's mpi4py.rc, test-run's mpi4py.run), and the
-C, Fortran, Cython and wrapper builds.
+The demos that spawn processes run too: spawning's Python master and worker (the worker made
+an executable with a #! line, as the demo's makefile makes it) and mpi4py.futures' pool demos;
+under gpurun, mpi4py.futures finds gpucoll.MPI as `mpi4py.MPI` through gpucoll.mpi4py_alias on
+PYTHONPATH (its spawned workers too). Left out: compute-pi/cpi-dpm and nxtval-dynproc (ports
+between two jobs), mandelbrot's master (a Fortran worker), the demos that configure mpi4py
+itself (init-fini's mpi4py.rc, test-run's mpi4py.run), and the C, Fortran, Cython and wrapper
+builds.
 """
 import argparse
 import os
@@ -47,6 +51,8 @@ DEMOS = [
     ("reductions", "test_reductions.py", 3, ["-q"], True, False),
     ("sequential", "test_seq.py", 3, [], True, True),
     ("threads", "sendrecv.py", 2, [], True, False),
+    ("spawning", "cpi-master.py", 1, ["./cpi-worker-py.exe"], True, False),  # prints argv[0]: a scratch path
+    *[("futures", f"run_{name}.py", 1, [], True, False) for name in ("hello", "cpi", "primes")],
     *[(".", f"osu_{name}.py", 2, [], False, False) for name in (
         "allgather", "alltoall", "alltoallv", "barrier", "bcast", "bibw", "bw", "gather", "latency", "multi_lat",
         "scatter")],
@@ -68,6 +74,23 @@ def _copy(src, dst, reference):
                     f.write(text.replace(IMPORT, REPLACEMENT))
 
 
+def _executables(work):
+    """What a demo's makefile builds from its Python files: NAME-py.exe, the file behind a #! line
+    naming this interpreter (spawning's master spawns the worker by that name)."""
+    for name in os.listdir(work):
+        if name.endswith(".py"):
+            exe = os.path.join(work, name[:-3] + "-py.exe")
+            with open(os.path.join(work, name)) as src, open(exe, "w") as out:
+                out.write(f"#!{sys.executable}\n" + src.read())
+            os.chmod(exe, 0o755)
+
+
+def _alias_path():
+    """The folder that makes mpi4py.MPI gpucoll.MPI in every process started with it on PYTHONPATH."""
+    return subprocess.run([sys.executable, "-m", "gpucoll.mpi4py_alias"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
 def _command(reference, np_, script, args, timeout):
     if reference:
         mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
@@ -84,8 +107,11 @@ def run_demo(top, folder, script, np_, args, reference=False, timeout=120):
     work = tempfile.mkdtemp(prefix="mpi4py-demo-")
     try:
         _copy(os.path.join(top, "demo", folder), work, reference)
+        _executables(work)
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMPI_ALLOW_RUN_AS_ROOT="1",
                    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl="self,vader,tcp")
+        if not reference:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (_alias_path(), env.get("PYTHONPATH")) if p)
         start = time.monotonic()
         try:
             proc = subprocess.run(_command(reference, np_, script, args, timeout), cwd=work, env=env,
