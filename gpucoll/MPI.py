@@ -26,7 +26,7 @@ from .mpi.comm import comm_world as _comm_world
 from .mpi.comm import commctx_intra as _commctx_intra  # noqa: F401
 from .mpi.datatype import Datatype  # noqa: F401
 from .mpi.environment import *  # noqa: F401,F403 - Init, Wtime, Get_error_class, Alloc_mem, ...
-from .mpi.environment import BUFFER_AUTOMATIC, _typealign, _typecode  # noqa: F401
+from .mpi.environment import BUFFER_AUTOMATIC, _set_abort_status, _typealign, _typecode  # noqa: F401
 from .mpi.errhandler import Errhandler  # noqa: F401
 from .mpi.file import File
 from .mpi.group import Group, empty_group

@@ -94,3 +94,15 @@ def test_names_and_missing_pieces(gpurun_job):
         assert got["sizes"] == [8, 4, 1, 4]
         assert got["waitall"] is True and got["exception_is_base"] is True
         assert got["proc_null"] == [[7.0, 7.0], -2, -1, 0, None]
+
+
+def test_an_abort_status_set_the_mpi4py_run_way_ends_the_process_with_it(gpurun_job, tmp_path):
+    # mpi4py.run and mpi4py.futures' workers call MPI._set_abort_status on an error they catch:
+    # the process then ends with that status at exit, and gpurun stops the job naming it.
+    script = tmp_path / "abort_status.py"
+    script.write_text("from gpucoll import MPI\nMPI.COMM_WORLD.Barrier()\n"
+                      "if MPI.COMM_WORLD.Get_rank() == 1:\n    MPI._set_abort_status(7)\nprint('done', flush=True)\n")
+    job = gpurun_job(2, str(script), timeout=60)
+    assert job.returncode == 7, job.describe()
+    assert "rank 1 (host" in job.stderr and "exit code 7" in job.stderr, job.describe()
+    assert "[1] done" in job.stdout

@@ -1,7 +1,9 @@
 """gpucoll.MPI's module-level functions: initialisation, versions, timers, error classes and
 codes, memory, addresses and buffered-send buffers."""
 import ctypes
+import os
 import socket
+import sys
 import time
 
 from .. import __version__
@@ -36,6 +38,31 @@ def Init_thread(required=_C["THREAD_MULTIPLE"]):
 def Finalize():
     """Nothing to release early: gpucoll ends its connections at exit."""
     _finalized[0] = True
+
+
+_abort_status = [0]
+
+
+def _set_abort_status(status):
+    """mpi4py.run's hook (the -m mpi4py runner, mpi4py.futures' workers): a non-zero status makes
+    this process end with it at exit, as MPI_Abort would end it, so that gpurun stops the job."""
+    import atexit
+
+    try:
+        code = int(status)
+    except (TypeError, ValueError):
+        code = 0 if status is None else 1  # sys.exit's convention for a status that is not a number
+    if code and not _abort_status[0]:
+        atexit.register(_abort_at_exit)
+    _abort_status[0] = code
+
+
+def _abort_at_exit():
+    code = _abort_status[0]
+    if code:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code if 0 < code < 256 else 1)
 
 
 def Is_initialized():

@@ -30,7 +30,7 @@ FEATURES = [
     ("revoking communicators (ULFM)", _on("Comm", "Revoke")),
     ("hardware resource information (MPI 4.1)", ["Get_hw_resource_info"]),
     ("access to C-level MPI handles", ["_addressof", "_handleof", "_sizeof", "_datatype_create",
-                                       "_datatype_decode", "_set_abort_status"]),
+                                       "_datatype_decode"]),
     ("external32 packing", _on("Datatype", "Pack_external Unpack_external Pack_external_size")),
 ]
 
