@@ -44,8 +44,8 @@ _abort_status = [0]
 
 
 def _set_abort_status(status):
-    """mpi4py.run's hook (the -m mpi4py runner, mpi4py.futures' workers): a non-zero status makes
-    this process end with it at exit, as MPI_Abort would end it, so that gpurun stops the job."""
+    """Set the status this process ends with at exit, as MPI_Abort would end it (non-zero: gpurun
+    then stops the job); mpi4py.run and mpi4py.futures' workers call it on an error they catch."""
     import atexit
 
     try:
