@@ -30,7 +30,7 @@ from gpucoll.base.ranks import ranges
 
 
 cdef extern from "gc_direct.h" nogil:
-    int GC_OK, GC_ERR_TIMEOUT, GC_ERR_PEER, GC_ERR_USAGE, GC_ERR_NOMEM, GC_ERR_MISMATCH
+    int GC_OK, GC_ERR_TIMEOUT, GC_ERR_PEER, GC_ERR_USAGE, GC_ERR_NOMEM, GC_ERR_MISMATCH, GC_ERR_REVOKED
     int GC_SIG_NONE, GC_SIG_SINGLE_COPY
     int GC_DIRECT_READY, GC_DIRECT_NOT_READY, GC_DIRECT_FOREIGN, GC_DIRECT_CREATOR_GONE, GC_DIRECT_MISMATCH
     ctypedef int gc_dtype
@@ -66,6 +66,7 @@ cdef extern from "gc_direct.h" nogil:
     int gc_direct_examine(const void *hdr, size_t size, uint64_t token)
     int gc_direct_attach(gc_direct *g, void *base, size_t size, int rank, int nranks, int *nattached)
     void gc_direct_detach(gc_direct *g)
+    void gc_direct_revoke(gc_direct *g)
 
     int gc_direct_allreduce(gc_direct *g, const void *send, void *recv, size_t count,
                             gc_dtype dt, gc_op op, double timeout_s)
@@ -246,6 +247,12 @@ cdef class DirectGroup:
         seg, self.segment = self.segment, None
         if seg is not None and hasattr(seg, "close"):
             seg.close()
+
+    def revoke(self):
+        """Revoke the communicator on this host: every rank waiting in one of its collectives here
+        (or entering one) fails with RevokedError. No-op once closed."""
+        if self.have_view:
+            gc_direct_revoke(&self.g)
 
     def __dealloc__(self):
         if self.have_view:

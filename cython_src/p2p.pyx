@@ -24,7 +24,7 @@ from cpython.long cimport PyLong_AsLongLongAndOverflow
 
 
 cdef extern from "gc_types.h" nogil:
-    int GC_OK, GC_ERR_TIMEOUT, GC_ERR_PEER, GC_ERR_IO, GC_ERR_USAGE, GC_ERR_NOMEM
+    int GC_OK, GC_ERR_TIMEOUT, GC_ERR_PEER, GC_ERR_IO, GC_ERR_USAGE, GC_ERR_NOMEM, GC_ERR_REVOKED
 
 cdef extern from "gc_chan.h" nogil:
     ctypedef struct gc_chan:
@@ -63,6 +63,7 @@ cdef extern from "gc_p2p.h" nogil:
     int gc_p2p_withdraw(gc_p2p *e, gc_p2p_req *r, int err)
     int gc_p2p_send_now(gc_p2p *e, uint64_t comm, int dest, int32_t tag, const char *buf, uint64_t len)
     void gc_p2p_forget(gc_p2p *e, uint64_t comm)
+    int gc_p2p_revoke(gc_p2p *e, uint64_t comm)
     int gc_p2p_unexpected(gc_p2p *e, uint64_t comm)
     void gc_p2p_counts(gc_p2p *e, int *posted, int *unexpected)
     int gc_p2p_wait(gc_p2p *e, gc_p2p_req **reqs, int n, int all, double timeout)
@@ -79,7 +80,7 @@ OFFER = GC_P2P_OFFER
 WIRE_EAGER_MAX = GC_P2P_WIRE_EAGER_MAX
 OFFER_MAX = GC_P2P_OFFER_MAX
 # request errors
-OK, PEER, NOMEM = GC_OK, GC_ERR_PEER, GC_ERR_NOMEM
+OK, PEER, NOMEM, REVOKED = GC_OK, GC_ERR_PEER, GC_ERR_NOMEM, GC_ERR_REVOKED
 TRUNCATED, CANCELLED, TOOBIG = GC_P2P_TRUNCATED, GC_P2P_CANCELLED, GC_P2P_TOOBIG
 # why a peer is lost
 LIVE, GONE, BAD_KIND, BAD_SIZE, BAD_ID, CHAN_ERR = (GC_P2P_LIVE, GC_P2P_GONE, GC_P2P_BAD_KIND,
@@ -485,6 +486,15 @@ cdef class P2PCore:
     def forget(self, uint64_t comm):
         with nogil:
             gc_p2p_forget(self.e, comm)
+
+    def revoke(self, uint64_t comm):
+        """Revoke communicator `comm` here (gc_p2p_revoke): its pending receives and the offers
+        made to it fail with REVOKED."""
+        cdef int st
+        with nogil:
+            st = gc_p2p_revoke(self.e, comm)
+        if st != GC_OK:
+            raise MemoryError("revoking a communicator: out of memory")
 
     def unexpected(self, uint64_t comm):
         return gc_p2p_unexpected(self.e, comm)

@@ -146,13 +146,18 @@ RANK_COUNT = RankCount()
               help="Processes that may run at once, those MPI's Spawn starts included; when given, also "
                    "MPI.UNIVERSE_SIZE (else the number of ranks). Default: -np, or 8 a CPU (at least 64) when "
                    "that is more.")
+@click.option("--on-failure", "on_failure", type=click.Choice(["end", "continue"]), default="end",
+              show_default=True, metavar="end|continue",
+              help="What a rank that fails does to the job: end it (stop every rank, report the failure), or "
+                   "continue: the others go on, can revoke, shrink and agree (docs/fault-tolerance.md); gpurun then "
+                   "exits 0 if any rank ended well. One host only.")
 @click.option("-v", "--verbose", is_flag=True, help="Say on stderr how the ranks were bound and started, or why "
               "not.")
 @click.version_option(__version__, "-V", "--version", prog_name="gpurun")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="PROGRAM [ARGS]...")
 def gpurun(nprocs, module, tag_output, output_dir, timeout, grace, exports, command, hosts, hostfile,
            launcher, launcher_cmd, nnodes, node_rank, master, bind_to, preload, no_preload, universe_size,
-           verbose):
+           on_failure, verbose):
     import os
 
     from .env import parse_exports
@@ -173,9 +178,11 @@ def gpurun(nprocs, module, tag_output, output_dir, timeout, grace, exports, comm
         module, command = command[0], command[1:]
     opts = Options(nprocs, command, module=module or None, tag_output=tag_output, output_dir=output_dir,
                    timeout=timeout, grace=grace, exports=exported, bind_to=bind_to, verbose=verbose,
-                   preload=preload, universe_size=universe_size)
+                   preload=preload, universe_size=universe_size, on_failure=on_failure)
     if multi is None:
         raise SystemExit(launch(opts))
+    if on_failure != "end":
+        raise click.UsageError("--on-failure=continue runs on one host (leave out --hosts, --hostfile and --nnodes)")
     if multi.launcher == "agent":
         from .agent import run_agent
         from .wire import job_secret

@@ -19,6 +19,8 @@ import time
 
 from . import binding
 from . import env as envmod
+from gpucoll.bootstrap import failures
+
 from . import report, warm
 from .output import RankStream, Sink, make_output_dir, open_output_file
 from .signals import ENDING, FORWARDED, SignalInbox
@@ -38,7 +40,7 @@ class Options:
 
     def __init__(self, nprocs, command, module=None, tag_output=True, output_dir=None,
                  timeout=None, grace=3.0, exports=(), bind_to=None, verbose=False, preload=None,
-                 universe_size=None):
+                 universe_size=None, on_failure="end"):
         self.nprocs = nprocs
         self.command = list(command)
         self.module = module
@@ -53,6 +55,7 @@ class Options:
         # processes that may run at once, spawned ones included (MPI's Spawn: spawn_service.py)
         self.universe_size = universe_size or default_universe_size(nprocs)
         self.universe_size_given = universe_size  # MPI.UNIVERSE_SIZE where given, else COMM_WORLD's size
+        self.on_failure = on_failure  # "end": a failed rank ends the job; "continue": the others go on
 
 
 def default_universe_size(nprocs):
@@ -78,7 +81,11 @@ def launch(opts):
         job_id = secrets.token_hex(6)
         common = envmod.common_environ(
             os.environ, opts.nprocs, opts.nprocs, host, store.port, secret_hex, job_id)
+        if opts.on_failure == "continue":
+            common["GPUCOLL_ON_FAILURE"] = "continue"
         job = Job(opts, inbox)
+        if opts.on_failure == "continue":
+            job.failures = failures.FailureBoard(store)
         cpus = rank_cpus(opts, opts.nprocs, "gpurun")
         envs = [envmod.rank_environ(common, r, r, opts.exports, binding.threads_per_rank(cpus[r], opts.nprocs))
                 for r in range(opts.nprocs)]
@@ -190,6 +197,8 @@ class Job:
         self.kill_at = None
         self.all_ended_at = None
         self.spawner = None            # the SpawnService, where processes may be spawned
+        self.failures = None           # the FailureBoard, under --on-failure=continue
+        self.tolerated = []            # the Ranks that failed while the job went on
 
     # --- starting -------------------------------------------------------------------
     def add(self, rank):
@@ -276,13 +285,25 @@ class Job:
         ended = [rank for rank in self.ranks if rank.poll()]
         failed = [rank for rank in ended if rank.returncode != 0
                   and not (self.spawner is not None and self.spawner.ended_early(rank))]
-        if failed and self.stop_reason is None:
+        if failed and self.stop_reason is None and self.failures is not None:
+            self._tolerate(failed)
+        elif failed and self.stop_reason is None:
             self.first_failure = failed[0]
             self._stop("failure")
         if self.all_ended_at is None and not any(r.running for r in self.ranks):
             self.all_ended_at = time.monotonic()
         if self.all_ended_at is not None:
             reap_orphans()
+
+    def _tolerate(self, failed):
+        """--on-failure=continue: record each failure in the store for the survivors, say so."""
+        for rank in failed:
+            if rank in self.tolerated:
+                continue
+            self.tolerated.append(rank)
+            self.failures.record(rank.rank)
+            self.stderr.write(f"gpurun: rank {rank.rank} (pid {rank.pid}) ended with {report.how_it_ended(rank.returncode)}; "
+                              "the job goes on without it (--on-failure=continue)\n".encode())
 
     def _stop(self, reason, signum=signal.SIGTERM):
         """Begin ending the job: `signum` to every group now, SIGKILL after --grace."""
@@ -334,6 +355,8 @@ class Job:
         reap_orphans()
         for stream in self.streams:
             stream.close()
+        if self.tolerated and self.first_failure is None and all(r in self.tolerated for r in self.ranks):
+            self.first_failure = self.tolerated[0]   # no rank survived: the job failed after all
         failed = self.first_failure
         ended = report.end_of_job(self.stop_reason, self.stop_signal, self.opts.timeout, self.still_running_at_stop,
                                   None if failed is None else (failed.rank, self.host, failed.pid, failed.returncode,

@@ -31,7 +31,8 @@ def test_native_status_numbers_match_the_header():
 @pytest.mark.parametrize("status, kind", [
     (errors.NATIVE_PEER, errors.LostPeerError), (errors.NATIVE_TIMEOUT, errors.TimeoutError),
     (errors.NATIVE_MISMATCH, errors.MismatchError), (errors.NATIVE_USAGE, errors.InvalidUsageError),
-    (errors.NATIVE_IO, errors.GpucollError), (-99, errors.GpucollError)])
+    (errors.NATIVE_IO, errors.GpucollError), (errors.NATIVE_REVOKED, errors.RevokedError),
+    (-99, errors.GpucollError)])
 def test_each_status_becomes_its_exception_naming_the_ranks(status, kind):
     err = errors.native_error(status, "step 2, receiving from rank 3", (3, 5), waited=1.5, err_no=104)
     assert type(err) is kind, err

@@ -4,10 +4,11 @@
  * Segment layout (offsets from the base, all set by gc_direct_format):
  *
  *   0        gc_direct_hdr       magic, version, nranks, slot size, creator pid, attach count,
- *                                first lost rank (so that one rank's discovery reaches all), and
+ *                                first lost rank (so that one rank's discovery reaches all),
  *                                a token derived from the job secret (a file of the right name
- *                                that another job made is refused, see gc_direct_probe)
- *   64       procs[nranks]       each rank's process id and pid namespace, for liveness checks,
+ *                                that another job made is refused, see gc_direct_probe), and
+ *                                the revoked word (ULFM's revoke reaches every waiter on this host)
+ *   128      procs[nranks]       each rank's process id and pid namespace, for liveness checks,
  *                                and where a peer may read a known word of its memory (the
  *                                single-copy probe, gc__cma_probe)
  *   F        flags[nranks]       one 64-byte line per rank, so that a rank's posts never
@@ -86,8 +87,9 @@
 #include "gc_reduce.h"
 
 #define GC_DIRECT_MAGIC 0x7463657269646367ULL /* "gcdirect" read as little-endian bytes */
-#define GC_DIRECT_VERSION 3u
+#define GC_DIRECT_VERSION 4u
 #define GC_DIRECT_LINE 64u
+#define GC_DIRECT_HDR_BYTES (2u * GC_DIRECT_LINE)
 #define GC_DIRECT_PAGE 4096u
 #define GC_DIRECT_LINE_PAD_ (GC_DIRECT_LINE - 48u)
 
@@ -129,8 +131,10 @@ typedef struct {
     int32_t mismatch;     /* 1 + the first rank that found mismatched calls, 0 while none */
     uint64_t creator_pidns;
     uint64_t token;       /* from the job secret and the segment's name (shm_segment.py) */
+    int32_t revoked;      /* 1 once a rank revoked the communicator: every wait on it fails */
+    int32_t pad_;
 } gc_direct_hdr;
-typedef char gc__hdr_fits_a_line[sizeof(gc_direct_hdr) <= GC_DIRECT_LINE ? 1 : -1];
+typedef char gc__hdr_fits_two_lines[sizeof(gc_direct_hdr) <= GC_DIRECT_HDR_BYTES ? 1 : -1];
 
 /* Who a rank is, as seen by the others. A pid only means something inside its pid namespace
  * (ranks in different containers may share /dev/shm): peers in another namespace are never
@@ -232,7 +236,7 @@ static inline int64_t gc__now_ns(void);
 
 static inline size_t gc__round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-static inline size_t gc__procs_off(void) { return GC_DIRECT_LINE; }
+static inline size_t gc__procs_off(void) { return GC_DIRECT_HDR_BYTES; }
 static inline size_t gc__flags_off(int nranks)
 {
     return gc__procs_off() + gc__round_up(sizeof(gc_direct_proc) * (size_t)nranks, GC_DIRECT_LINE);
@@ -432,6 +436,16 @@ static inline void gc__futex_wait(gc_direct *g, int peer, uint64_t target, int64
     __atomic_sub_fetch(sleepers, 1, __ATOMIC_SEQ_CST);
 }
 
+/* Revoke the communicator (ULFM): every rank of this host waiting in one of its collectives,
+ * or entering one later, fails with GC_ERR_REVOKED; sleepers are woken to see it at once. */
+static inline void gc_direct_revoke(gc_direct *g)
+{
+    __atomic_store_n(&g->hdr->revoked, 1, __ATOMIC_SEQ_CST);
+    for (int r = 0; r < g->nranks; r++)
+        if (__atomic_load_n(gc__sleepers(g, r), __ATOMIC_SEQ_CST))
+            syscall(SYS_futex, gc__futex_word(g, r), FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
 static inline uint8_t *gc__slot(const gc_direct *g, int r)
 {
     return g->slots + ((size_t)r * 2 + (size_t)g->parity) * g->slot_bytes;
@@ -543,6 +557,10 @@ static int gc__wait_slow(gc_direct *g, int peer, uint64_t target, int64_t deadli
              * runnable rank onto it; the poster wakes us. Wake up for the periodic checks. */
             int64_t left = next_check - now;
             gc__futex_wait(g, peer, target, left > 1000 ? left : 1000);
+        }
+        if (__atomic_load_n(&g->hdr->revoked, __ATOMIC_ACQUIRE)) {
+            g->broken = 1;
+            return GC_ERR_REVOKED;
         }
         if (now >= next_check) {
             /* The post may have come while this rank slept or yielded: a wait that is

@@ -232,6 +232,8 @@ typedef struct {
     uint64_t max_message;      /* an object message above this cannot be received here */
     char *frame;               /* GC_P2P_COALESCE bytes: a header and its payload pushed together */
     volatile uint64_t progress_count;
+    uint64_t *revoked;         /* communicators revoked here (ULFM): their offers are refused */
+    int nrevoked;
 } gc_p2p;
 
 /* ---- lists ------------------------------------------------------------------------------ */
@@ -732,6 +734,13 @@ static gc_p2p_req *gc_p2p__named(gc_p2p *e, int peer, gc_p2p_req *list, uint64_t
     return NULL;
 }
 
+static inline int gc_p2p__is_revoked(const gc_p2p *e, uint64_t comm)
+{
+    for (int i = 0; i < e->nrevoked; i++)
+        if (e->revoked[i] == comm) return 1;
+    return 0;
+}
+
 /* A whole header arrived from peer: act on it. Returns 0, or -1 once the peer is lost. */
 static int gc_p2p__arrive(gc_p2p *e, int peer, const gc_p2p_hdr *h)
 {
@@ -779,6 +788,10 @@ static int gc_p2p__arrive(gc_p2p *e, int peer, const gc_p2p_hdr *h)
         if (h->kind & GC_P2P_OFFER) {
             gc_p2p__lose(e, peer, GC_P2P_BAD_KIND, h->kind);
             return -1;
+        }
+        if (gc_p2p__is_revoked(e, h->comm)) {   /* its sender waits for an answer: it fails too */
+            gc_p2p__control(e, peer, GC_P2P_ACK, h->id, GC_ERR_REVOKED);
+            return 0;
         }
         gc_p2p_req *r = gc_p2p__match_posted(e, h->comm, peer, h->tag);  /* RTS: matched on arrival */
         if (r) {
@@ -839,7 +852,8 @@ static int gc_p2p__arrive(gc_p2p *e, int peer, const gc_p2p_hdr *h)
             return -1;
         gc_p2p__req_unlink(&p->acks, NULL, s);
         gc_p2p__slot_free(p, s);
-        gc_p2p__finish(s, GC_OK);  /* a truncated receive raises on its own side; the send is done */
+        /* a truncated receive raises on its own side; the send is done (unless refused: revoked) */
+        gc_p2p__finish(s, h->status == GC_ERR_REVOKED ? GC_ERR_REVOKED : GC_OK);
         return 0;
     }
     if (kind == GC_P2P_DEST) {     /* a shared copy: the receiver's bytes go to h->addr */
@@ -1463,6 +1477,46 @@ static void gc_p2p_forget(gc_p2p *e, uint64_t comm)
         m = next;
     }
     pthread_mutex_unlock(&e->mu);
+}
+
+/* Revoke comm (ULFM): its unmatched receives fail with GC_ERR_REVOKED, and each sender waiting
+ * for a match of comm (a rendezvous offer or a synchronous send queued here, or one arriving
+ * later) is answered so that its send fails the same way. Transfers already matched between
+ * live peers complete. Returns GC_ERR_NOMEM when the revoked list cannot grow. */
+static int gc_p2p_revoke(gc_p2p *e, uint64_t comm)
+{
+    int st = GC_OK;
+    pthread_mutex_lock(&e->mu);
+    gc_p2p__advance(e);         /* what has arrived is answered now, not at the next wait */
+    if (!gc_p2p__is_revoked(e, comm)) {
+        uint64_t *grown = (uint64_t *)realloc(e->revoked, (size_t)(e->nrevoked + 1) * sizeof *grown);
+        if (grown) {
+            e->revoked = grown;
+            e->revoked[e->nrevoked++] = comm;
+        } else {
+            st = GC_ERR_NOMEM;
+        }
+    }
+    for (gc_p2p_req *r = e->posted_head, *next; r; r = next) {
+        next = r->next;
+        if (r->comm == comm) {
+            gc_p2p__req_unlink(&e->posted_head, &e->posted_tail, r);
+            gc_p2p__finish(r, GC_ERR_REVOKED);
+        }
+    }
+    for (gc_p2p_msg *m = e->ux_head, *next; m; m = next) {
+        next = m->next;
+        int kind = (int)(m->h.kind & GC_P2P_KIND_MASK);
+        if (m->h.comm != comm || !m->complete || m->self_send || (kind != GC_P2P_RTS && kind != GC_P2P_EAGER))
+            continue;
+        gc_p2p__msg_unlink(e, m);
+        if (kind == GC_P2P_RTS || (m->h.kind & GC_P2P_SYNC))
+            gc_p2p__control(e, m->src, GC_P2P_ACK, m->h.id, GC_ERR_REVOKED);
+        free(m->data);
+        free(m);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return st;
 }
 
 /* How many unread messages of comm are queued (tests). */

@@ -29,6 +29,7 @@ typedef enum {
 #define GC_ERR_USAGE    -4   /* arguments that cannot work (caught earlier in Python, kept as a guard) */
 #define GC_ERR_NOMEM    -5
 #define GC_ERR_MISMATCH -6   /* ranks called the same collective with different counts, dtypes, ops or roots */
+#define GC_ERR_REVOKED  -7   /* the communicator was revoked (fault tolerance: gpucoll/api/fault.py) */
 
 /* What a shared-memory segment file holds, judged from its header by the creator that finds its
  * name taken and by the clean-up of leftovers (gpucoll/transports/shm_segment.py). */

@@ -19,7 +19,7 @@ import numpy as np
 from ..base import ops as _ops
 from ..base.call import IN_PLACE, check_host_stream  # noqa: F401 - IN_PLACE: also gpucoll.IN_PLACE
 from ..base.counters import PathCounters
-from ..base.errors import GpucollError, InvalidUsageError
+from ..base.errors import GpucollError, InvalidUsageError, RevokedError
 from ..base.request import CompletedRequest
 from ..calls import build
 from ..calls.buffers import host_buffer
@@ -44,6 +44,11 @@ def _after_fork_in_child():
         comm._forked()
 
 
+def live_communicators():
+    """This process's communicators that are not freed."""
+    return [comm for comm in list(_LIVE) if not comm._released]
+
+
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
@@ -65,8 +70,11 @@ class Communicator(ShortCalls):
         self.local_size = len(same_host)
         self.name = comm_id
         self._pid = os.getpid()
-        self._freed = False     # freed, or inherited by a forked child: every call raises _unusable
-        self._unusable = None
+        self._freed = False     # freed, revoked, or inherited by a forked child: every call raises _unusable
+        self._unusable = None   # (exception class, message)
+        self._released = False  # Free() has run
+        self._revoked = False
+        self._ft = None         # fault tolerance's bookkeeping (gpucoll/api/fault.py)
         self._stats = PathCounters()  # which path each call took (stats())
         self._fast = FastPaths()  # the packed fast paths (host, gpu) the engines install
         self._view = CommView(context, comm_id, self.rank, self.size, self.local_size, self._world_ranks,
@@ -115,20 +123,39 @@ class Communicator(ShortCalls):
 
     def _check_alive(self):
         if self._freed:
-            raise InvalidUsageError(self._unusable)
+            raise self._unusable[0](self._unusable[1])
+
+    def _check_not_freed(self, what):
+        """Fault tolerance's calls work on a revoked communicator, not on a freed one."""
+        if self._released or (self._freed and not self._revoked):
+            raise InvalidUsageError(f"{what}: {self._unusable[1]}")
+
+    def _revoke_here(self):
+        """Every later call raises RevokedError; pending ones on this host fail now (the
+        communicator's shared segment, point to point's posted receives and offers)."""
+        if self._revoked or self._released:
+            return
+        self._revoked = True
+        if not self._freed:
+            self._freed = self._short.closed = True
+            self._fast.host = self._fast.gpu = None
+            self._unusable = (RevokedError, f"communicator {self._id} was revoked; shrink() it to go on "
+                                            "with the surviving ranks")
+        self._dispatch.revoke()   # queued nonblocking calls then fail in their first wait
+        self._p2p.revoke()
 
     def _forked(self):
         """In a forked child: every later call raises; the transports stay as they are (they are
         the parent's, so even Free leaves them alone)."""
         self._freed = self._short.closed = True
         self._fast.host = self._fast.gpu = None
-        self._unusable = (
+        self._unusable = (InvalidUsageError,
             f"communicator {self._id} belongs to process {self._pid}, which created it; this process "
             f"({os.getpid()}) is a fork of it and cannot use it: its calls would take part in the parent's "
             "collectives and corrupt both results. Use gpucoll only in the process that initialised it and "
             "pass data to and from child processes yourself, or start the children with multiprocessing's "
             "'spawn' start method, which inherits no communicator.")
-        self._dispatch.queue.abandon(InvalidUsageError(self._unusable))  # requests the parent had pending
+        self._dispatch.queue.abandon(InvalidUsageError(self._unusable[1]))  # requests the parent had pending
 
     def _root(self, root):
         return build.checked_root(root, self.size)
@@ -172,11 +199,11 @@ class Communicator(ShortCalls):
 
     def Free(self):
         """Release the communicator's transports; using it afterwards raises."""
-        if self._freed:
+        if self._released or (self._freed and not self._revoked):
             return
         self._fast.host = self._fast.gpu = None
         self._short.closed = True
-        self._unusable = f"communicator {self._id} was freed; create a new one with Dup() or Split()"
+        self._unusable = (InvalidUsageError, f"communicator {self._id} was freed; create a new one with Dup() or Split()")
         error = None
         try:  # no peer may still be using our IPC memory when it is unmapped
             self._dispatch.quiesce()
@@ -187,9 +214,46 @@ class Communicator(ShortCalls):
         except GpucollError as exc:
             error = error or exc
         self._dispatch.close()
-        self._freed = True
+        self._freed = self._released = True
         if error is not None:
             raise error
+
+    # --- fault tolerance (gpucoll/api/fault.py) -----------------------------------------
+    def revoke(self):
+        """Make every pending and later operation on this communicator raise RevokedError, on
+        every rank (ULFM's MPI_Comm_revoke). shrink() still works."""
+        from . import fault
+
+        fault.revoke(self)
+
+    def is_revoked(self):
+        return self._revoked
+
+    def shrink(self):
+        """A new communicator of the surviving ranks, the same on each of them (collective over
+        the survivors; ULFM's MPI_Comm_shrink). With no failure, a duplicate."""
+        from . import fault
+
+        return fault.shrink(self)
+
+    def agree(self, flag):
+        """The bitwise AND of the survivors' integer flags, the same on every survivor
+        (collective over the survivors; ULFM's MPI_Comm_agree)."""
+        from . import fault
+
+        return fault.agree(self, flag)
+
+    def failed(self):
+        """The ranks of this communicator known to have failed."""
+        from . import fault
+
+        return fault.failed(self)
+
+    def ack_failed(self, count=None):
+        """Acknowledge the first `count` failed ranks (all when None); how many are acknowledged."""
+        from . import fault
+
+        return fault.ack_failed(self, count)
 
     # --- groups ---------------------------------------------------------------------
     def group(self):

@@ -195,6 +195,10 @@ def init():
                      (time.monotonic() - started) * 1e3, store.requests if store is not None else 0)
             _owner_pid = os.getpid()
             atexit.register(_finalize)
+            if config.ON_FAILURE.get() == "continue":  # revocations must reach ranks that never ask
+                from .fault import start_watcher
+
+                start_watcher(ctx)
         return _world
 
 

@@ -7,7 +7,8 @@ from .ranks import ranges
 
 # The native layer's failure statuses: GC_ERR_* of cython_src/include/gc_types.h (a test reads
 # the header and checks these numbers).
-NATIVE_TIMEOUT, NATIVE_PEER, NATIVE_IO, NATIVE_USAGE, NATIVE_NOMEM, NATIVE_MISMATCH = -1, -2, -3, -4, -5, -6
+NATIVE_TIMEOUT, NATIVE_PEER, NATIVE_IO, NATIVE_USAGE, NATIVE_NOMEM, NATIVE_MISMATCH, NATIVE_REVOKED = (
+    -1, -2, -3, -4, -5, -6, -7)
 
 MISMATCH_RULE = ("every rank must call collectives in the same order with matching counts, dtypes, "
                  "ops and roots")
@@ -55,6 +56,15 @@ class LostPeerError(GpucollError):
         self.ranks = tuple(ranks)
 
 
+# ULFM's name for it (MPI class ERR_PROC_FAILED): survivors catch it, then revoke, shrink or agree.
+ProcFailedError = LostPeerError
+
+
+class RevokedError(GpucollError):
+    """The communicator was revoked (comm.revoke() on any rank): every pending and later
+    operation on it raises this; shrink() still works (MPI's ERR_REVOKED)."""
+
+
 class SpawnError(GpucollError):
     """Processes could not be spawned: no launcher that starts them, too many, a command that
     cannot run or that ended before it joined (MPI's ERR_SPAWN)."""
@@ -75,7 +85,8 @@ class MismatchError(InvalidUsageError):
 # The exceptions are public as gpucoll.<Name> (gpucoll/__init__.py): tracebacks, reprs and pickles
 # name them so, not by the module that happens to define them.
 for _cls in (GpucollError, ConfigError, InvalidUsageError, BootstrapError, StoreError, AuthenticationError,
-             TimeoutError, SharedMemoryError, LostPeerError, TruncationError, MismatchError, SpawnError):
+             TimeoutError, SharedMemoryError, LostPeerError, TruncationError, MismatchError, SpawnError,
+             RevokedError):
     _cls.__module__ = "gpucoll"
 del _cls
 
@@ -94,6 +105,8 @@ def native_error(status, what, ranks=(), detail="", waited=None, err_no=0):
     elif status == NATIVE_TIMEOUT:
         after = f" after {waited:.3g} s" if waited is not None else ""
         err = TimeoutError(f"{what}: timed out{after}{f' waiting for {who}' if ranks else ''}{more}")
+    elif status == NATIVE_REVOKED:
+        err = RevokedError(f"{what}: the communicator was revoked")
     elif status == NATIVE_MISMATCH:
         err = MismatchError(f"{what}{f': {detail}' if detail else ''}; {MISMATCH_RULE}")
     elif status == NATIVE_USAGE:

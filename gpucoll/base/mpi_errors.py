@@ -69,6 +69,7 @@ def error_string_of(code):
 # The class of gpucoll's own errors, by the name of the nearest class in their MRO that has one.
 _KIND_CLASS = {"InvalidUsageError": INTEGERS["ERR_ARG"], "LostPeerError": INTEGERS["ERR_PROC_FAILED"],
                "TruncationError": INTEGERS["ERR_TRUNCATE"], "SpawnError": INTEGERS["ERR_SPAWN"],
+               "RevokedError": INTEGERS["ERR_REVOKED"],
                "MismatchError": INTEGERS["ERR_OTHER"], "TimeoutError": INTEGERS["ERR_OTHER"]}
 
 

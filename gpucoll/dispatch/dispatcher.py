@@ -87,6 +87,11 @@ class Dispatcher:
         if self._gpu is not None:
             self._gpu.quiesce()
 
+    def revoke(self):
+        """Fail the waits of this communicator's collectives on this host (ULFM's revoke)."""
+        if self.direct is not None:
+            self.direct.revoke()
+
     def close(self):
         self.queue.close()
         if self._gpu is not None:

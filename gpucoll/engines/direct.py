@@ -98,6 +98,10 @@ class DirectEngine:
 
         return HostFast(self.group(), hooks, IN_PLACE, np.ndarray, ops.Op, dtypes.CODES)
 
+    def revoke(self):
+        if self._group is not None:
+            self._group.revoke()
+
     def close(self):
         if self._group is not None:
             self._group.close()

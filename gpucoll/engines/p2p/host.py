@@ -24,7 +24,7 @@ import numpy as np
 
 from ..._native import p2p as _engine
 from ...base import config, log
-from ...base.errors import GpucollError, InvalidUsageError, LostPeerError, TruncationError
+from ...base.errors import GpucollError, InvalidUsageError, LostPeerError, RevokedError, TruncationError
 from ...base.errors import TimeoutError as GpucollTimeout
 from ...base.request import CompletedRequest, Request, Status  # noqa: F401 (Status: gpucoll.engines.p2p.host.Status)
 
@@ -206,6 +206,8 @@ class PointToPoint:
             what = "Recv from" if req._op == "recv" else "Send to"
             why = self._engine.why_lost(self._world[peer], "Recv" if req._op == "recv" else "Send")
             return LostPeerError(f"{what} rank {peer}: {why}", ranks=[peer])
+        if err == native.REVOKED:
+            return RevokedError(f"{req.name} on rank {comm_rank}: communicator {self.view.name} was revoked")
         if err == native.NOMEM:
             return MemoryError(f"{req.name}: out of memory")
         return GpucollError(f"{req.name}: point-to-point status {err}")
@@ -350,6 +352,10 @@ class PointToPoint:
     def unexpected(self):
         """How many arrived messages of this communicator wait for a receive."""
         return self._native.unexpected(self._key)
+
+    def revoke(self):
+        """Fail this communicator's pending receives and the offers made to it (ULFM's revoke)."""
+        self._native.revoke(self._key)
 
     def close(self):
         try:
