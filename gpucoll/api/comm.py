@@ -79,7 +79,8 @@ class Communicator(ShortCalls):
         self._fast = FastPaths()  # the packed fast paths (host, gpu) the engines install
         self._view = CommView(context, comm_id, self.rank, self.size, self.local_size, self._world_ranks,
                               self._stats, self._fast, exchange=self.allgather, exchange_into=self.Allgather,
-                              barrier=self.Barrier, run=self._run, free=self.Free, subgroup=self._subgroup)
+                              barrier=self.Barrier, run=self._run, free=self.Free, subgroup=self._subgroup,
+                              revoked=self._revoked_elsewhere)
         self._dispatch = Dispatcher(self._view)
         self._p2p = _p2p.PointToPoint(self._view, _gpu_point_to_point)
         # The short paths of host point to point (gpucoll._native.p2p.ShortPaths): a message in
@@ -129,6 +130,12 @@ class Communicator(ShortCalls):
         """Fault tolerance's calls work on a revoked communicator, not on a freed one."""
         if self._released or (self._freed and not self._revoked):
             raise InvalidUsageError(f"{what}: {self._unusable[1]}")
+
+    def _revoked_elsewhere(self):
+        """A wait found that another rank revoked this communicator before this rank heard of it."""
+        from .fault import revoke_here
+
+        revoke_here(self._id)
 
     def _revoke_here(self):
         """Every later call raises RevokedError; pending ones on this host fail now (the

@@ -16,7 +16,7 @@ import json
 import time
 
 from ..base.call import describe
-from ..base.errors import GpucollError, LostPeerError, MismatchError
+from ..base.errors import GpucollError, LostPeerError, MismatchError, RevokedError
 from ..base.errors import TimeoutError as GpucollTimeout
 from ..base.ranks import ranges
 
@@ -46,6 +46,8 @@ class Diagnosis:
         None when it failed before one was chosen)."""
         h = self.view
         err = exc
+        if isinstance(exc, RevokedError):
+            h.revoked()   # every later call raises it too, before any wait
         if algo not in (None, "hierarchical"):
             err = self._call_failed(exc)
         if isinstance(err, GpucollTimeout) and not getattr(err, "ranks", ()):

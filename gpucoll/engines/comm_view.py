@@ -29,15 +29,16 @@ class CommView:
     """A communicator as its engines see it (see the module docstring)."""
 
     __slots__ = ("ctx", "id", "name", "rank", "size", "local_size", "world_ranks", "stats", "fast",
-                 "exchange", "exchange_into", "barrier", "run", "free", "_subgroup")
+                 "exchange", "exchange_into", "barrier", "run", "free", "revoked", "_subgroup")
 
     def __init__(self, ctx, comm_id, rank, size, local_size, world_ranks, stats, fast, *, exchange,
-                 exchange_into, barrier, run, free, subgroup):
+                 exchange_into, barrier, run, free, subgroup, revoked):
         self.ctx, self.id, self.name = ctx, comm_id, comm_id
         self.rank, self.size, self.local_size, self.world_ranks = rank, size, local_size, tuple(world_ranks)
         self.stats, self.fast = stats, fast
         self.exchange, self.exchange_into, self.barrier = exchange, exchange_into, barrier
         self.run, self.free = run, free  # run(call): a blocking collective on this communicator
+        self.revoked = revoked  # revoked(): a wait found the communicator revoked by another rank
         self._subgroup = subgroup
 
     def subgroup(self, comm_id, world_ranks):

@@ -1,10 +1,11 @@
-"""The fault-tolerance calls of MPI 5 (ULFM) on communicators, for a job without failures.
+"""The fault-tolerance calls of MPI 5 (ULFM) on communicators: gpucoll/api/fault.py's, with
+mpi4py's names.
 
-gpucoll does not recover from a lost rank: an operation that needs it raises LostPeerError and
-gpurun ends the job. So a communicator in use never holds failed ranks: Get_failed is empty,
-Ack_failed acknowledges none, Agree is the bitwise AND of every rank's flag (both groups of an
-intercommunicator), Shrink a Dup. Revoke, which must interrupt the other ranks' pending calls,
-is not supported (unsupported.py).
+Revoke, Is_revoked, Shrink, Agree, Get_failed and Ack_failed are the gpucoll communicator's
+revoke, is_revoked, shrink, agree, failed and ack_failed. On an intercommunicator, Revoke
+revokes both groups' communicators; Shrink and Agree there are the failure-free forms (a Dup,
+the AND of both groups' flags). Iagree, nonblocking, is an all-reduce on a communicator of its
+own: it does not tolerate a failure during it (Agree does).
 """
 import numpy as np
 
@@ -38,26 +39,30 @@ class FaultTolerance:
 
     __slots__ = ()
 
+    def Revoke(self):
+        """Make every pending and later operation on this communicator raise an MPI.Exception of
+        class ERR_REVOKED, on every rank."""
+        self._c("Revoke").revoke()
+        if self._s.inter is not None:
+            self._s.inter.bridge.revoke()
+
     def Is_revoked(self):
-        self._c("Is_revoked")
-        return False
+        return self._c("Is_revoked").is_revoked()
 
     def Get_failed(self):
-        self._c("Get_failed")
-        return Group._from_ranks(())
+        return Group._from_ranks(tuple(self._c("Get_failed").failed()))
 
     def Ack_failed(self, num_to_ack=None):
-        self._c("Ack_failed")
-        return 0
+        return self._c("Ack_failed").ack_failed(num_to_ack)
 
     def Agree(self, flag):
-        """The bitwise AND of every rank's integer flag (collective)."""
+        """The bitwise AND of every surviving rank's integer flag (collective)."""
         flag = int(flag)
-        value = _band(self.allgather(flag))
         inter = self._s.inter
-        if inter is not None:  # allgather gave the remote group's flags: add this group's
-            value &= _band(self._s.core.allgather(flag))
-        return value
+        if inter is None:
+            return self._c("Agree").agree(flag)
+        value = _band(self.allgather(flag))  # the remote group's flags, then this group's
+        return value & _band(self._s.core.allgather(flag))
 
     def Iagree(self, flag):
         """Agree on a buffer of one C int, which holds the result once the request completes."""
@@ -78,8 +83,10 @@ class FaultTolerance:
         return Request._of(Composite([state], finish, "Iagree"))
 
     def Shrink(self):
-        """A communicator of the live ranks: all of them (a Dup)."""
-        return self.Dup()
+        """A communicator of the surviving ranks (collective over them)."""
+        if self._s is not None and self._s.inter is not None:
+            return self.Dup()
+        return kind("Intracomm")._wrap(self._c("Shrink").shrink())
 
     def Ishrink(self):
-        return self.Dup(), Request._of(done(name="Ishrink"))
+        return self.Shrink(), Request._of(done(name="Ishrink"))

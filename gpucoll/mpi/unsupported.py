@@ -27,7 +27,6 @@ FEATURES = [
     ("reduce-scatter across an intercommunicator",
      _on("Intercomm", "Reduce_scatter Reduce_scatter_block Ireduce_scatter Ireduce_scatter_block "
                       "Reduce_scatter_init Reduce_scatter_block_init")),
-    ("revoking communicators (ULFM)", _on("Comm", "Revoke")),
     ("hardware resource information (MPI 4.1)", ["Get_hw_resource_info"]),
     ("access to C-level MPI handles", ["_addressof", "_handleof", "_sizeof", "_datatype_create",
                                        "_datatype_decode"]),

@@ -207,6 +207,7 @@ class PointToPoint:
             why = self._engine.why_lost(self._world[peer], "Recv" if req._op == "recv" else "Send")
             return LostPeerError(f"{what} rank {peer}: {why}", ranks=[peer])
         if err == native.REVOKED:
+            self.view.revoked()   # a receiver refused this send: its revoke reached this rank first
             return RevokedError(f"{req.name} on rank {comm_rank}: communicator {self.view.name} was revoked")
         if err == native.NOMEM:
             return MemoryError(f"{req.name}: out of memory")
