@@ -6,7 +6,7 @@ NP ?= 4
 STAMP := $(VENV)/.installed
 SOURCES := pyproject.toml setup.py $(wildcard cython_src/*.pyx cython_src/*.pxd cython_src/include/*.h)
 
-.PHONY: install demo docs-environment test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref test-mpi4py-demos bench bench-many bench-vector bench-request-cost bench-gloo bench-launch bench-spawn bench-ofi bench-multihost bench-p2p bench-p2p-mpi bench-p2p-mpi-alloc bench-p2p-hosts bench-reproduce bench-gpu calibrate-gpu calibrate-host clean
+.PHONY: install demo docs-environment test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref test-mpi4py-demos bench bench-many bench-vector bench-request-cost bench-gloo bench-launch bench-spawn bench-shrink bench-ofi bench-multihost bench-p2p bench-p2p-mpi bench-p2p-mpi-alloc bench-p2p-hosts bench-reproduce bench-gpu calibrate-gpu calibrate-host clean
 
 install: $(STAMP)
 
@@ -174,6 +174,13 @@ bench-multihost: $(STAMP) test-deps
 bench-spawn: $(STAMP)
 	@mkdir -p $(BENCH_OUT)
 	$(PY) benchmarks/bench_spawn.py --reps $(REPEATS) --json $(BENCH_OUT)/spawn.json
+
+# From a rank's SIGKILL to a working shrunk communicator: gpurun --on-failure=continue beside
+# Open MPI's ULFM (mpiexec --with-ft ulfm), 4 ranks (NP_SHRINK=8 for more).
+NP_SHRINK ?= 4
+bench-shrink: $(STAMP)
+	@mkdir -p $(BENCH_OUT)
+	$(PY) benchmarks/bench_shrink.py --np $(NP_SHRINK) --jobs $$(( $(REPEATS) * 3 )) --json $(BENCH_OUT)/shrink.json
 
 bench-launch: $(STAMP)
 	@mkdir -p $(BENCH_OUT)

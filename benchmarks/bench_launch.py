@@ -24,7 +24,6 @@ import argparse
 import importlib.util
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import tempfile
 import time
 
 from gpucoll.bench import context, summary
+from gpucoll.bench.launchers import beside_python
 
 TORCHRUN_MAX = 32
 PROGRAMS = {
@@ -51,12 +51,6 @@ PROGRAMS["mpiexec+numpy"] = "import numpy\n" + PROGRAMS["mpiexec"]
 PROGRAMS["gpurun --no-preload"] = PROGRAMS["gpurun"]
 BARE = ("import os, sys\n"
         "sys.stdout.write((os.environ.get('RANK') or os.environ['OMPI_COMM_WORLD_RANK']) + '\\n')\n")
-
-
-def beside_python(name):
-    """The console script `name` installed with this interpreter, else one on PATH."""
-    path = os.path.join(os.path.dirname(sys.executable), name)
-    return path if os.access(path, os.X_OK) else shutil.which(name)
 
 
 def launchers(script_dir, bare=False):

@@ -18,13 +18,13 @@ or fails is left out with the reason, and the exit status is then 1.
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 
 from gpucoll.bench import context
+from gpucoll.bench.launchers import beside_python
 
 PARENT = """import sys, time
 import numpy
@@ -45,11 +45,6 @@ parent = MPI.Comm.Get_parent()
 parent.Barrier()
 parent.Disconnect()
 """
-
-
-def beside_python(name):
-    path = os.path.join(os.path.dirname(sys.executable), name)
-    return path if os.access(path, os.X_OK) else shutil.which(name)
 
 
 def launchers():

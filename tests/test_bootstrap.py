@@ -208,3 +208,23 @@ def test_one_host_name_on_two_machines_makes_two_hosts():
         ["a", "b", "a#2", "a", "a#3"]
     boot, netns, shm = machine_key().split("/")
     assert boot and netns == str(os.stat("/proc/self/ns/net").st_ino), machine_key()
+
+
+@pytest.mark.parametrize("environ, job_id, one_host", [
+    ({"GPUCOLL_RANK": "1", "GPUCOLL_SIZE": "2", "GPUCOLL_STORE": "127.0.0.1:5000", "GPUCOLL_STORE_SECRET": "ab" * 16,
+      "GPUCOLL_JOB_ID": "f00d"}, "f00d", False),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_STEP_ID": "3", "SLURM_JOB_ID": "77",
+      "SLURM_STEP_NODELIST": "node[1-2]"}, "77.3", False),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "8",
+      "SLURM_STEP_NODELIST": "node1"}, "8.0", True),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"},
+     "10.0.0.1-29500", True),
+])
+def test_each_launch_names_its_job_and_whether_it_spans_hosts(environ, job_id, one_host):
+    # The job id names the job's shared-memory segments, which gpurun removes at the end of the
+    # job by that name (a rank that died early leaves one); one_host picks where a rank's own
+    # store listens (loopback only for a job on one host).
+    from gpucoll.bootstrap.detect import detect
+
+    info = detect(environ)
+    assert (info.job_id, info.one_host) == (job_id, one_host)

@@ -10,7 +10,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RUN = os.path.join(HERE, "mpi4py_suite", "run.py")
 SAMPLE = ("test_package", "test_doc", "test_dynproc", "test_objmodel", "test_address", "test_status", "test_request", "test_op",
           "test_info", "test_group", "test_errorcode", "test_msgzero", "test_cco_obj", "test_p2p_obj_matched", "test_comm", "test_comm_topo", "test_cco_ngh_obj",
-          "test_comm_inter", "test_cco_obj_inter", "test_win", "test_session")
+          "test_comm_inter", "test_cco_obj_inter", "test_win", "test_session", "test_ulfm")
 
 
 def _run(*args, timeout):

@@ -115,12 +115,15 @@ def agree(comm, flag):
 
 
 def failed(comm):
-    """The ranks of comm known to have failed (recorded by gpurun, or seen ended on this host)."""
+    """The ranks of comm known to have failed: those gpurun recorded under --on-failure=continue
+    (a rank that ended well is not one), else those whose process this host sees ended."""
     comm._check_not_freed("failed")
     store = _store(comm)
-    gone = failures.failed_world_ranks(store) if store is not None else set()
+    if store is not None and config.ON_FAILURE.get() == "continue":
+        gone = failures.failed_world_ranks(store)
+        return [r for r, w in enumerate(comm.world_ranks) if w in gone]
     has_ended = comm._ctx.has_ended
-    return [r for r, w in enumerate(comm.world_ranks) if w in gone or has_ended(w)]
+    return [r for r, w in enumerate(comm.world_ranks) if has_ended(w)]
 
 
 def ack_failed(comm, count=None):

@@ -94,8 +94,8 @@ def _from_gpurun(environ):
     _check_rank(rank, size, "GPUCOLL_RANK", "GPUCOLL_SIZE")
     host, port = _split_address(config.STORE.get(environ), "GPUCOLL_STORE")
     return LaunchInfo("gpurun", rank, size, config.LOCAL_RANK.get(environ), config.LOCAL_SIZE.get(environ),
-                      host, port, bytes.fromhex(config.STORE_SECRET.get(environ)), False,
-                      config.JOB_ID.get(environ) or f"{host}-{port}", spawn=_spawn(environ))
+                      host, port, bytes.fromhex(config.STORE_SECRET.get(environ)), host_store=False,
+                      job_id=config.JOB_ID.get(environ) or f"{host}-{port}", spawn=_spawn(environ))
 
 
 def _spawn(environ):
@@ -157,7 +157,8 @@ def _from_slurm(environ):
         local_size = counts[int(node_id)]
     identity = f"slurm:{job_id}.{step_id}"
     return LaunchInfo("slurm", rank, size, local_rank, local_size, host, port,
-                      _secret(environ, identity), host_store, f"{job_id}.{step_id}", len(set(nodes)) == 1)
+                      _secret(environ, identity), host_store=host_store, job_id=f"{job_id}.{step_id}",
+                      one_host=len(set(nodes)) == 1)
 
 
 def _torchrun_present(environ):
@@ -189,7 +190,8 @@ def _from_torchrun(environ):
     local_size = int(environ["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in environ else None
     identity = f"torchrun:{host}:{port}:{environ.get('TORCHELASTIC_RUN_ID', '')}"
     return LaunchInfo("torchrun", rank, size, local_rank, local_size, host, port,
-                      _secret(environ, identity), host_store, f"{host}-{port}", local_size == size)
+                      _secret(environ, identity), host_store=host_store, job_id=f"{host}-{port}",
+                      one_host=local_size == size)
 
 
 def _singleton(environ):

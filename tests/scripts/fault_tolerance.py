@@ -1,0 +1,162 @@
+"""Rank program of tests/test_fault_tolerance.py: ranks that die for real (SIGKILL) and survivors
+that revoke, shrink and agree. Each survivor prints one RESULT line (JSON).
+
+    loop VICTIMS STEP [SEED]   1,000 all-reduces; the world ranks in VICTIMS (comma-separated) kill
+                               themselves at STEP (-1: each at a step and then a delay of up to 2 ms
+                               drawn from SEED, wherever it is then); survivors check every sum
+    shrink-death VICTIM OTHER  VICTIM dies at step 200; OTHER dies at a random moment while the
+                               others shrink (a timer started as it enters its recovery)
+    revoke KIND                rank 1 revokes a Dup while the others wait in it: recv | barrier | send
+    agree VICTIM               VICTIM dies; the survivors agree, list and acknowledge the failure
+    misuse                     revoke and shrink on a freed communicator; shrink and agree without
+                               a failure
+"""
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+
+import gpucoll
+
+STEPS = 1000
+
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def die_within(seconds, rng):
+    timer = threading.Timer(rng.uniform(0, seconds), die)
+    timer.daemon = True
+    timer.start()
+
+
+def report(**fields):
+    print("RESULT " + json.dumps(fields), flush=True)
+
+
+def recover(comm, errors):
+    """Revoke and shrink until a shrunk communicator runs an all-reduce (a rank may die meanwhile)."""
+    while True:
+        comm.revoke()
+        comm = comm.shrink()
+        probe = np.ones(1)
+        try:
+            comm.Allreduce(gpucoll.IN_PLACE, probe)
+        except (gpucoll.ProcFailedError, gpucoll.RevokedError) as exc:
+            errors.append(type(exc).__name__)
+            continue
+        assert probe[0] == comm.size, (probe[0], comm.size)
+        return comm
+
+
+def loop(comm, victims, at, seed, on_recovery=None):
+    me = comm.world_ranks[comm.rank]
+    rng = random.Random(seed * 1000 + me)
+    timer_at = rng.randrange(50, 900) if me in victims and at < 0 else -1
+    x = np.empty(1024, np.int64)
+    errors, sizes, step = [], [], 0
+    while step < STEPS:
+        if me in victims and step == at:
+            die()
+        if step == timer_at:   # the death lands inside an all-reduce, between two, or in a recovery
+            die_within(0.002, rng)
+            timer_at = -1
+        x[:] = me + step
+        try:
+            comm.Allreduce(gpucoll.IN_PLACE, x)
+        except (gpucoll.ProcFailedError, gpucoll.RevokedError) as exc:
+            errors.append(type(exc).__name__)
+            if on_recovery is not None:
+                on_recovery(me)
+            comm = recover(comm, errors)
+            sizes.append(comm.size)
+            continue
+        want = sum(comm.world_ranks) + step * comm.size
+        assert (x == want).all(), (step, int(x[0]), want, comm.world_ranks)
+        step += 1
+    return comm, errors, sizes
+
+
+def main():
+    mode, args = sys.argv[1], sys.argv[2:]
+    world = gpucoll.COMM_WORLD
+    comm = world.Dup()
+    if mode == "loop":
+        victims = {int(v) for v in args[0].split(",")}
+        comm, errors, sizes = loop(comm, victims, int(args[1]), int(args[2]) if len(args) > 2 else 0)
+        report(world=list(comm.world_ranks), errors=errors, sizes=sizes)
+    elif mode == "shrink-death":
+        victim, other = int(args[0]), int(args[1])
+        rng = random.Random(world.rank)
+
+        def maybe_die(me):
+            if me == other:
+                die_within(0.005, rng)
+        comm, errors, sizes = loop(comm, {victim}, 200, 0, on_recovery=maybe_die)
+        report(world=list(comm.world_ranks), errors=errors, sizes=sizes)
+    elif mode == "revoke":
+        kind = args[0]
+        comm.Barrier()
+        started = time.monotonic()
+        got = None
+        if world.rank == 1:
+            time.sleep(0.3)
+            comm.revoke()
+        else:
+            try:
+                if kind == "recv":
+                    comm.Recv(np.empty(4), source=1)
+                elif kind == "barrier":
+                    comm.Barrier()
+                else:
+                    comm.Send(np.ones(1 << 20), dest=1)   # a rendezvous: rank 1 never receives it
+                got = "no error"
+            except gpucoll.RevokedError as exc:
+                got = type(exc).__name__
+        waited = time.monotonic() - started
+        try:
+            comm.Allreduce(gpucoll.IN_PLACE, np.ones(2))
+            later = "no error"
+        except gpucoll.RevokedError:
+            later = "RevokedError"
+        new = comm.shrink()
+        total = np.ones(3)
+        new.Allreduce(gpucoll.IN_PLACE, total)
+        comm.Free()
+        report(got=got, waited=waited, later=later, revoked=comm.is_revoked(), size=new.size, total=float(total[0]))
+    elif mode == "agree":
+        victim = int(args[0])
+        if world.rank == victim:
+            die()
+        x = np.ones(8)
+        try:
+            comm.Allreduce(gpucoll.IN_PLACE, x)
+            raised = None
+        except gpucoll.ProcFailedError as exc:
+            raised = [type(exc).__name__, list(exc.ranks)]
+        flag = comm.agree(0b1111 if world.rank % 2 else 0b0111)
+        report(raised=raised, flag=flag, failed=comm.failed(), acked=comm.ack_failed(), acked0=comm.ack_failed(0))
+    elif mode == "misuse":
+        same = comm.shrink()
+        flag = comm.agree(6 - world.rank)
+        done = {"shrunk": [same.rank, same.size], "flag": flag, "failed": comm.failed()}
+        comm.Free()
+        for name in ("revoke", "shrink"):
+            try:
+                getattr(comm, name)()
+                done[name] = "no error"
+            except gpucoll.InvalidUsageError as exc:
+                done[name] = str(exc)
+        report(**done)
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""Surviving lost ranks (gpurun --on-failure=continue; gpucoll/api/fault.py), with real ranks
+that die by SIGKILL (tests/scripts/fault_tolerance.py): survivors of a loop of 1,000 exact
+all-reduces revoke, shrink and finish, whether one rank dies, two at once, one at a random
+moment (inside a collective or a recovery), or one while the others shrink; revoke reaches
+ranks blocked in a receive, a barrier or a rendezvous send; agree and failed agree on every
+survivor; misuse and the job's end are reported. Nothing is left in /dev/shm."""
+import glob
+import os
+
+import pytest
+
+from conftest import run_job
+
+CONTINUE = ("--on-failure=continue",)
+
+
+@pytest.fixture
+def no_leftover_segments():
+    before = set(glob.glob("/dev/shm/gpucoll-*"))
+    yield
+    left = set(glob.glob("/dev/shm/gpucoll-*")) - before
+    assert not left, f"shared-memory segments left behind: {sorted(left)}"
+
+
+def survivors(job, expected):
+    results = job.json_lines()
+    assert sorted(results) == expected, job.describe()
+    for rank in expected:
+        assert f"gpurun: rank {rank} " not in job.stderr, job.describe()
+    return results
+
+
+@pytest.mark.parametrize("victims, step", [("2", 300), ("1,3", 500), ("0", 10)])
+def test_survivors_shrink_and_finish_exact_sums(no_leftover_segments, victims, step):
+    job = run_job(4, "fault_tolerance.py", "loop", victims, step, launcher_args=CONTINUE, timeout=60).check()
+    dead = sorted(int(v) for v in victims.split(","))
+    alive = [r for r in range(4) if r not in dead]
+    for rank, got in survivors(job, alive).items():
+        assert got["world"] == alive and got["sizes"] == [len(alive)], (rank, got)
+        # the death itself, or the revoke of a survivor that saw it first
+        assert got["errors"][0] in ("LostPeerError", "RevokedError"), (rank, got)
+    for rank in dead:
+        assert f"gpurun: rank {rank} (pid" in job.stderr and "SIGKILL" in job.stderr, job.describe()
+    assert "the job goes on without it (--on-failure=continue)" in job.stderr
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_death_at_a_random_moment_leaves_one_consistent_communicator(no_leftover_segments, seed):
+    # Two victims, each at its own random step and then up to 2 ms later: inside an all-reduce,
+    # between two, or during the other's recovery. Every sum the loop checked was exact.
+    job = run_job(4, "fault_tolerance.py", "loop", "1,2", -1, seed, launcher_args=CONTINUE, timeout=60).check()
+    results = survivors(job, [0, 3])
+    assert {tuple(got["world"]) for got in results.values()} == {(0, 3)}, job.describe()
+    assert all(got["sizes"][-1] == 2 for got in results.values()), job.describe()
+
+
+def test_a_rank_dying_while_the_others_shrink(no_leftover_segments):
+    job = run_job(4, "fault_tolerance.py", "shrink-death", 1, 3, launcher_args=CONTINUE, timeout=60).check()
+    results = survivors(job, [0, 2])
+    for got in results.values():
+        assert got["world"] == [0, 2] and got["sizes"][-1] == 2, job.describe()
+
+
+@pytest.mark.parametrize("kind", ["recv", "barrier", "send"])
+def test_revoke_wakes_ranks_blocked_on_the_communicator(no_leftover_segments, kind):
+    job = run_job(3, "fault_tolerance.py", "revoke", kind, launcher_args=CONTINUE, timeout=60).check()
+    results = job.json_lines()
+    assert sorted(results) == [0, 1, 2], job.describe()
+    for rank, got in results.items():
+        assert got["later"] == "RevokedError" and got["revoked"] is True, (rank, got)
+        assert got["size"] == 3 and got["total"] == 3.0, (rank, got)
+        if rank != 1:  # blocked until rank 1 revoked, 0.3 s after they started waiting
+            assert got["got"] == "RevokedError" and 0.25 < got["waited"] < 5, (rank, got)
+
+
+def test_agree_failed_and_ack_failed_after_a_death():
+    job = run_job(4, "fault_tolerance.py", "agree", 2, launcher_args=CONTINUE, timeout=60).check()
+    for rank, got in survivors(job, [0, 1, 3]).items():
+        assert got["raised"] == ["LostPeerError", [2]], (rank, got)
+        assert got["flag"] == 0b0111, (rank, got)   # the AND of 0b0111 (rank 0) and 0b1111 (1, 3): not 2's
+        assert got["failed"] == [2] and got["acked"] == 1 and got["acked0"] == 1, (rank, got)
+
+
+def test_without_a_failure_shrink_is_a_dup_and_misuse_is_named():
+    job = run_job(3, "fault_tolerance.py", "misuse", launcher_args=CONTINUE, timeout=60).check()
+    for rank, got in job.json_lines().items():
+        assert got["shrunk"] == [rank, 3] and got["flag"] == (6 & 5 & 4) and got["failed"] == [], got
+        for name in ("revoke", "shrink"):
+            assert got[name] == f"{name}: communicator world.d1 was freed; create a new one with Dup() or Split()"
+
+
+def test_every_rank_failing_still_fails_the_job(tmp_path):
+    script = tmp_path / "crash.py"
+    script.write_text("import gpucoll\ngpucoll.COMM_WORLD.Barrier()\nraise SystemExit(3)\n")
+    job = run_job(2, str(script), launcher_args=CONTINUE, timeout=60)
+    assert job.returncode == 3, job.describe()
+    assert "the job goes on without it" in job.stderr and "failed first" in job.stderr, job.describe()
+
+
+def test_continue_is_refused_across_hosts():
+    job = run_job(2, "fault_tolerance.py", "misuse", launcher_args=("--on-failure=continue", "--hosts", "a:1,b:1"),
+                  timeout=30)
+    assert job.returncode == 2 and "--on-failure=continue runs on one host" in job.stderr, job.describe()
