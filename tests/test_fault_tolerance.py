@@ -63,7 +63,7 @@ def test_a_rank_dying_while_the_others_shrink(no_leftover_segments):
 
 @pytest.mark.parametrize("kind", ["recv", "barrier", "send"])
 def test_revoke_wakes_ranks_blocked_on_the_communicator(no_leftover_segments, kind):
-    job = run_job(3, "fault_tolerance.py", "revoke", kind, launcher_args=CONTINUE, timeout=60).check()
+    job = run_job(3, "fault_tolerance.py", "revoke", kind, launcher_args=CONTINUE, timeout=30).check()
     results = job.json_lines()
     assert sorted(results) == [0, 1, 2], job.describe()
     for rank, got in results.items():
