@@ -151,13 +151,16 @@ RANK_COUNT = RankCount()
               help="What a rank that fails does to the job: end it (stop every rank, report the failure), or "
                    "continue: the others go on, can revoke, shrink and agree (docs/fault-tolerance.md); gpurun then "
                    "exits 0 if any rank ended well. One host only.")
+@click.option("--respawn", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="Start a replacement for a failed rank, at most N in all (implies --on-failure=continue): it "
+                   "runs the program again and joins the survivors' grow() (docs/fault-tolerance.md).")
 @click.option("-v", "--verbose", is_flag=True, help="Say on stderr how the ranks were bound and started, or why "
               "not.")
 @click.version_option(__version__, "-V", "--version", prog_name="gpurun")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="PROGRAM [ARGS]...")
 def gpurun(nprocs, module, tag_output, output_dir, timeout, grace, exports, command, hosts, hostfile,
            launcher, launcher_cmd, nnodes, node_rank, master, bind_to, preload, no_preload, universe_size,
-           on_failure, verbose):
+           on_failure, respawn, verbose):
     import os
 
     from .env import parse_exports
@@ -178,10 +181,11 @@ def gpurun(nprocs, module, tag_output, output_dir, timeout, grace, exports, comm
         module, command = command[0], command[1:]
     opts = Options(nprocs, command, module=module or None, tag_output=tag_output, output_dir=output_dir,
                    timeout=timeout, grace=grace, exports=exported, bind_to=bind_to, verbose=verbose,
-                   preload=preload, universe_size=universe_size, on_failure=on_failure)
+                   preload=preload, universe_size=universe_size,
+                   on_failure="continue" if respawn else on_failure, respawn=respawn)
     if multi is None:
         raise SystemExit(launch(opts))
-    if on_failure != "end":
+    if opts.on_failure != "end":
         raise click.UsageError("--on-failure=continue runs on one host (leave out --hosts, --hostfile and --nnodes)")
     if multi.launcher == "agent":
         from .agent import run_agent

@@ -44,17 +44,20 @@ def common_environ(base, size, local_size, store_host, store_port, secret_hex, j
     return env
 
 
-def rank_environ(common, rank, local_rank, exports, threads=None, spawn=None):
+def rank_environ(common, rank, local_rank, exports, threads=None, spawn=None, replaces=None):
     """One rank's environment; -x values come last and win. No GPU is assigned: a rank's
     collectives run on the GPU its buffers are on (docs/gpu.md, "Which GPU a rank uses"), and
     CUDA_VISIBLE_DEVICES is left alone so that every rank sees every GPU and CUDA IPC works.
     `threads` (binding.threads_per_rank) becomes OMP_NUM_THREADS unless gpurun's environment
     has it: OpenMP and OpenBLAS size their pools by it. `spawn` (a process that MPI's Spawn
-    started): (the spawn's number, the first world rank of its processes)."""
+    started): (the spawn's number, the first world rank of its processes). `replaces` (a process
+    that gpurun --respawn started for a failed rank): (the failed rank's world rank, its own)."""
     env = dict(common)
     env["GPUCOLL_RANK"] = env["RANK"] = str(rank)
     if spawn is not None:
         env["GPUCOLL_SPAWN"] = f"{spawn[0]}:{spawn[1]}"
+    if replaces is not None:
+        env["GPUCOLL_REPLACES"] = f"{replaces[0]}:{replaces[1]}"
     env["GPUCOLL_LOCAL_RANK"] = env["LOCAL_RANK"] = str(local_rank)
     if threads is not None and "OMP_NUM_THREADS" not in common:
         env["OMP_NUM_THREADS"] = str(threads)

@@ -40,7 +40,7 @@ class Options:
 
     def __init__(self, nprocs, command, module=None, tag_output=True, output_dir=None,
                  timeout=None, grace=3.0, exports=(), bind_to=None, verbose=False, preload=None,
-                 universe_size=None, on_failure="end"):
+                 universe_size=None, on_failure="end", respawn=0):
         self.nprocs = nprocs
         self.command = list(command)
         self.module = module
@@ -56,6 +56,7 @@ class Options:
         self.universe_size = universe_size or default_universe_size(nprocs)
         self.universe_size_given = universe_size  # MPI.UNIVERSE_SIZE where given, else COMM_WORLD's size
         self.on_failure = on_failure  # "end": a failed rank ends the job; "continue": the others go on
+        self.respawn = respawn        # replacements gpurun may start for failed ranks (with "continue")
 
 
 def default_universe_size(nprocs):
@@ -199,6 +200,7 @@ class Job:
         self.spawner = None            # the SpawnService, where processes may be spawned
         self.failures = None           # the FailureBoard, under --on-failure=continue
         self.tolerated = []            # the Ranks that failed while the job went on
+        self.respawns_left = opts.respawn
 
     # --- starting -------------------------------------------------------------------
     def add(self, rank):
@@ -304,6 +306,24 @@ class Job:
             self.failures.record(rank.rank)
             self.stderr.write(f"gpurun: rank {rank.rank} (pid {rank.pid}) ended with {report.how_it_ended(rank.returncode)}; "
                               "the job goes on without it (--on-failure=continue)\n".encode())
+            self._replace(rank.rank)
+
+    def _replace(self, failed):
+        """Start a replacement for world rank `failed` if --respawn allows one more; the
+        survivors' grow() reads the answer either way."""
+        if self.respawns_left <= 0 or self.spawner is None:
+            self.failures.replaced(failed, None, f"gpurun --respawn {self.opts.respawn}: no replacement left"
+                                   if self.opts.respawn else "gpurun was not given --respawn")
+            return
+        self.respawns_left -= 1
+        try:
+            w = self.spawner.replace(self, failed)
+        except LaunchError as exc:
+            self.failures.replaced(failed, None, f"the replacement could not start: {exc}")
+            return
+        self.failures.replaced(failed, w)
+        self.stderr.write(f"gpurun: started rank {w} to replace rank {failed} (--respawn: {self.respawns_left} "
+                          "left)\n".encode())
 
     def _stop(self, reason, signum=signal.SIGTERM):
         """Begin ending the job: `signum` to every group now, SIGKILL after --grace."""

@@ -95,6 +95,21 @@ class SpawnService:
                 i += 1
         return base
 
+    def replace(self, job, failed_world_rank):
+        """Start the job's program again as a replacement for a failed rank (gpurun --respawn): the
+        next world rank, alone in its own COMM_WORLD until the survivors grow a communicator with
+        it (gpucoll/api/fault.py). Returns its world rank."""
+        w = self.next_rank
+        self.next_rank += 1
+        argv = program_argv(self._opts.command, self._opts.module)
+        common = envmod.common_environ(self._common, 1, 1, *_store_parts(self._common))
+        env = envmod.rank_environ(common, 0, 0, self._opts.exports, replaces=(failed_world_rank, w))
+        rank = self._zygote.start(w, argv, env) if self._zygote else None
+        if rank is None:
+            rank = start_rank(w, argv, env)
+        job.add(rank)
+        return w
+
     def ended_early(self, rank):
         """Whether `rank`, which failed, is a spawned process that had not joined yet: then its
         parents' root hears of it (and raises it from Spawn) and the job goes on."""

@@ -84,9 +84,36 @@ def test_agree_failed_and_ack_failed_after_a_death():
 def test_without_a_failure_shrink_is_a_dup_and_misuse_is_named():
     job = run_job(3, "fault_tolerance.py", "misuse", launcher_args=CONTINUE, timeout=60).check()
     for rank, got in job.json_lines().items():
-        assert got["shrunk"] == [rank, 3] and got["flag"] == (6 & 5 & 4) and got["failed"] == [], got
+        assert got["shrunk"] == got["grown"] == [rank, 3] and got["flag"] == (6 & 5 & 4) and got["failed"] == [], got
+        assert got["rejoin"].startswith("rejoin(): this process is not a replacement"), got
         for name in ("revoke", "shrink"):
             assert got[name] == f"{name}: communicator world.d1 was freed; create a new one with Dup() or Split()"
+
+
+@pytest.mark.parametrize("respawn, replacement_dies, world", [
+    (1, False, [0, 1, 4, 3]),      # the replacement (world rank 4) at the failed rank's number
+    (2, True, [0, 1, 5, 3]),       # the first replacement dies as it starts: its own replacement joins
+    (1, True, [0, 1, 3]),          # no replacement left: grow leaves the place out
+])
+def test_respawned_replacement_takes_the_failed_ranks_place(no_leftover_segments, respawn, replacement_dies, world):
+    args = ("respawn", 2, 300) + (("dies",) if replacement_dies else ())
+    job = run_job(4, "fault_tolerance.py", *args, launcher_args=("--respawn", respawn), timeout=60).check()
+    results = survivors(job, sorted(world))
+    for w, got in results.items():
+        assert got["world"] == world and got["rank"] == world.index(w), (w, got)
+        if w < 4:
+            assert got["sizes"][-1] == len(world) and got["replaces"] is None, (w, got)
+        else:  # a replacement: it started at the step the survivors had reached
+            assert got["replaces"] == (2 if w == 4 else 4) and got["started"] == 300 and got["errors"] == [], got
+    assert "gpurun: started rank 4 to replace rank 2" in job.stderr, job.describe()
+
+
+def test_a_replacement_without_the_job_secret_is_refused():
+    job = run_job(2, "fault_tolerance.py", "impostor", launcher_args=CONTINUE, timeout=60).check()
+    got = job.json_lines()
+    assert got[1] == {"total": 2.0}, job.describe()
+    assert got[0]["total"] == 2.0 and got[0]["code"] != 0 and not got[0]["joined"], job.describe()
+    assert "secret" in got[0]["stderr"], got[0]["stderr"]
 
 
 def test_every_rank_failing_still_fails_the_job(tmp_path):

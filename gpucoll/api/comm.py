@@ -250,6 +250,14 @@ class Communicator(ShortCalls):
 
         return fault.agree(self, flag)
 
+    def grow(self):
+        """After shrink(): the communicator of the ranks before the shrinks, each failed rank's
+        place taken by the replacement gpurun --respawn started for it (collective with the
+        replacements' gpucoll.rejoin())."""
+        from . import fault
+
+        return fault.grow(self)
+
     def failed(self):
         """The ranks of this communicator known to have failed."""
         from . import fault

@@ -18,15 +18,21 @@ survivors that take part, from the liveness the transports already watch; under
   with RevokedError.
 - shrink and agree: one agreement through the store (gpucoll/bootstrap/failures.py): every
   survivor gets the same failed set and value, even when a rank dies during it.
+- grow (`gpurun --respawn N`): gpurun starts the program again for each failed rank, at most N
+  times; the replacement calls gpucoll.rejoin() where the survivors call comm.grow() on their
+  shrunk communicator, and both get a communicator of the size before the failures, each
+  replacement at the number of the rank it replaces (gpucoll.replaces() says which).
 
 Without a store (a script run alone, or a job bootstrapped by MPI) no rank can be recorded
 failed and nothing is propagated: shrink is a Dup, agree the AND of every rank's flag, revoke
 local to this process and its host.
 """
+import json
 import threading
+import time
 
 from ..base import config, log
-from ..base.errors import InvalidUsageError
+from ..base.errors import InvalidUsageError, ProcFailedError
 from ..base.errors import TimeoutError as GpucollTimeout
 from ..base.ranks import ranges
 from ..bootstrap import failures
@@ -105,7 +111,10 @@ def shrink(comm):
         log.info("FT", "shrink of %s: rank(s) %s failed, %d survive", comm._id, ranges(sorted(failed)), len(survivors))
     from .comm import Communicator
 
-    return Communicator(comm._ctx, f"{comm._id}.k{state['agreements']}", survivors)
+    shrunk = Communicator(comm._ctx, f"{comm._id}.k{state['agreements']}", survivors)
+    # what grow() gives back: the communicator's ranks before any of its shrinks
+    shrunk._ft = {"agreements": 0, "acked": 0, "origin": state.get("origin") or list(comm.world_ranks)}
+    return shrunk
 
 
 def agree(comm, flag):
@@ -137,6 +146,96 @@ def ack_failed(comm, count=None):
         raise InvalidUsageError(f"ack_failed: count must be >= 0, not {count}")
     state["acked"] = max(state["acked"], min(count, known))
     return state["acked"]
+
+
+def grow(comm):
+    """The communicator of comm's ranks before its shrinks, each failed rank's place taken by
+    the replacement gpurun --respawn started for it (or left out where gpurun started none):
+    collective over comm's ranks and the replacements, which call rejoin(). Without failures
+    since the shrinks, a duplicate."""
+    from .comm import Communicator
+
+    comm._check_not_freed("grow")
+    store = _store(comm)
+    if store is None:
+        raise InvalidUsageError("grow: replacements come from gpurun --respawn; this job has no gpurun store")
+    start_watcher(comm._ctx)
+    state = _ft_state(comm)
+    state["agreements"] += 1
+    origin = state.get("origin") or list(comm.world_ranks)
+    cid = f"{comm._id}.g{state['agreements']}"
+    timeout, ctx = config.TIMEOUT.get(), comm._ctx
+    present = set(comm.world_ranks)
+    members = []
+    for w in origin:
+        members.append(w if w in present else _replacement_of(store, w, timeout))
+    members = [w for w in members if w is not None]
+    record = {"comm": cid, "members": members,
+              "entries": {str(w): ctx.entries[w] for w in members if w in present}}
+    # The first survivor's view wins: a replacement that fails meanwhile is seen by some only.
+    record = json.loads(store.compare_set(f"gpucoll/ft/grow/{cid}", None, json.dumps(record).encode()))
+    members = record["members"]
+    joining = [w for w in members if w not in present]
+    for w in joining:
+        store.compare_set(failures.grown_key(w), None, json.dumps(record).encode())
+    for w in joining:
+        ctx.learn({w: _announced(store, w, members.index(w), timeout)})
+    log.info("FT", "grow of %s: %s take the places of failed ranks; size %d", comm._id,
+             ", ".join(map(str, joining)) or "no replacement", len(members))
+    return Communicator(ctx, cid, members)
+
+
+def _replacement_of(store, world_rank, timeout):
+    """The live replacement of failed `world_rank` (following replacements that failed too), or
+    None where gpurun started none."""
+    while True:
+        answer = json.loads(store.get(failures.replacement_key(world_rank), timeout=timeout))
+        if "none" in answer:
+            log.info("FT", "no replacement for rank %d: %s", world_rank, answer["none"])
+            return None
+        world_rank = answer["world_rank"]
+        if world_rank not in failures.failed_world_ranks(store):
+            return world_rank
+
+
+def _announced(store, world_rank, position, timeout):
+    """The entry of replacement `world_rank`, once it has started (ProcFailedError if it failed first)."""
+    from ..bootstrap import spawns
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return spawns.look_up(store, world_rank, 0.05)
+        except GpucollTimeout:
+            if world_rank in failures.failed_world_ranks(store):
+                raise ProcFailedError(f"grow: the replacement (world rank {world_rank}) for rank {position} "
+                                      "failed before it joined; shrink and grow again", ranks=[position]) from None
+            if time.monotonic() > deadline:
+                raise
+
+
+def replaces():
+    """In a process that gpurun --respawn started: the world rank of the failed rank it replaces
+    (call rejoin() to take its place); None elsewhere."""
+    from . import world
+
+    return world.init().seam.context.replaces
+
+
+def rejoin():
+    """In a replacement (replaces() is not None): the communicator that the survivors' grow()
+    makes, with this process at the failed rank's number (collective with their grow())."""
+    from . import world
+    from .comm import Communicator
+
+    ctx = world.init().seam.context
+    if ctx.replaces is None:
+        raise InvalidUsageError("rejoin(): this process is not a replacement (gpucoll.replaces() is None); "
+                                "ranks that survived a failure call grow() on their communicator")
+    start_watcher(ctx)
+    record = json.loads(ctx.boot.store.get(failures.grown_key(ctx.rank), timeout=config.TIMEOUT.get()))
+    ctx.learn({int(w): e for w, e in record["entries"].items() if int(w) != ctx.rank})
+    return Communicator(ctx, record["comm"], record["members"])
 
 
 # --- the watcher --------------------------------------------------------------------------------

@@ -33,7 +33,8 @@ class Context:
         self.boot = boot
         self.job_id = boot.job_id
         spawn = getattr(boot.info, "spawn", None)
-        base = spawn[1] if spawn else 0
+        replaces = getattr(boot.info, "replaces", None)
+        base = spawn[1] if spawn else replaces[1] if replaces else 0
         self.rank, self.size = base + boot.rank, base + boot.size
         self.world_ranks = range(base, base + boot.size)
         self.secret = boot.info.secret or _fresh_secret(boot)
@@ -63,6 +64,11 @@ class Context:
             self.spawn_parents, parents = spawns.join(boot.store, spawn[0], boot.rank, self.rank,
                                                       self.entries[self.rank], config.INIT_TIMEOUT.get())
             self._record(parents)  # before any parent is reached
+        self.replaces = replaces[0] if replaces else None  # the failed world rank this process replaces
+        if replaces:  # the survivors' grow() looks this process up (fault.py)
+            from ..bootstrap import spawns
+
+            spawns.announce(boot.store, self.rank, self.entries[self.rank])
         from ..engines.p2p.host import ProcessP2P
 
         self.p2p = ProcessP2P(self)  # point to point of every communicator (after the table: links need it)
@@ -189,7 +195,8 @@ def init():
             started = time.monotonic()
             ctx = Context(connect())
             spawn = getattr(ctx.boot.info, "spawn", None)
-            _world = Communicator(ctx, f"spawn{spawn[0]}" if spawn else "world", ctx.world_ranks)
+            name = f"spawn{spawn[0]}" if spawn else f"replace{ctx.rank}" if ctx.replaces is not None else "world"
+            _world = Communicator(ctx, name, ctx.world_ranks)
             store = getattr(ctx.boot, "store", None)
             log.info("BOOTSTRAP", "COMM_WORLD ready in %.1f ms after %d store request(s)",
                      (time.monotonic() - started) * 1e3, store.requests if store is not None else 0)

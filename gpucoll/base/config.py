@@ -176,6 +176,9 @@ SPAWN = declare("GPUCOLL_SPAWN", "str", None,
                 "Set by gpurun in the processes that MPI's Spawn started: the spawn's number and the "
                 "first world rank of its processes (k:base).", launcher=True)
 JOB_ID = declare("GPUCOLL_JOB_ID", "str", None, "Identifier of the job, used in names.", launcher=True)
+REPLACES = declare("GPUCOLL_REPLACES", "str", None,
+                   "Set by gpurun --respawn in a replacement process: the world rank of the failed rank it "
+                   "replaces and its own (dead:new).", launcher=True)
 ON_FAILURE = declare("GPUCOLL_ON_FAILURE", "choice", "end",
                      "Set by gpurun --on-failure: end (a failed rank ends the job) or continue (the job goes on; "
                      "each rank watches for revoked communicators from the start, docs/fault-tolerance.md).",

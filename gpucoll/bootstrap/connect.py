@@ -145,6 +145,8 @@ class StoreBootstrap(Bootstrap):
         self._server = None
         # The processes of a spawn (MPI's Spawn) join their own COMM_WORLD under keys of their own.
         self._ns = f"spawn/{info.spawn[0]}/" if info.spawn else ""
+        if info.replaces:  # a replacement (gpurun --respawn) joins a COMM_WORLD of its own too
+            self._ns = f"replace/{info.replaces[1]}/"
         from .store import StoreClient
 
         if info.host_store and info.rank == 0:  # rank 0 serves (torchrun-style): only it loads the server

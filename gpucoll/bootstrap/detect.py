@@ -41,6 +41,7 @@ class LaunchInfo:
     one_host: bool = False    # the launcher says every rank runs on this host
     job_id: str = "local"
     spawn: Optional[tuple] = None  # (spawn number, first world rank) in a process MPI's Spawn started
+    replaces: Optional[tuple] = None  # (failed world rank, own world rank) in a replacement (gpurun --respawn)
 
 
 def _int(environ, name, what):
@@ -95,17 +96,24 @@ def _from_gpurun(environ):
     host, port = _split_address(config.STORE.get(environ), "GPUCOLL_STORE")
     return LaunchInfo("gpurun", rank, size, config.LOCAL_RANK.get(environ), config.LOCAL_SIZE.get(environ),
                       host, port, bytes.fromhex(config.STORE_SECRET.get(environ)), host_store=False,
-                      job_id=config.JOB_ID.get(environ) or f"{host}-{port}", spawn=_spawn(environ))
+                      job_id=config.JOB_ID.get(environ) or f"{host}-{port}", spawn=_spawn(environ),
+                      replaces=_pair(config.REPLACES, environ))
 
 
 def _spawn(environ):
-    text = config.SPAWN.get(environ)
+    return _pair(config.SPAWN, environ)
+
+
+def _pair(var, environ):
+    """(a, b) of a variable that gpurun sets to a:b (GPUCOLL_SPAWN, GPUCOLL_REPLACES), or None."""
+    text = var.get(environ)
     if text is None:
         return None
-    k, _, base = text.partition(":")
-    if not (k.isdigit() and base.isdigit()):
-        raise BootstrapError(f"GPUCOLL_SPAWN={text!r} is not k:base (gpurun sets it in spawned processes).")
-    return int(k), int(base)
+    a, _, b = text.partition(":")
+    if not (a.isdigit() and b.isdigit()):
+        raise BootstrapError(f"{var.name}={text!r} is not two integers a:b (gpurun sets it in the processes "
+                             "it starts during a job).")
+    return int(a), int(b)
 
 
 def _mpi_present(environ):

@@ -30,6 +30,17 @@ def revoke_key(n):
     return f"gpucoll/ft/revoke/{n}"
 
 
+def replacement_key(world_rank):
+    """gpurun's answer for failed `world_rank`: {"world_rank": its replacement} or {"none": why}."""
+    return f"gpucoll/ft/replacement/{world_rank}"
+
+
+def grown_key(world_rank):
+    """The communicator that the survivors' grow() made with replacement `world_rank`:
+    {"comm": id, "members": world ranks, "entries": {world rank: entry}}."""
+    return f"gpucoll/ft/grown/{world_rank}"
+
+
 def failed_world_ranks(store):
     """The world ranks gpurun has recorded as failed (an empty set before any, or without gpurun)."""
     if not store.num_keys(FAILED):
@@ -101,4 +112,9 @@ class FailureBoard:
     def record(self, world_rank):
         self.failed.append(world_rank)
         self._server.put_threadsafe(FAILED, json.dumps(self.failed).encode())
+
+    def replaced(self, world_rank, replacement, why=None):
+        """Say which world rank replaces failed `world_rank` (None: none will, because `why`)."""
+        answer = {"world_rank": replacement} if replacement is not None else {"none": why}
+        self._server.put_threadsafe(replacement_key(world_rank), json.dumps(answer).encode())
 

@@ -97,11 +97,16 @@ def _failed(store, k):
         return None
 
 
+def announce(store, world_rank, entry):
+    """Make this process's entry known to any process of the job (look_up)."""
+    store.set(universe_key(world_rank), json.dumps(entry).encode())
+
+
 def join(store, k, index, world_rank, entry, timeout):
     """In a child: tell the parents this process's entry; return the parents' record
     (their world ranks, and {world rank: entry})."""
     record = _load(store.get(key(k, "parents"), timeout=timeout))
-    store.set(universe_key(world_rank), json.dumps(entry).encode())
+    announce(store, world_rank, entry)
     store.set(key(k, f"child/{index}"), json.dumps(entry).encode())
     return record["ranks"], {int(w): e for w, e in record["entries"].items()}
 

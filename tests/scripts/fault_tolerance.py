@@ -6,10 +6,16 @@ that revoke, shrink and agree. Each survivor prints one RESULT line (JSON).
                                drawn from SEED, wherever it is then); survivors check every sum
     shrink-death VICTIM OTHER  VICTIM dies at step 200; OTHER dies at a random moment while the
                                others shrink (a timer started as it enters its recovery)
+    respawn VICTIM STEP [FIRST-REPLACEMENT-DIES]
+                               under gpurun --respawn: VICTIM dies at STEP; the survivors shrink and
+                               grow with its replacement, which rejoins at the step they reached;
+                               every sum is that of the full world (the first replacement may die
+                               as it starts: the survivors then shrink and grow again)
     revoke KIND                rank 1 revokes a Dup while the others wait in it: recv | barrier | send
     agree VICTIM               VICTIM dies; the survivors agree, list and acknowledge the failure
-    misuse                     revoke and shrink on a freed communicator; shrink and agree without
-                               a failure
+    misuse                     revoke and shrink on a freed communicator; shrink, grow and agree
+                               without a failure; rejoin outside a replacement
+    impostor                   rank 0 starts a would-be replacement with a wrong secret
 """
 import json
 import os
@@ -83,9 +89,50 @@ def loop(comm, victims, at, seed, on_recovery=None):
     return comm, errors, sizes
 
 
+def respawn(victim, at, first_replacement_dies):
+    """The loop of a job that keeps its size: a replacement takes the failed rank's place."""
+    world = gpucoll.COMM_WORLD
+    me = world.world_ranks[world.rank]
+    if first_replacement_dies and gpucoll.replaces() == victim:   # its own replacement then lives
+        die()
+    if gpucoll.replaces() is not None:
+        comm = gpucoll.rejoin()
+        step = comm.allreduce(-1, op=gpucoll.MAX)   # the step the survivors reached
+        started = step
+    else:
+        comm, step, started = world.Dup(), 0, None
+    x = np.empty(1024, np.int64)
+    errors, sizes = [], []
+    while step < STEPS:
+        if me == victim and step == at:
+            die()
+        x[:] = comm.rank + step
+        try:
+            comm.Allreduce(gpucoll.IN_PLACE, x)
+        except (gpucoll.ProcFailedError, gpucoll.RevokedError) as exc:
+            errors.append(type(exc).__name__)
+            while True:
+                comm = recover(comm, errors)
+                try:
+                    comm = comm.grow()
+                    step = comm.allreduce(step, op=gpucoll.MAX)
+                    break
+                except (gpucoll.ProcFailedError, gpucoll.RevokedError) as again:  # the replacement died
+                    errors.append(type(again).__name__)
+            sizes.append(comm.size)
+            continue
+        want = comm.size * (comm.size - 1) // 2 + step * comm.size
+        assert (x == want).all(), (step, int(x[0]), want, comm.world_ranks)
+        step += 1
+    report(world=list(comm.world_ranks), rank=comm.rank, errors=errors, sizes=sizes, started=started,
+           replaces=gpucoll.replaces())
+
+
 def main():
     mode, args = sys.argv[1], sys.argv[2:]
     world = gpucoll.COMM_WORLD
+    if mode == "respawn":
+        return respawn(int(args[0]), int(args[1]), len(args) > 2)
     comm = world.Dup()
     if mode == "loop":
         victims = {int(v) for v in args[0].split(",")}
@@ -144,8 +191,15 @@ def main():
         report(raised=raised, flag=flag, failed=comm.failed(), acked=comm.ack_failed(), acked0=comm.ack_failed(0))
     elif mode == "misuse":
         same = comm.shrink()
+        grown = same.grow()
         flag = comm.agree(6 - world.rank)
-        done = {"shrunk": [same.rank, same.size], "flag": flag, "failed": comm.failed()}
+        done = {"shrunk": [same.rank, same.size], "grown": [grown.rank, grown.size], "flag": flag,
+                "failed": comm.failed()}
+        try:
+            gpucoll.rejoin()
+            done["rejoin"] = "no error"
+        except gpucoll.InvalidUsageError as exc:
+            done["rejoin"] = str(exc)
         comm.Free()
         for name in ("revoke", "shrink"):
             try:
@@ -154,6 +208,20 @@ def main():
             except gpucoll.InvalidUsageError as exc:
                 done[name] = str(exc)
         report(**done)
+    elif mode == "impostor":
+        import subprocess
+
+        if world.rank == 0:
+            env = dict(os.environ, GPUCOLL_STORE_SECRET="00" * 16, GPUCOLL_REPLACES="1:9", GPUCOLL_RANK="0",
+                       GPUCOLL_SIZE="1", GPUCOLL_INIT_TIMEOUT="10")
+            proc = subprocess.run([sys.executable, "-c", "import gpucoll; gpucoll.init(); print('JOINED')"],
+                                  env=env, capture_output=True, text=True, timeout=60)
+            got = {"code": proc.returncode, "joined": "JOINED" in proc.stdout, "stderr": proc.stderr[-600:]}
+        else:
+            got = {}
+        x = np.ones(4)
+        world.Allreduce(gpucoll.IN_PLACE, x)   # the job itself goes on
+        report(total=float(x[0]), **got)
     else:
         raise SystemExit(f"unknown mode {mode}")
 
