@@ -27,7 +27,7 @@ _EXPORTS = {
     "TimeoutError": "base.errors", "LostPeerError": "base.errors", "MismatchError": "base.errors",
     "SharedMemoryError": "base.errors", "TruncationError": "base.errors", "SpawnError": "base.errors",
     "ProcFailedError": "base.errors", "RevokedError": "base.errors",
-    "parent": "api.world", "replaces": "api.fault", "rejoin": "api.fault",
+    "parent": "api.world", "replaces": "api.world", "rejoin": "api.world",
 }
 
 __all__ = ["COMM_WORLD", *_EXPORTS]

@@ -25,9 +25,12 @@ def parse_exports(items, environ):
     return out
 
 
-def common_environ(base, size, local_size, store_host, store_port, secret_hex, job_id):
-    """The variables every rank shares, on top of `base` (gpurun's own environment)."""
+def common_environ(base, size, local_size, store_host, store_port, secret_hex, job_id, on_failure=None):
+    """The variables every rank shares, on top of `base` (gpurun's own environment, or the
+    job's common variables for the processes started during the job: `on_failure` None keeps
+    theirs)."""
     env = dict(base)
+    env["GPUCOLL_ON_FAILURE"] = on_failure or base.get("GPUCOLL_ON_FAILURE") or "end"
     env.update({
         "GPUCOLL_SIZE": str(size),
         "GPUCOLL_LOCAL_SIZE": str(local_size),

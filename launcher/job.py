@@ -81,9 +81,7 @@ def launch(opts):
         store, host, secret_hex = _open_store()
         job_id = secrets.token_hex(6)
         common = envmod.common_environ(
-            os.environ, opts.nprocs, opts.nprocs, host, store.port, secret_hex, job_id)
-        if opts.on_failure == "continue":
-            common["GPUCOLL_ON_FAILURE"] = "continue"
+            os.environ, opts.nprocs, opts.nprocs, host, store.port, secret_hex, job_id, opts.on_failure)
         job = Job(opts, inbox)
         if opts.on_failure == "continue":
             job.failures = failures.FailureBoard(store)

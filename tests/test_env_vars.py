@@ -85,9 +85,11 @@ def test_docs_environment_is_made_from_the_declarations():
 
 
 def test_gpurun_sets_the_variables_declared_as_its_own():
-    common = launcher_env.common_environ({}, 4, 2, "node1", 29500, "00" * 16, "job")
-    rank = launcher_env.rank_environ(common, 3, 1, {}, spawn=(2, 8))  # a spawned process gets them all
-    assert {k for k in rank if k.startswith("GPUCOLL_")} == {var.name for var in config.ALL if var.launcher}
+    common = launcher_env.common_environ({}, 4, 2, "node1", 29500, "00" * 16, "job", "continue")
+    spawned = launcher_env.rank_environ(common, 3, 1, {}, spawn=(2, 8))
+    replacement = launcher_env.rank_environ(common, 0, 0, {}, replaces=(2, 9))
+    assert {k for k in (*spawned, *replacement) if k.startswith("GPUCOLL_")} == \
+        {var.name for var in config.ALL if var.launcher}
 
 
 def test_the_checkers_find_a_planted_name_and_an_unread_declaration(tmp_path):

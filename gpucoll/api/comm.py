@@ -12,7 +12,6 @@ numbers it and picks the engine. Blocking methods return when the result is in p
 """
 import os
 import pickle
-import weakref
 
 import numpy as np
 
@@ -27,6 +26,7 @@ from ..dispatch.dispatcher import Dispatcher
 from ..engines.comm_view import CommView, FastPaths
 from ..engines.p2p import host as _p2p
 from ..engines.p2p.host import ShortCalls
+from . import fault
 
 
 UNDEFINED = -32766  # Split colour that leaves a rank out of every new communicator
@@ -36,17 +36,9 @@ UNDEFINED = -32766  # Split colour that leaves a rank out of every new communica
 # (both get wrong results), so the child marks every inherited communicator unusable as it
 # starts; the per-call check is the one `_check_alive` already makes, and the fast paths are
 # dropped, so they cost nothing more.
-_LIVE = weakref.WeakSet()
-
-
 def _after_fork_in_child():
-    for comm in list(_LIVE):
+    for comm in list(fault.LIVE):
         comm._forked()
-
-
-def live_communicators():
-    """This process's communicators that are not freed."""
-    return [comm for comm in list(_LIVE) if not comm._released]
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -92,7 +84,7 @@ class Communicator(ShortCalls):
         self._children = 0  # Split/Dup counter: names children identically on every rank
         self._group = None     # inside comm.group(): the _Group collecting deferred operations
         self.seam = CommSeam(self)
-        _LIVE.add(self)
+        fault.LIVE.add(self)
 
     # --- identity ---------------------------------------------------------------
     def Get_rank(self):
@@ -133,9 +125,7 @@ class Communicator(ShortCalls):
 
     def _revoked_elsewhere(self):
         """A wait found that another rank revoked this communicator before this rank heard of it."""
-        from .fault import revoke_here
-
-        revoke_here(self._id)
+        fault.revoke_here(self._id)
 
     def _revoke_here(self):
         """Every later call raises RevokedError; pending ones on this host fail now (the
@@ -229,8 +219,6 @@ class Communicator(ShortCalls):
     def revoke(self):
         """Make every pending and later operation on this communicator raise RevokedError, on
         every rank (ULFM's MPI_Comm_revoke). shrink() still works."""
-        from . import fault
-
         fault.revoke(self)
 
     def is_revoked(self):
@@ -239,35 +227,25 @@ class Communicator(ShortCalls):
     def shrink(self):
         """A new communicator of the surviving ranks, the same on each of them (collective over
         the survivors; ULFM's MPI_Comm_shrink). With no failure, a duplicate."""
-        from . import fault
-
         return fault.shrink(self)
 
     def agree(self, flag):
         """The bitwise AND of the survivors' integer flags, the same on every survivor
         (collective over the survivors; ULFM's MPI_Comm_agree)."""
-        from . import fault
-
         return fault.agree(self, flag)
 
     def grow(self):
         """After shrink(): the communicator of the ranks before the shrinks, each failed rank's
         place taken by the replacement gpurun --respawn started for it (collective with the
         replacements' gpucoll.rejoin())."""
-        from . import fault
-
         return fault.grow(self)
 
     def failed(self):
         """The ranks of this communicator known to have failed."""
-        from . import fault
-
         return fault.failed(self)
 
     def ack_failed(self, count=None):
         """Acknowledge the first `count` failed ranks (all when None); how many are acknowledged."""
-        from . import fault
-
         return fault.ack_failed(self, count)
 
     # --- groups ---------------------------------------------------------------------

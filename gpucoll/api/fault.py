@@ -30,6 +30,7 @@ local to this process and its host.
 import json
 import threading
 import time
+import weakref
 
 from ..base import config, log
 from ..base.errors import InvalidUsageError, ProcFailedError
@@ -38,6 +39,14 @@ from ..base.ranks import ranges
 from ..bootstrap import failures
 
 _watcher = []          # the watcher thread of this process, once started
+# Every communicator of this process (gpucoll/api/comm.py adds each), for the watcher's revocations
+# and for the forked child, which must disable what it inherited.
+LIVE = weakref.WeakSet()
+
+
+def live_communicators():
+    """This process's communicators that are not freed."""
+    return [comm for comm in list(LIVE) if not comm._released]
 _watcher_lock = threading.Lock()
 
 
@@ -67,8 +76,6 @@ def revoke(comm):
 def revoke_here(comm_id):
     """Revoke communicator `comm_id` in this process: it and the sub-communicators its
     hierarchical collectives run on (not its Dups and Splits, which are communicators of their own)."""
-    from .comm import live_communicators
-
     for comm in live_communicators():
         cid = comm._id
         if cid == comm_id or cid == f"{comm_id}.leaders" or cid.startswith(f"{comm_id}.host"):
@@ -109,9 +116,7 @@ def shrink(comm):
     survivors = [w for r, w in enumerate(comm.world_ranks) if r not in failed]
     if failed:
         log.info("FT", "shrink of %s: rank(s) %s failed, %d survive", comm._id, ranges(sorted(failed)), len(survivors))
-    from .comm import Communicator
-
-    shrunk = Communicator(comm._ctx, f"{comm._id}.k{state['agreements']}", survivors)
+    shrunk = type(comm)(comm._ctx, f"{comm._id}.k{state['agreements']}", survivors)
     # what grow() gives back: the communicator's ranks before any of its shrinks
     shrunk._ft = {"agreements": 0, "acked": 0, "origin": state.get("origin") or list(comm.world_ranks)}
     return shrunk
@@ -153,8 +158,6 @@ def grow(comm):
     the replacement gpurun --respawn started for it (or left out where gpurun started none):
     collective over comm's ranks and the replacements, which call rejoin(). Without failures
     since the shrinks, a duplicate."""
-    from .comm import Communicator
-
     comm._check_not_freed("grow")
     store = _store(comm)
     if store is None:
@@ -182,7 +185,7 @@ def grow(comm):
         ctx.learn({w: _announced(store, w, members.index(w), timeout)})
     log.info("FT", "grow of %s: %s take the places of failed ranks; size %d", comm._id,
              ", ".join(map(str, joining)) or "no replacement", len(members))
-    return Communicator(ctx, cid, members)
+    return type(comm)(ctx, cid, members)
 
 
 def _replacement_of(store, world_rank, timeout):
@@ -212,30 +215,6 @@ def _announced(store, world_rank, position, timeout):
                                       "failed before it joined; shrink and grow again", ranks=[position]) from None
             if time.monotonic() > deadline:
                 raise
-
-
-def replaces():
-    """In a process that gpurun --respawn started: the world rank of the failed rank it replaces
-    (call rejoin() to take its place); None elsewhere."""
-    from . import world
-
-    return world.init().seam.context.replaces
-
-
-def rejoin():
-    """In a replacement (replaces() is not None): the communicator that the survivors' grow()
-    makes, with this process at the failed rank's number (collective with their grow())."""
-    from . import world
-    from .comm import Communicator
-
-    ctx = world.init().seam.context
-    if ctx.replaces is None:
-        raise InvalidUsageError("rejoin(): this process is not a replacement (gpucoll.replaces() is None); "
-                                "ranks that survived a failure call grow() on their communicator")
-    start_watcher(ctx)
-    record = json.loads(ctx.boot.store.get(failures.grown_key(ctx.rank), timeout=config.TIMEOUT.get()))
-    ctx.learn({int(w): e for w, e in record["entries"].items() if int(w) != ctx.rank})
-    return Communicator(ctx, record["comm"], record["members"])
 
 
 # --- the watcher --------------------------------------------------------------------------------

@@ -261,6 +261,30 @@ def parent():
     return _parent[0]
 
 
+def replaces():
+    """In a process that gpurun --respawn started: the world rank of the failed rank it replaces
+    (call rejoin() to take its place); None elsewhere."""
+    return init().seam.context.replaces
+
+
+def rejoin():
+    """In a replacement (replaces() is not None): the communicator that the survivors' grow()
+    makes, with this process at the failed rank's number (collective with their grow();
+    gpucoll/api/fault.py)."""
+    from ..bootstrap import failures
+    from .comm import Communicator
+    from .fault import start_watcher
+
+    ctx = init().seam.context
+    if ctx.replaces is None:
+        raise InvalidUsageError("rejoin(): this process is not a replacement (gpucoll.replaces() is None); "
+                                "ranks that survived a failure call grow() on their communicator")
+    start_watcher(ctx)
+    record = json.loads(ctx.boot.store.get(failures.grown_key(ctx.rank), timeout=config.TIMEOUT.get()))
+    ctx.learn({int(w): e for w, e in record["entries"].items() if int(w) != ctx.rank})
+    return Communicator(ctx, record["comm"], record["members"])
+
+
 def world():
     if _world is None:
         raise InvalidUsageError("gpucoll is not initialised: call gpucoll.init() or use gpucoll.COMM_WORLD")

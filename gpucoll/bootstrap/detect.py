@@ -97,21 +97,21 @@ def _from_gpurun(environ):
     return LaunchInfo("gpurun", rank, size, config.LOCAL_RANK.get(environ), config.LOCAL_SIZE.get(environ),
                       host, port, bytes.fromhex(config.STORE_SECRET.get(environ)), host_store=False,
                       job_id=config.JOB_ID.get(environ) or f"{host}-{port}", spawn=_spawn(environ),
-                      replaces=_pair(config.REPLACES, environ))
+                      replaces=_pair(config.REPLACES.name, config.REPLACES.get(environ)))
 
 
 def _spawn(environ):
-    return _pair(config.SPAWN, environ)
+    return _pair(config.SPAWN.name, config.SPAWN.get(environ))
 
 
-def _pair(var, environ):
-    """(a, b) of a variable that gpurun sets to a:b (GPUCOLL_SPAWN, GPUCOLL_REPLACES), or None."""
-    text = var.get(environ)
+def _pair(name, text):
+    """(a, b) of variable `name`'s value `text`, which gpurun sets to a:b (GPUCOLL_SPAWN,
+    GPUCOLL_REPLACES), or None when unset."""
     if text is None:
         return None
     a, _, b = text.partition(":")
     if not (a.isdigit() and b.isdigit()):
-        raise BootstrapError(f"{var.name}={text!r} is not two integers a:b (gpurun sets it in the processes "
+        raise BootstrapError(f"{name}={text!r} is not two integers a:b (gpurun sets it in the processes "
                              "it starts during a job).")
     return int(a), int(b)
 
