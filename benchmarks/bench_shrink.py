@@ -10,9 +10,10 @@ one rank writes the time and kills itself with SIGKILL at a step drawn per job; 
 catches the error, Revokes, Shrinks and runs one all-reduce on the shrunk communicator (its sum
 checked), notes the time, and finishes the loop on it. A job's figure is the time from the kill
 to the last survivor's first good all-reduce (one clock: every rank is on this host). The
-launchers take turns; the table gives the median and range over the jobs, and Open MPI's median
-/ gpucoll's. A launcher that is missing or whose job fails is left out with the reason, and the
-exit status is then 1.
+launchers take turns; the table gives the median and range over the jobs that recovered, Open
+MPI's median / gpucoll's, and the jobs that did not recover (a hang past --timeout, a crash),
+each listed below the table with its reason. A launcher that is missing is left out with the
+reason; the exit status is 1 when anything was left out or failed.
 """
 import argparse
 import json
@@ -101,46 +102,51 @@ def main():
     parser.add_argument("--np", type=int, default=4, help="ranks (4)")
     parser.add_argument("--jobs", type=int, default=5, help="jobs of each launcher (5)")
     parser.add_argument("--seed", type=int, default=1, help="draws the victim and its step (1)")
-    parser.add_argument("--timeout", type=float, default=120, help="seconds one job may take (120)")
+    parser.add_argument("--timeout", type=float, default=60, help="seconds one job may take (60)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     jobs, missing = launchers(args.np), []
-    times = {}
+    times, failed = {}, {}
     for name, job in list(jobs.items()):
         if isinstance(job, str):
             missing.append(f"{name}: {job}")
             del jobs[name]
         else:
-            times[name] = []
+            times[name], failed[name] = [], []
     with tempfile.TemporaryDirectory(prefix="bench-shrink-") as tmp:
         program, stamp = os.path.join(tmp, "loop.py"), os.path.join(tmp, "killed")
         with open(program, "w") as f:
             f.write(PROGRAM)
         for _ in range(args.jobs):
             victim, at = rng.randrange(args.np), rng.randrange(50, 950)
-            for name in [n for n in jobs if n in times]:
+            for name in jobs:
                 try:
                     times[name].append(run_once(*jobs[name], program, victim, at, stamp, args.np - 1, args.timeout))
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
-                    missing.append(f"{name}: {exc}")
-                    del times[name]
+                    failed[name].append(f"rank {victim} killed at step {at}: {exc}")
     print(f"# From a rank's SIGKILL to a working shrunk communicator, {args.np} ranks "
           f"({context.cpu_model()}, {os.cpu_count()} CPUs)")
-    print(f"{'library':<18} {'median ms':>9}  {'range ms':>15}  {'/ gpucoll':>9}  jobs")
+    print(f"{'library':<18} {'median ms':>9}  {'range ms':>15}  {'/ gpucoll':>9}  {'recovered':>9}")
     base = statistics.median(times["gpucoll (gpurun)"]) if times.get("gpucoll (gpurun)") else None
     for name, got in times.items():
+        runs = f"{len(got)} of {len(got) + len(failed[name])}"
         if not got:
+            print(f"{name:<18} {'-':>9}  {'-':>15}  {'-':>9}  {runs:>9}")
             continue
         med = statistics.median(got)
         ratio = f"{med / base:.2f}x" if base else "-"
-        print(f"{name:<18} {med * 1e3:>9.1f}  {min(got) * 1e3:>6.1f}-{max(got) * 1e3:<8.1f}  {ratio:>9}  {len(got)}")
+        print(f"{name:<18} {med * 1e3:>9.1f}  {min(got) * 1e3:>6.1f}-{max(got) * 1e3:<8.1f}  {ratio:>9}  {runs:>9}")
+    for name, reasons in failed.items():
+        for reason in reasons:
+            print(f"did not recover, {name}: {reason}")
     for line in missing:
         print(f"left out: {line}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"context": context.describe(), "np": args.np, "seconds": times, "missing": missing}, f, indent=1)
-    return 1 if missing else 0
+            json.dump({"context": context.describe(), "np": args.np, "seconds": times, "failed": failed,
+                       "missing": missing}, f, indent=1)
+    return 1 if missing or any(failed.values()) else 0
 
 
 if __name__ == "__main__":

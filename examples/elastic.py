@@ -19,22 +19,23 @@ import gpucoll
 STEPS, LOST_RANK, LOST_AT = 1000, 2, 300
 
 
-def recover(comm, step):
-    """Revoke, shrink, grow: until the new communicator runs a collective (a rank may die meanwhile)."""
+def regroup(comm, step, failed=True):
+    """Agree on the step to go on from; after a failure (or when agreeing fails) first revoke,
+    shrink and grow, until the new communicator works (a rank may die meanwhile)."""
     while True:
         try:
-            comm.revoke()
-            comm = comm.shrink().grow()
+            if failed:
+                comm.revoke()
+                comm = comm.shrink().grow()
             return comm, comm.allreduce(step, op=gpucoll.MAX)
         except (gpucoll.ProcFailedError, gpucoll.RevokedError):
-            continue
+            failed = True
 
 
 def main():
     world = gpucoll.COMM_WORLD
     if gpucoll.replaces() is not None:
-        comm = gpucoll.rejoin()
-        step = comm.allreduce(-1, op=gpucoll.MAX)
+        comm, step = regroup(gpucoll.rejoin(), -1, failed=False)
         print(f"rank {comm.rank}: replaces world rank {gpucoll.replaces()}, joins at step {step}")
     else:
         comm, step = world.Dup(), 0
@@ -47,7 +48,7 @@ def main():
         try:
             comm.Allreduce(gpucoll.IN_PLACE, grad)
         except (gpucoll.ProcFailedError, gpucoll.RevokedError) as exc:
-            comm, step = recover(comm, step)
+            comm, step = regroup(comm, step)
             if comm.rank == 0:
                 print(f"step {step}: {type(exc).__name__}; going on with {comm.size} ranks")
             continue

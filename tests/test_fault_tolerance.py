@@ -108,6 +108,17 @@ def test_respawned_replacement_takes_the_failed_ranks_place(no_leftover_segments
     assert "gpurun: started rank 4 to replace rank 2" in job.stderr, job.describe()
 
 
+def test_a_survivor_dying_during_shrink_or_grow_is_replaced_too(no_leftover_segments):
+    # World rank 3 dies at a random moment of the recovery from rank 2's death (its shrink, its
+    # grow, or the agreement on the step after it): each failed rank gets its replacement, in
+    # the order gpurun saw them fail, and the world is back to 4 with exact sums.
+    job = run_job(4, "fault_tolerance.py", "respawn", 2, 300, "and", 3, launcher_args=("--respawn", 2),
+                  timeout=60).check()
+    for w, got in survivors(job, [0, 1, 4, 5]).items():
+        assert got["world"] == [0, 1, 4, 5] and got["rank"] == [0, 1, 4, 5].index(w), (w, got)
+    assert "gpurun: started rank 5 to replace rank 3" in job.stderr, job.describe()
+
+
 def test_a_replacement_without_the_job_secret_is_refused():
     job = run_job(2, "fault_tolerance.py", "impostor", launcher_args=CONTINUE, timeout=60).check()
     got = job.json_lines()

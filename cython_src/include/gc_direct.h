@@ -438,12 +438,17 @@ static inline void gc__futex_wait(gc_direct *g, int peer, uint64_t target, int64
 
 /* Revoke the communicator (ULFM): every rank of this host waiting in one of its collectives,
  * or entering one later, fails with GC_ERR_REVOKED; sleepers are woken to see it at once. */
-static inline void gc_direct_revoke(gc_direct *g)
+static inline void gc__wake_all(gc_direct *g)
 {
-    __atomic_store_n(&g->hdr->revoked, 1, __ATOMIC_SEQ_CST);
     for (int r = 0; r < g->nranks; r++)
         if (__atomic_load_n(gc__sleepers(g, r), __ATOMIC_SEQ_CST))
             syscall(SYS_futex, gc__futex_word(g, r), FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static inline void gc_direct_revoke(gc_direct *g)
+{
+    __atomic_store_n(&g->hdr->revoked, 1, __ATOMIC_SEQ_CST);
+    gc__wake_all(g);
 }
 
 static inline uint8_t *gc__slot(const gc_direct *g, int r)
@@ -562,6 +567,8 @@ static int gc__wait_slow(gc_direct *g, int peer, uint64_t target, int64_t deadli
             g->broken = 1;
             return GC_ERR_REVOKED;
         }
+        if (now < next_check && __atomic_load_n(&g->hdr->lost, __ATOMIC_ACQUIRE) > 0)
+            next_check = now;   /* another rank found one dead (and woke us): check now */
         if (now >= next_check) {
             /* The post may have come while this rank slept or yielded: a wait that is
              * satisfied never fails (a mismatch found meanwhile belongs to a later call). */
@@ -589,9 +596,11 @@ static int gc__wait_slow(gc_direct *g, int peer, uint64_t target, int64_t deadli
                     __atomic_load_n(gc__flag(g, r), __ATOMIC_ACQUIRE) < target) {
                     int32_t none = 0;
                     /* Tell every other rank, so they name the dead one, not the ranks that
-                     * stopped posting because they noticed it first. */
-                    __atomic_compare_exchange_n(&g->hdr->lost, &none, r + 1, 0,
-                                                __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+                     * stopped posting because they noticed it first; those asleep learn it now,
+                     * not at their next check (survivors that go on need it soon). */
+                    if (__atomic_compare_exchange_n(&g->hdr->lost, &none, r + 1, 0,
+                                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+                        gc__wake_all(g);
                     failed = 1;
                 }
             }

@@ -39,6 +39,7 @@ from ..base.ranks import ranges
 from ..bootstrap import failures
 
 _watcher = []          # the watcher thread of this process, once started
+_next_revocation = [1]  # the number of the revocation key the watcher waits for (failures.revoke_key)
 # Every communicator of this process (gpucoll/api/comm.py adds each), for the watcher's revocations
 # and for the forked child, which must disable what it inherited.
 LIVE = weakref.WeakSet()
@@ -69,7 +70,7 @@ def revoke(comm):
     revoke_here(comm._id)
     store = _store(comm)
     if store is not None and comm.size > 1:
-        failures.announce_revoke(store, comm._id)
+        failures.announce_revoke(store, comm._id, _next_revocation[0])
         log.info("FT", "revoked communicator %s (rank %d of %d)", comm._id, comm.rank, comm.size)
 
 
@@ -235,16 +236,15 @@ def _watch(info):
     """Revoke here every communicator that another rank revokes (store keys in order)."""
     from ..bootstrap.store import StoreClient
 
-    n = 1
     try:
         with StoreClient(info.store_host, info.store_port, info.secret, timeout=3600.0,
                          connect_timeout=config.INIT_TIMEOUT.get()) as store:
             while True:
                 try:
-                    comm_id = store.get(failures.revoke_key(n), timeout=3600.0).decode()
+                    comm_id = store.get(failures.revoke_key(_next_revocation[0]), timeout=3600.0).decode()
                 except GpucollTimeout:
                     continue
-                n += 1
+                _next_revocation[0] += 1
                 log.info("FT", "communicator %s was revoked by another rank", comm_id)
                 revoke_here(comm_id)
     except Exception as exc:  # the store is gone: the job is ending; nothing to watch any more

@@ -4,9 +4,10 @@ The store (gpurun's, which outlives any rank) is the coordinator:
 
 - `gpucoll/ft/failed`: the world ranks gpurun saw end with a failure, a JSON list that only
   gpurun writes (`gpurun --on-failure=continue`, launcher/job.py);
-- `gpucoll/ft/revoke/<n>` (n from the counter `gpucoll/ft/revoke/count`): the id of the n-th
-  revoked communicator; every rank's watcher thread (gpucoll/api/fault.py) waits for the next;
-- `gpucoll/ft/agree/<name>/<rank>` and `.../decision`: one agreement (shrink and agree are
+- `gpucoll/ft/revoke/<n>`: the id of the n-th revoked communicator (n = 1, 2, ... without gaps:
+  each is set with compare-and-set on the first free number); every rank's watcher thread
+  (gpucoll/api/fault.py) waits for the next;
+- `gpucoll/ft/agree/<name>/f/<rank>` and `.../decision`: one agreement (shrink and agree are
   both one). Each survivor posts its flag, waits until every rank of the communicator has
   posted or is known to have failed, and offers the result with compare-and-set: the first
   offer wins and every survivor adopts it, so all of them see the same failed set and the same
@@ -22,8 +23,7 @@ import time
 from ..base.errors import TimeoutError as GpucollTimeout
 
 FAILED = "gpucoll/ft/failed"
-REVOKE_COUNT = "gpucoll/ft/revoke/count"
-_POLL_S = 0.005   # how long one wait for a missing rank's post lasts before the failures are read again
+_POLL_S = 0.02   # how long one wait for the others' posts lasts before the failures are read again
 
 
 def revoke_key(n):
@@ -41,17 +41,28 @@ def grown_key(world_rank):
     return f"gpucoll/ft/grown/{world_rank}"
 
 
+def _value(store, key):
+    """The value of `key`, or None while it is absent (one request)."""
+    try:
+        return store.get(key, timeout=0.0)
+    except GpucollTimeout:
+        return None
+
+
 def failed_world_ranks(store):
     """The world ranks gpurun has recorded as failed (an empty set before any, or without gpurun)."""
-    if not store.num_keys(FAILED):
-        return set()
-    return set(json.loads(store.get(FAILED, timeout=1.0)))
+    value = _value(store, FAILED)
+    return set(json.loads(value)) if value is not None else set()
 
 
-def announce_revoke(store, comm_id):
-    """Tell every rank's watcher that communicator `comm_id` is revoked."""
-    n = store.add(REVOKE_COUNT, 1)
-    store.set(revoke_key(n), comm_id.encode())
+def announce_revoke(store, comm_id, first):
+    """Tell every rank's watcher that communicator `comm_id` is revoked: the first free key from
+    revoke_key(first) on (the watcher of this process has read those before it), one request
+    unless others revoke at the same time. Returns the key's number."""
+    n, mine = first, comm_id.encode()
+    while store.compare_set(revoke_key(n), None, mine) != mine:
+        n += 1
+    return n
 
 
 def agree(store, name, world_ranks, rank, flag, has_ended, timeout):
@@ -60,43 +71,42 @@ def agree(store, name, world_ranks, rank, flag, has_ended, timeout):
 
     Returns (the bitwise AND of the flags of the ranks counted, the ranks of the communicator
     that the decision counts as failed), the same on every survivor. `has_ended(world_rank)`
-    says what this process sees itself (same host); the store says what gpurun saw."""
-    base = f"gpucoll/ft/agree/{name}"
-    store.set(f"{base}/{rank}", str(int(flag)).encode())
-    decision_key = f"{base}/decision"
+    says what this process sees itself (same host); the store says what gpurun saw. A few
+    requests per rank when no rank dies during it: post, read the failures, one wait for the
+    others' posts, offer."""
+    flags = f"gpucoll/ft/agree/{name}/f/"
+    decision_key = f"gpucoll/ft/agree/{name}/decision"
+    store.set(flags + str(rank), str(int(flag)).encode())
+    n = len(world_ranks)
     deadline = time.monotonic() + timeout
-    flags = {}
-    failed = set()
-    pending = [r for r in range(len(world_ranks)) if r != rank]
-    flags[rank] = int(flag)
-    while pending:
-        if store.num_keys(decision_key):   # another survivor has decided: nothing to wait for
-            break
+    dead = set()
+    while True:
         gone = failed_world_ranks(store)
-        still = []
-        for r in pending:
-            if store.num_keys(f"{base}/{r}"):
-                flags[r] = int(store.get(f"{base}/{r}", timeout=1.0))
-            elif world_ranks[r] in gone or has_ended(world_ranks[r]):
-                failed.add(r)
-            else:
-                still.append(r)
-        pending = still
-        if not pending:
-            break
-        if time.monotonic() >= deadline:
-            err = GpucollTimeout(f"agreement {name}: rank(s) {', '.join(map(str, pending))} neither took part "
-                                 f"nor failed within {timeout:g} s")
-            err.ranks = tuple(pending)
-            raise err
+        dead |= {r for r, w in enumerate(world_ranks) if r != rank and (w in gone or has_ended(w))}
+        waiting = [flags + str(r) for r in range(n) if r != rank and r not in dead]
+        left = deadline - time.monotonic()
         try:
-            store.wait([f"{base}/{pending[0]}"], timeout=_POLL_S)
+            store.wait(waiting, timeout=max(0.0, min(_POLL_S, left)))
+            break
         except GpucollTimeout:
-            pass
+            if _value(store, decision_key) is not None:   # another survivor has decided
+                break
+            if left <= 0:
+                missing = [r for r in range(n) if r not in dead and _value(store, flags + str(r)) is None]
+                err = GpucollTimeout(f"agreement {name}: rank(s) {', '.join(map(str, missing))} neither took "
+                                     f"part nor failed within {timeout:g} s")
+                err.ranks = tuple(missing)
+                raise err from None
+    # A rank that posted before it died is counted: the decision says so for every survivor.
+    failed = {r for r in dead if _value(store, flags + str(r)) is None}
+    if failed:
+        values = [_value(store, flags + str(r)) for r in range(n) if r not in failed]
+    else:
+        values = store.gather(flags, n, timeout=1.0)
     value = -1
-    for r, f in flags.items():
-        if r not in failed:
-            value &= f
+    for v in values:
+        if v is not None:
+            value &= int(v)
     offer = json.dumps({"value": value, "failed": sorted(failed)}).encode()
     decided = json.loads(store.compare_set(decision_key, None, offer))
     return decided["value"], set(decided["failed"])

@@ -6,11 +6,11 @@ that revoke, shrink and agree. Each survivor prints one RESULT line (JSON).
                                drawn from SEED, wherever it is then); survivors check every sum
     shrink-death VICTIM OTHER  VICTIM dies at step 200; OTHER dies at a random moment while the
                                others shrink (a timer started as it enters its recovery)
-    respawn VICTIM STEP [FIRST-REPLACEMENT-DIES]
-                               under gpurun --respawn: VICTIM dies at STEP; the survivors shrink and
+    respawn VICTIM STEP [HOW]  under gpurun --respawn: VICTIM dies at STEP; the survivors shrink and
                                grow with its replacement, which rejoins at the step they reached;
-                               every sum is that of the full world (the first replacement may die
-                               as it starts: the survivors then shrink and grow again)
+                               every sum is that of the full world. HOW: "dies" (the first
+                               replacement dies as it starts), "and N" (world rank N dies too, at a
+                               random moment of the recovery: in the shrink or the grow)
     revoke KIND                rank 1 revokes a Dup while the others wait in it: recv | barrier | send
     agree VICTIM               VICTIM dies; the survivors agree, list and acknowledge the failure
     misuse                     revoke and shrink on a freed communicator; shrink, grow and agree
@@ -89,20 +89,33 @@ def loop(comm, victims, at, seed, on_recovery=None):
     return comm, errors, sizes
 
 
-def respawn(victim, at, first_replacement_dies):
+def regroup(comm, step, errors, failed=True):
+    """Agree on the step to go on from; after a failure (or when agreeing fails) first revoke,
+    shrink and grow until the new communicator works."""
+    while True:
+        try:
+            if failed:
+                comm = recover(comm, errors).grow()
+            return comm, comm.allreduce(step, op=gpucoll.MAX)
+        except (gpucoll.ProcFailedError, gpucoll.RevokedError) as exc:   # a rank died meanwhile
+            errors.append(type(exc).__name__)
+            failed = True
+
+
+def respawn(victim, at, how):
     """The loop of a job that keeps its size: a replacement takes the failed rank's place."""
     world = gpucoll.COMM_WORLD
     me = world.world_ranks[world.rank]
-    if first_replacement_dies and gpucoll.replaces() == victim:   # its own replacement then lives
+    if how == ["dies"] and gpucoll.replaces() == victim:   # its own replacement then lives
         die()
+    also = int(how[1]) if how[:1] == ["and"] else None
+    errors, sizes = [], []
     if gpucoll.replaces() is not None:
-        comm = gpucoll.rejoin()
-        step = comm.allreduce(-1, op=gpucoll.MAX)   # the step the survivors reached
+        comm, step = regroup(gpucoll.rejoin(), -1, errors, failed=False)   # the step the survivors reached
         started = step
     else:
         comm, step, started = world.Dup(), 0, None
     x = np.empty(1024, np.int64)
-    errors, sizes = [], []
     while step < STEPS:
         if me == victim and step == at:
             die()
@@ -111,14 +124,9 @@ def respawn(victim, at, first_replacement_dies):
             comm.Allreduce(gpucoll.IN_PLACE, x)
         except (gpucoll.ProcFailedError, gpucoll.RevokedError) as exc:
             errors.append(type(exc).__name__)
-            while True:
-                comm = recover(comm, errors)
-                try:
-                    comm = comm.grow()
-                    step = comm.allreduce(step, op=gpucoll.MAX)
-                    break
-                except (gpucoll.ProcFailedError, gpucoll.RevokedError) as again:  # the replacement died
-                    errors.append(type(again).__name__)
+            if me == also:
+                die_within(0.01, random.Random(step))
+            comm, step = regroup(comm, step, errors)
             sizes.append(comm.size)
             continue
         want = comm.size * (comm.size - 1) // 2 + step * comm.size
@@ -132,7 +140,7 @@ def main():
     mode, args = sys.argv[1], sys.argv[2:]
     world = gpucoll.COMM_WORLD
     if mode == "respawn":
-        return respawn(int(args[0]), int(args[1]), len(args) > 2)
+        return respawn(int(args[0]), int(args[1]), args[2:])
     comm = world.Dup()
     if mode == "loop":
         victims = {int(v) for v in args[0].split(",")}
