@@ -183,7 +183,7 @@ def grow(comm):
     for w in joining:
         store.compare_set(failures.grown_key(w), None, json.dumps(record).encode())
     for w in joining:
-        ctx.learn({w: _announced(store, w, members.index(w), timeout)})
+        ctx.learn({w: announced_entry(store, w, members.index(w), timeout)})
     log.info("FT", "grow of %s: %s take the places of failed ranks; size %d", comm._id,
              ", ".join(map(str, joining)) or "no replacement", len(members))
     return type(comm)(ctx, cid, members)
@@ -202,7 +202,7 @@ def _replacement_of(store, world_rank, timeout):
             return world_rank
 
 
-def _announced(store, world_rank, position, timeout):
+def announced_entry(store, world_rank, position, timeout):
     """The entry of replacement `world_rank`, once it has started (ProcFailedError if it failed first)."""
     from ..bootstrap import spawns
 

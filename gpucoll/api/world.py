@@ -273,16 +273,22 @@ def rejoin():
     gpucoll/api/fault.py)."""
     from ..bootstrap import failures
     from .comm import Communicator
-    from .fault import start_watcher
+    from .fault import announced_entry, start_watcher
 
     ctx = init().seam.context
     if ctx.replaces is None:
         raise InvalidUsageError("rejoin(): this process is not a replacement (gpucoll.replaces() is None); "
                                 "ranks that survived a failure call grow() on their communicator")
     start_watcher(ctx)
-    record = json.loads(ctx.boot.store.get(failures.grown_key(ctx.rank), timeout=config.TIMEOUT.get()))
-    ctx.learn({int(w): e for w, e in record["entries"].items() if int(w) != ctx.rank})
-    return Communicator(ctx, record["comm"], record["members"])
+    store, timeout = ctx.boot.store, config.TIMEOUT.get()
+    record = json.loads(store.get(failures.grown_key(ctx.rank), timeout=timeout))
+    members = record["members"]
+    entries = {int(w): e for w, e in record["entries"].items()}
+    for i, w in enumerate(members):  # the other replacements of the same grow
+        if w != ctx.rank and w not in entries:
+            entries[w] = announced_entry(store, w, i, timeout)
+    ctx.learn({w: e for w, e in entries.items() if w != ctx.rank})
+    return Communicator(ctx, record["comm"], members)
 
 
 def world():
