@@ -83,8 +83,9 @@ def revoke_here(comm_id):
             comm._revoke_here()
 
 
-def _agreement(comm, flag, what):
-    """(value, failed ranks of comm): one agreement among comm's survivors."""
+def _agreement(comm, flag, what, values=True):
+    """(value, failed ranks of comm): one agreement among comm's survivors (the value only
+    with `values`)."""
     comm._check_not_freed(what)
     start_watcher(comm._ctx)
     state = _ft_state(comm)
@@ -97,7 +98,7 @@ def _agreement(comm, flag, what):
     name = f"{comm._id}/{state['agreements']}"
     try:
         return failures.agree(store, name, comm.world_ranks, comm.rank, flag, comm._ctx.has_ended,
-                              config.TIMEOUT.get())
+                              config.TIMEOUT.get(), values)
     except GpucollTimeout as exc:
         exc.args = (f"{what} on communicator {comm._id} (rank {comm.rank} of {comm.size}): {exc.args[0]}",)
         raise
@@ -112,7 +113,7 @@ def _and(values):
 
 def shrink(comm):
     """A new communicator of comm's survivors, in comm's order (collective over the survivors)."""
-    _, failed = _agreement(comm, 0, "shrink")
+    _, failed = _agreement(comm, 0, "shrink", values=False)
     state = _ft_state(comm)
     survivors = [w for r, w in enumerate(comm.world_ranks) if r not in failed]
     if failed:

@@ -65,23 +65,23 @@ def announce_revoke(store, comm_id, first):
     return n
 
 
-def agree(store, name, world_ranks, rank, flag, has_ended, timeout):
+def agree(store, name, world_ranks, rank, flag, has_ended, timeout, values=True):
     """One fault-tolerant agreement among the ranks `world_ranks` of a communicator (this
     process is `rank` of them), named `name` (the same on every rank, never reused).
 
     Returns (the bitwise AND of the flags of the ranks counted, the ranks of the communicator
     that the decision counts as failed), the same on every survivor. `has_ended(world_rank)`
-    says what this process sees itself (same host); the store says what gpurun saw. A few
-    requests per rank when no rank dies during it: post, read the failures, one wait for the
-    others' posts, offer."""
+    says what this process sees itself (same host); the store says what gpurun saw, read when a
+    wait for the others' posts times out. Without `values` (a shrink) the value is -1. Three
+    requests per rank when no rank dies during it (four with values): post, one wait for the
+    others' posts, (their flags,) offer."""
     flags = f"gpucoll/ft/agree/{name}/f/"
     decision_key = f"gpucoll/ft/agree/{name}/decision"
     store.set(flags + str(rank), str(int(flag)).encode())
     n = len(world_ranks)
     deadline = time.monotonic() + timeout
-    dead = set()
+    dead, gone = set(), set()
     while True:
-        gone = failed_world_ranks(store)
         dead |= {r for r, w in enumerate(world_ranks) if r != rank and (w in gone or has_ended(w))}
         waiting = [flags + str(r) for r in range(n) if r != rank and r not in dead]
         left = deadline - time.monotonic()
@@ -91,6 +91,7 @@ def agree(store, name, world_ranks, rank, flag, has_ended, timeout):
         except GpucollTimeout:
             if _value(store, decision_key) is not None:   # another survivor has decided
                 break
+            gone = failed_world_ranks(store)
             if left <= 0:
                 missing = [r for r in range(n) if r not in dead and _value(store, flags + str(r)) is None]
                 err = GpucollTimeout(f"agreement {name}: rank(s) {', '.join(map(str, missing))} neither took "
@@ -99,14 +100,15 @@ def agree(store, name, world_ranks, rank, flag, has_ended, timeout):
                 raise err from None
     # A rank that posted before it died is counted: the decision says so for every survivor.
     failed = {r for r in dead if _value(store, flags + str(r)) is None}
-    if failed:
-        values = [_value(store, flags + str(r)) for r in range(n) if r not in failed]
-    else:
-        values = store.gather(flags, n, timeout=1.0)
     value = -1
-    for v in values:
-        if v is not None:
-            value &= int(v)
+    if values:
+        if failed:
+            posted = [_value(store, flags + str(r)) for r in range(n) if r not in failed]
+        else:
+            posted = store.gather(flags, n, timeout=1.0)
+        for v in posted:
+            if v is not None:
+                value &= int(v)
     offer = json.dumps({"value": value, "failed": sorted(failed)}).encode()
     decided = json.loads(store.compare_set(decision_key, None, offer))
     return decided["value"], set(decided["failed"])
