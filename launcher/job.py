@@ -304,11 +304,16 @@ class Job:
             self.failures.record(rank.rank)
             self.stderr.write(f"gpurun: rank {rank.rank} (pid {rank.pid}) ended with {report.how_it_ended(rank.returncode)}; "
                               "the job goes on without it (--on-failure=continue)\n".encode())
-            self._replace(rank.rank)
+            self._replace(rank)
 
-    def _replace(self, failed):
-        """Start a replacement for world rank `failed` if --respawn allows one more; the
-        survivors' grow() reads the answer either way."""
+    def _replace(self, rank):
+        """Start a replacement for failed `rank` if --respawn allows one more; the survivors'
+        grow() reads the answer either way. A process MPI's Spawn started is not replaced (the
+        replacement runs the job's program)."""
+        failed = rank.rank
+        if self.spawner is not None and self.spawner.spawned(rank):
+            self.failures.replaced(failed, None, "a process that MPI's Spawn started is not replaced")
+            return
         if self.respawns_left <= 0 or self.spawner is None:
             self.failures.replaced(failed, None, f"gpurun --respawn {self.opts.respawn}: no replacement left"
                                    if self.opts.respawn else "gpurun was not given --respawn")

@@ -110,6 +110,10 @@ class SpawnService:
         job.add(rank)
         return w
 
+    def spawned(self, rank):
+        """Whether `rank` is a process that MPI's Spawn started."""
+        return rank.pid in self._children
+
     def ended_early(self, rank):
         """Whether `rank`, which failed, is a spawned process that had not joined yet: then its
         parents' root hears of it (and raises it from Spawn) and the job goes on."""
