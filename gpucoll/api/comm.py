@@ -64,9 +64,8 @@ class Communicator(ShortCalls):
         self._pid = os.getpid()
         self._freed = False     # freed, revoked, or inherited by a forked child: every call raises _unusable
         self._unusable = None   # (exception class, message)
-        self._released = False  # Free() has run
-        self._revoked = False
-        self._ft = None         # fault tolerance's bookkeeping (gpucoll/api/fault.py)
+        self._was_freed = False  # Free() has run
+        self._fault = fault.FaultState()  # revoked or not, agreements made (gpucoll/api/fault.py)
         self._stats = PathCounters()  # which path each call took (stats())
         self._fast = FastPaths()  # the packed fast paths (host, gpu) the engines install
         self._view = CommView(context, comm_id, self.rank, self.size, self.local_size, self._world_ranks,
@@ -120,7 +119,7 @@ class Communicator(ShortCalls):
 
     def _check_not_freed(self, what):
         """Fault tolerance's calls work on a revoked communicator, not on a freed one."""
-        if self._released or (self._freed and not self._revoked):
+        if self._was_freed or (self._freed and not self._fault.revoked):
             raise InvalidUsageError(f"{what}: {self._unusable[1]}")
 
     def _revoked_elsewhere(self):
@@ -130,9 +129,9 @@ class Communicator(ShortCalls):
     def _revoke_here(self):
         """Every later call raises RevokedError; pending ones on this host fail now (the
         communicator's shared segment, point to point's posted receives and offers)."""
-        if self._revoked or self._released:
+        if self._fault.revoked or self._was_freed:
             return
-        self._revoked = True
+        self._fault.revoked = True
         if not self._freed:
             self._freed = self._short.closed = True
             self._fast.host = self._fast.gpu = None
@@ -196,7 +195,7 @@ class Communicator(ShortCalls):
 
     def Free(self):
         """Release the communicator's transports; using it afterwards raises."""
-        if self._released or (self._freed and not self._revoked):
+        if self._was_freed or (self._freed and not self._fault.revoked):
             return
         self._fast.host = self._fast.gpu = None
         self._short.closed = True
@@ -211,7 +210,7 @@ class Communicator(ShortCalls):
         except GpucollError as exc:
             error = error or exc
         self._dispatch.close()
-        self._freed = self._released = True
+        self._freed = self._was_freed = True
         if error is not None:
             raise error
 
@@ -222,7 +221,7 @@ class Communicator(ShortCalls):
         fault.revoke(self)
 
     def is_revoked(self):
-        return self._revoked
+        return self._fault.revoked
 
     def shrink(self):
         """A new communicator of the surviving ranks, the same on each of them (collective over
@@ -577,18 +576,37 @@ class CommSeam:
     - `dispatch`: its dispatcher (gpucoll/dispatch/dispatcher.py), whose direct engine and ordered
       queue run gpucoll.MPI's vector collectives within a host;
     - `host_fast`: its native host fast paths (gpucoll._native.direct.HostFast), None until its
-      first call on the direct engine.
+      first call on the direct engine;
+    - for fault tolerance (gpucoll/api/fault.py): `fault`, its FaultState; `check_usable(what)`,
+      which raises InvalidUsageError naming `what` on a freed communicator (a revoked one is
+      usable there); `revoke_here()`, which revokes it in this process; `released`, whether
+      Free() has run; `check_alive()`, which raises what any call of a freed or revoked
+      communicator raises (for calls that do nothing, such as a receive from PROC_NULL).
     """
 
-    __slots__ = ("context", "id", "p2p", "short", "dispatch", "_comm")
+    __slots__ = ("context", "id", "p2p", "short", "dispatch", "fault", "_comm")
 
     def __init__(self, comm):
         self.context, self.id, self.p2p, self._comm = comm._ctx, comm._id, comm._p2p, comm
-        self.short, self.dispatch = comm._short, comm._dispatch
+        self.short, self.dispatch, self.fault = comm._short, comm._dispatch, comm._fault
 
     @property
     def host_fast(self):
         return self._comm._fast.host
+
+    @property
+    def released(self):
+        return self._comm._was_freed
+
+    def check_usable(self, what):
+        self._comm._check_not_freed(what)
+
+    def check_alive(self):
+        """Raise what any call of a freed or revoked communicator raises."""
+        self._comm._check_alive()
+
+    def revoke_here(self):
+        self._comm._revoke_here()
 
     def child_id(self, letter):
         comm = self._comm

@@ -47,60 +47,67 @@ LIVE = weakref.WeakSet()
 
 def live_communicators():
     """This process's communicators that are not freed."""
-    return [comm for comm in list(LIVE) if not comm._released]
+    return [comm for comm in list(LIVE) if not comm.seam.released]
+
+
+class FaultState:
+    """A communicator's fault-tolerance bookkeeping (comm.seam.fault)."""
+
+    __slots__ = ("revoked", "agreements", "acked", "origin")
+
+    def __init__(self):
+        self.revoked = False
+        self.agreements = 0   # agreements made on it so far: they name the next one
+        self.acked = 0        # failed ranks acknowledged (ack_failed)
+        self.origin = None    # after shrinks: the world ranks before them (what grow() gives back)
 _watcher_lock = threading.Lock()
 
 
 def _store(comm):
-    return getattr(comm._ctx.boot, "store", None)
-
-
-def _ft_state(comm):
-    if comm._ft is None:
-        comm._ft = {"agreements": 0, "acked": 0}
-    return comm._ft
+    return getattr(comm.seam.context.boot, "store", None)
 
 
 def revoke(comm):
     """Revoke `comm` on every rank (see the module docstring); idempotent."""
-    comm._check_not_freed("revoke")
-    start_watcher(comm._ctx)
-    if comm._revoked:
+    seam = comm.seam
+    seam.check_usable("revoke")
+    start_watcher(seam.context)
+    if seam.fault.revoked:
         return
-    revoke_here(comm._id)
+    revoke_here(seam.id)
     store = _store(comm)
     if store is not None and comm.size > 1:
-        failures.announce_revoke(store, comm._id, _next_revocation[0])
-        log.info("FT", "revoked communicator %s (rank %d of %d)", comm._id, comm.rank, comm.size)
+        failures.announce_revoke(store, seam.id, _next_revocation[0])
+        log.info("FT", "revoked communicator %s (rank %d of %d)", seam.id, comm.rank, comm.size)
 
 
 def revoke_here(comm_id):
     """Revoke communicator `comm_id` in this process: it and the sub-communicators its
     hierarchical collectives run on (not its Dups and Splits, which are communicators of their own)."""
     for comm in live_communicators():
-        cid = comm._id
+        cid = comm.seam.id
         if cid == comm_id or cid == f"{comm_id}.leaders" or cid.startswith(f"{comm_id}.host"):
-            comm._revoke_here()
+            comm.seam.revoke_here()
 
 
 def _agreement(comm, flag, what, values=True):
     """(value, failed ranks of comm): one agreement among comm's survivors (the value only
     with `values`)."""
-    comm._check_not_freed(what)
-    start_watcher(comm._ctx)
-    state = _ft_state(comm)
-    state["agreements"] += 1
+    seam = comm.seam
+    seam.check_usable(what)
+    start_watcher(seam.context)
+    seam.fault.agreements += 1
     store = _store(comm)
     if store is None or comm.size == 1:
         if comm.size > 1:   # no coordinator: a failure-free job's agreement (see the module docstring)
-            return _and(comm._allgather_objects(int(flag), what)), set()
+            return _and(comm.allgather(int(flag))), set()
         return int(flag), set()
-    name = f"{comm._id}/{state['agreements']}"
+    name = f"{seam.id}/{seam.fault.agreements}"
     try:
-        return failures.agree(store, name, comm.world_ranks, comm.rank, flag, comm._ctx.has_ended,
+        return failures.agree(store, name, comm.world_ranks, comm.rank, flag, seam.context.has_ended,
                               config.TIMEOUT.get(), values)
     except GpucollTimeout as exc:
-        exc.args = (f"{what} on communicator {comm._id} (rank {comm.rank} of {comm.size}): {exc.args[0]}",)
+        exc.args = (f"{what} on communicator {seam.id} (rank {comm.rank} of {comm.size}): {exc.args[0]}",)
         raise
 
 
@@ -114,13 +121,13 @@ def _and(values):
 def shrink(comm):
     """A new communicator of comm's survivors, in comm's order (collective over the survivors)."""
     _, failed = _agreement(comm, 0, "shrink", values=False)
-    state = _ft_state(comm)
+    seam = comm.seam
     survivors = [w for r, w in enumerate(comm.world_ranks) if r not in failed]
     if failed:
-        log.info("FT", "shrink of %s: rank(s) %s failed, %d survive", comm._id, ranges(sorted(failed)), len(survivors))
-    shrunk = type(comm)(comm._ctx, f"{comm._id}.k{state['agreements']}", survivors)
+        log.info("FT", "shrink of %s: rank(s) %s failed, %d survive", seam.id, ranges(sorted(failed)), len(survivors))
+    shrunk = type(comm)(seam.context, f"{seam.id}.k{seam.fault.agreements}", survivors)
     # what grow() gives back: the communicator's ranks before any of its shrinks
-    shrunk._ft = {"agreements": 0, "acked": 0, "origin": state.get("origin") or list(comm.world_ranks)}
+    shrunk.seam.fault.origin = seam.fault.origin or list(comm.world_ranks)
     return shrunk
 
 
@@ -133,12 +140,12 @@ def agree(comm, flag):
 def failed(comm):
     """The ranks of comm known to have failed: those gpurun recorded under --on-failure=continue
     (a rank that ended well is not one), else those whose process this host sees ended."""
-    comm._check_not_freed("failed")
+    comm.seam.check_usable("failed")
     store = _store(comm)
     if store is not None and config.ON_FAILURE.get() == "continue":
         gone = failures.failed_world_ranks(store)
         return [r for r, w in enumerate(comm.world_ranks) if w in gone]
-    has_ended = comm._ctx.has_ended
+    has_ended = comm.seam.context.has_ended
     return [r for r, w in enumerate(comm.world_ranks) if has_ended(w)]
 
 
@@ -146,13 +153,13 @@ def ack_failed(comm, count=None):
     """Acknowledge the first `count` failed ranks (all when None); returns how many are
     acknowledged now (ULFM's MPI_Comm_ack_failed)."""
     known = len(failed(comm))
-    state = _ft_state(comm)
+    state = comm.seam.fault
     if count is None:
         count = known
     if count < 0:
         raise InvalidUsageError(f"ack_failed: count must be >= 0, not {count}")
-    state["acked"] = max(state["acked"], min(count, known))
-    return state["acked"]
+    state.acked = max(state.acked, min(count, known))
+    return state.acked
 
 
 def grow(comm):
@@ -160,16 +167,16 @@ def grow(comm):
     the replacement gpurun --respawn started for it (or left out where gpurun started none):
     collective over comm's ranks and the replacements, which call rejoin(). Without failures
     since the shrinks, a duplicate."""
-    comm._check_not_freed("grow")
+    seam = comm.seam
+    seam.check_usable("grow")
     store = _store(comm)
     if store is None:
         raise InvalidUsageError("grow: replacements come from gpurun --respawn; this job has no gpurun store")
-    start_watcher(comm._ctx)
-    state = _ft_state(comm)
-    state["agreements"] += 1
-    origin = state.get("origin") or list(comm.world_ranks)
-    cid = f"{comm._id}.g{state['agreements']}"
-    timeout, ctx = config.TIMEOUT.get(), comm._ctx
+    start_watcher(seam.context)
+    seam.fault.agreements += 1
+    origin = seam.fault.origin or list(comm.world_ranks)
+    cid = f"{seam.id}.g{seam.fault.agreements}"
+    timeout, ctx = config.TIMEOUT.get(), seam.context
     present = set(comm.world_ranks)
     members = []
     for w in origin:
@@ -185,7 +192,7 @@ def grow(comm):
         store.compare_set(failures.grown_key(w), None, json.dumps(record).encode())
     for w in joining:
         ctx.learn({w: announced_entry(store, w, members.index(w), timeout)})
-    log.info("FT", "grow of %s: %s take the places of failed ranks; size %d", comm._id,
+    log.info("FT", "grow of %s: %s take the places of failed ranks; size %d", seam.id,
              ", ".join(map(str, joining)) or "no replacement", len(members))
     return type(comm)(ctx, cid, members)
 

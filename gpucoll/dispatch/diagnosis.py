@@ -48,9 +48,7 @@ class Diagnosis:
         err = exc
         if isinstance(exc, RevokedError):
             h.revoked()   # every later call raises it too, before any wait
-        if algo == "direct" and isinstance(exc, LostPeerError) and exc.ranks:
-            pass  # the segment saw these processes end: no mismatch told through the store behind it
-        elif algo not in (None, "hierarchical"):
+        if algo not in (None, "hierarchical"):
             err = self._call_failed(exc)
         if isinstance(err, GpucollTimeout) and not getattr(err, "ranks", ()):
             err = self._name_late_ranks(err, call)

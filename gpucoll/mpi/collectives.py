@@ -632,7 +632,7 @@ class Collectives:
         """Post every send and receive of a vector collective; local() runs the rank's own block now.
         sends: [(dest, packed bytes)], recvs: [(source, Msg)]."""
         core = self._c(what)
-        core._check_alive()   # point to point below takes a freed or revoked communicator's seam
+        core.seam.check_alive()   # point to point below would take a freed or revoked communicator's seam
         p2p = core.seam.p2p
         parts, landings = [], []
         for source, msg in recvs:

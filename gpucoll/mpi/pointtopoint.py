@@ -180,7 +180,7 @@ class PointToPoint:
             reset(status)
             if s.seam.short.mpi_recv(buf, source, tag, status):
                 return
-        self._c("Recv")._check_alive()   # a freed or revoked communicator raises, PROC_NULL or not
+        self._c("Recv").seam.check_alive()   # a freed or revoked communicator raises, PROC_NULL or not
         if source == PROC_NULL:
             _proc_null_status(status)
             return
