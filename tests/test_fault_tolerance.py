@@ -5,11 +5,14 @@ moment (inside a collective or a recovery), or one while the others shrink; revo
 ranks blocked in a receive, a barrier or a rendezvous send; agree and failed agree on every
 survivor; misuse and the job's end are reported. Nothing is left in /dev/shm."""
 import glob
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
-from conftest import run_job
+from conftest import SCRIPTS, run_job, unavailable
 
 CONTINUE = ("--on-failure=continue",)
 
@@ -125,6 +128,26 @@ def test_a_replacement_without_the_job_secret_is_refused():
     assert got[1] == {"total": 2.0}, job.describe()
     assert got[0]["total"] == 2.0 and got[0]["code"] != 0 and not got[0]["joined"], job.describe()
     assert "secret" in got[0]["stderr"], got[0]["stderr"]
+
+
+def test_without_gpuruns_store_the_calls_work_failure_free():
+    # Under mpiexec (bootstrapped by MPI: no store) and alone, a revoked communicator still
+    # shrinks (a duplicate) and agrees (the AND of every rank's flag).
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if not os.path.exists(mpiexec):
+        unavailable("mpi4py", "Open MPI is not installed in this environment (pip install 'gpucoll[mpi]')")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCOLL_")}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    script = os.path.join(SCRIPTS, "fault_tolerance.py")
+    for argv, size in (([mpiexec, "--oversubscribe", "-n", "2"], 2), ([], 1)):
+        proc = subprocess.run([*argv, sys.executable, script, "nostore"], env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        results = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        assert sorted(r["shrunk"][0] for r in results) == list(range(size)), proc.stdout
+        for got in results:
+            assert got["shrunk"][1] == size and got["total"] == size and got["revoked"] is True, got
+            assert got["flag"] == (5 & 6 if size == 2 else 5), got
 
 
 def test_every_rank_failing_still_fails_the_job(tmp_path):

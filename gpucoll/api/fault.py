@@ -39,6 +39,7 @@ from ..base.ranks import ranges
 from ..bootstrap import failures
 
 _watcher = []          # the watcher thread of this process, once started
+_watcher_lock = threading.Lock()
 _next_revocation = [1]  # the number of the revocation key the watcher waits for (failures.revoke_key)
 # Every communicator of this process (gpucoll/api/comm.py adds each), for the watcher's revocations
 # and for the forked child, which must disable what it inherited.
@@ -60,7 +61,6 @@ class FaultState:
         self.agreements = 0   # agreements made on it so far: they name the next one
         self.acked = 0        # failed ranks acknowledged (ack_failed)
         self.origin = None    # after shrinks: the world ranks before them (what grow() gives back)
-_watcher_lock = threading.Lock()
 
 
 def _store(comm):
@@ -99,8 +99,13 @@ def _agreement(comm, flag, what, values=True):
     seam.fault.agreements += 1
     store = _store(comm)
     if store is None or comm.size == 1:
-        if comm.size > 1:   # no coordinator: a failure-free job's agreement (see the module docstring)
-            return _and(comm.allgather(int(flag))), set()
+        if comm.size > 1:   # no coordinator: a failure-free job's agreement (see the module docstring),
+            # on a communicator of its own (comm may be revoked)
+            mates = type(comm)(seam.context, f"{seam.id}.a{seam.fault.agreements}", comm.world_ranks)
+            try:
+                return _and(mates.allgather(int(flag))), set()
+            finally:
+                mates.Free()
         return int(flag), set()
     name = f"{seam.id}/{seam.fault.agreements}"
     try:

@@ -16,6 +16,7 @@ that revoke, shrink and agree. Each survivor prints one RESULT line (JSON).
     misuse                     revoke and shrink on a freed communicator; shrink, grow and agree
                                without a failure; rejoin outside a replacement
     impostor                   rank 0 starts a would-be replacement with a wrong secret
+    nostore                    (under mpiexec or alone) revoke, then shrink and agree without a store
 """
 import json
 import os
@@ -216,6 +217,13 @@ def main():
             except gpucoll.InvalidUsageError as exc:
                 done[name] = str(exc)
         report(**done)
+    elif mode == "nostore":
+        comm.revoke()
+        same = comm.shrink()
+        x = np.ones(2)
+        same.Allreduce(gpucoll.IN_PLACE, x)
+        report(shrunk=[same.rank, same.size], flag=comm.agree(5 + world.rank), total=float(x[0]),
+               revoked=comm.is_revoked())
     elif mode == "impostor":
         import subprocess
 
