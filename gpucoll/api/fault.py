@@ -144,14 +144,13 @@ def agree(comm, flag):
 
 def failed(comm):
     """The ranks of comm known to have failed: those gpurun recorded under --on-failure=continue
-    (a rank that ended well is not one), else those whose process this host sees ended."""
+    (a rank that ended well is not one). Elsewhere none: a failure ends such a job."""
     comm.seam.check_usable("failed")
     store = _store(comm)
-    if store is not None and config.ON_FAILURE.get() == "continue":
-        gone = failures.failed_world_ranks(store)
-        return [r for r, w in enumerate(comm.world_ranks) if w in gone]
-    has_ended = comm.seam.context.has_ended
-    return [r for r, w in enumerate(comm.world_ranks) if has_ended(w)]
+    if store is None or config.ON_FAILURE.get() != "continue":
+        return []
+    gone = failures.failed_world_ranks(store)
+    return [r for r, w in enumerate(comm.world_ranks) if w in gone]
 
 
 def ack_failed(comm, count=None):
