@@ -12,7 +12,11 @@ The store (gpurun's, which outlives any rank) is the coordinator:
   posted or is known to have failed, and offers the result with compare-and-set: the first
   offer wins and every survivor adopts it, so all of them see the same failed set and the same
   value even when a rank dies during the agreement (a rank that posted before dying is counted
-  by some and not by others until the decision settles it).
+  by some and not by others until the decision settles it);
+- `gpucoll/ft/replacement/<w>`: gpurun's answer for failed world rank w under --respawn (the
+  world rank of its replacement, or why there is none); `gpucoll/ft/grow/<id>`: the membership
+  of grown communicator <id>, decided by the first survivor's compare-and-set;
+  `gpucoll/ft/grown/<w>`: the same record for replacement w, which rejoin() reads.
 
 It tolerates any number of rank failures; it does not tolerate the loss of the store, which is
 gpurun's: a job whose gpurun is gone has ended anyway (its ranks die with it).
