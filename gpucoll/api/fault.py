@@ -103,7 +103,7 @@ def _agreement(comm, flag, what, values=True):
             # on a communicator of its own (comm may be revoked)
             mates = type(comm)(seam.context, f"{seam.id}.a{seam.fault.agreements}", comm.world_ranks)
             try:
-                return _and(mates.allgather(int(flag))), set()
+                return bitwise_and(mates.allgather(int(flag))), set()
             finally:
                 mates.Free()
         return int(flag), set()
@@ -116,7 +116,8 @@ def _agreement(comm, flag, what, values=True):
         raise
 
 
-def _and(values):
+def bitwise_and(values):
+    """The bitwise AND of integer flags (-1 for none): what an agreement gives."""
     out = -1
     for v in values:
         out &= int(v)

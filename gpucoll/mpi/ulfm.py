@@ -9,17 +9,12 @@ own: it does not tolerate a failure during it (Agree does).
 """
 import numpy as np
 
+from ..api.fault import bitwise_and
 from .composite import Composite, done
 from .group import Group
 from .kinds import kind
 from .request import Request
 
-
-def _band(values):
-    out = -1
-    for v in values:
-        out &= v
-    return out
 
 
 def _agreement(comm):
@@ -61,8 +56,8 @@ class FaultTolerance:
         inter = self._s.inter
         if inter is None:
             return self._c("Agree").agree(flag)
-        value = _band(self.allgather(flag))  # the remote group's flags, then this group's
-        return value & _band(self._s.core.allgather(flag))
+        value = bitwise_and(self.allgather(flag))  # the remote group's flags, then this group's
+        return value & bitwise_and(self._s.core.allgather(flag))
 
     def Iagree(self, flag):
         """Agree on a buffer of one C int, which holds the result once the request completes."""
