@@ -162,3 +162,32 @@ def test_continue_is_refused_across_hosts():
     job = run_job(2, "fault_tolerance.py", "misuse", launcher_args=("--on-failure=continue", "--hosts", "a:1,b:1"),
                   timeout=30)
     assert job.returncode == 2 and "--on-failure=continue runs on one host" in job.stderr, job.describe()
+
+
+def test_an_agreement_is_the_first_offer_even_for_a_survivor_that_saw_less():
+    # Survivor 0 sees rank 2's process gone and decides without it; survivor 1 does not see
+    # that (another host, say) and has not heard from gpurun: its wait for rank 2 times out, it
+    # finds the decision and must take it (failed {2}, the AND of 0's and 1's flags), not its
+    # own view (nobody failed).
+    import threading
+
+    from gpucoll.bootstrap import failures
+    from gpucoll.bootstrap.store import StoreClient
+    from gpucoll.bootstrap.store_server import StoreServer
+
+    secret = b"s" * 16
+    with StoreServer("127.0.0.1", 0, secret).start() as srv:
+        results = {}
+
+        def survivor(rank, flag, sees_two_gone, delay):
+            with StoreClient("127.0.0.1", srv.port, secret) as store:
+                threading.Event().wait(delay)
+                results[rank] = failures.agree(store, "t/1", [10, 11, 12], rank, flag,
+                                               lambda w: sees_two_gone and w == 12, timeout=5.0)
+        threads = [threading.Thread(target=survivor, args=(0, 0b110, True, 0.0)),
+                   threading.Thread(target=survivor, args=(1, 0b011, False, 0.05))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert results == {0: (0b010, {2}), 1: (0b010, {2})}, results

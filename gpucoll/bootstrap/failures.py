@@ -93,8 +93,10 @@ def agree(store, name, world_ranks, rank, flag, has_ended, timeout, values=True)
             store.wait(waiting, timeout=max(0.0, min(_POLL_S, left)))
             break
         except GpucollTimeout:
-            if _value(store, decision_key) is not None:   # another survivor has decided
-                break
+            decided = _value(store, decision_key)
+            if decided is not None:   # another survivor has decided: what it saw is the answer
+                decided = json.loads(decided)
+                return decided["value"], set(decided["failed"])
             gone = failed_world_ranks(store)
             if left <= 0:
                 missing = [r for r in range(n) if r not in dead and _value(store, flags + str(r)) is None]
