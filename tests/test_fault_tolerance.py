@@ -1,5 +1,5 @@
 """Surviving lost ranks (gpurun --on-failure=continue; gpucoll/api/fault.py), with real ranks
-that die by SIGKILL (tests/scripts/fault_tolerance.py): survivors of a loop of 1,000 exact
+that die by SIGKILL or SIGALRM (tests/scripts/fault_tolerance.py): survivors of a loop of 1,000 exact
 all-reduces revoke, shrink and finish, whether one rank dies, two at once, one at a random
 moment (inside a collective or a recovery), or one while the others shrink; revoke reaches
 ranks blocked in a receive, a barrier or a rendezvous send; agree and failed agree on every
