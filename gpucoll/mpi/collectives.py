@@ -20,6 +20,7 @@ import numpy as np
 
 from ..api.comm import IN_PLACE
 from ..base import dtypes as _dtypes
+from ..base import ops as _core_ops
 from ..base.call import KINDS, VECTOR_KINDS
 from ..base.errors import GpucollError, InvalidUsageError
 from ..base.mpi_constants import INTEGERS as _C
@@ -103,11 +104,15 @@ def _send_recv(sendbuf, recvbuf):
     return [(sendbuf, False, "sendbuf"), (recvbuf, True, "recvbuf")]
 
 
-def _gpu_folds(op):
-    """Whether gpucoll's GPU path reduces with op (SUM, PROD, MAX, MIN, AVG, BAND, BOR, BXOR: the
-    ops with a core op); the others go through host memory, on every rank alike (the op is the
-    same on every rank)."""
-    return op.core is not None
+def _gpu_folds(op, msg):
+    """Whether gpucoll's GPU path reduces msg's elements with op (SUM, PROD, MAX, MIN, AVG, BAND,
+    BOR, BXOR: the ops with a core op; complex elements only by SUM and AVG, which the kernels fold
+    as pairs of reals); the rest goes through host memory, on every rank alike (op and datatype
+    are the same on every rank)."""
+    if op.core is None:
+        return False
+    element = msg.t.np if msg.t is not None else None
+    return element is None or np.dtype(element).kind != "c" or op.core in (_core_ops.SUM, _core_ops.AVG)
 
 
 def _native_reduction(msg, op):
@@ -326,7 +331,7 @@ class Collectives:
         if s is not None and s.gpu is None and r.gpu is None and s.count != r.count:
             raise ValueError(f"Allreduce: send count {s.count} and receive count {r.count} differ")
         if r.gpu is not None or (s is not None and s.gpu is not None):
-            if not _gpu_folds(rec):
+            if not _gpu_folds(rec, r):
                 return staged("allreduce", _send_recv(sendbuf, recvbuf),
                               lambda send, recv: self._allreduce(send, recv, op, blocking), blocking)
             return _gpu_issue(blocking, core.Allreduce, core.Iallreduce, "Iallreduce", (r,),
@@ -377,7 +382,7 @@ class Collectives:
         else:
             s, r = _m.simple(sendbuf, True, root, what="Reduce sendbuf"), None
         if s is not None and s.gpu is not None or r is not None and r.gpu is not None:
-            if not _gpu_folds(rec):
+            if not _gpu_folds(rec, r if r is not None else s):
                 return staged("reduce", _send_recv(sendbuf, recvbuf),
                               lambda send, recv: self._reduce(send, recv, op, root, blocking), blocking)
             return _gpu_issue(blocking, core.Reduce, core.Ireduce, "Ireduce", (r,), IN_PLACE if s is None else s.gpu,
@@ -425,7 +430,7 @@ class Collectives:
                     raise ValueError(f"Reduce_scatter_block: send count {s.count} per rank and receive count "
                                      f"{r.count} differ")
         if r.gpu is not None or (s is not None and s.gpu is not None):
-            if not _gpu_folds(rec):
+            if not _gpu_folds(rec, r):
                 return staged("reduce_scatter_block", _send_recv(sendbuf, recvbuf),
                               lambda send, recv: self._reduce_scatter_block(send, recv, op, blocking), blocking)
             return _gpu_issue(blocking, core.Reduce_scatter_block, core.Ireduce_scatter_block, "Ireduce_scatter_block",

@@ -378,27 +378,31 @@ class Datatype:
         """Pack inbuf's elements of this type (as many as fit in it) into outbuf at byte `position`;
         the position after them."""
         t = self._rec("Pack")
-        raw = _bytes_of(as_array(inbuf, True, "Pack inbuf"))
+        stage = _on_host()
+        raw = _bytes_of(as_array(stage.spec(inbuf, False, "Pack inbuf"), True, "Pack inbuf"))
         data = Msg(raw, raw.size // t.extent if t.extent > 0 else 0, self).data()
-        out = _bytes_of(as_array(outbuf, False, "Pack outbuf"))
+        out = _bytes_of(as_array(stage.spec(outbuf, True, "Pack outbuf"), False, "Pack outbuf"))
         if position < 0 or position + data.size > out.size:
             raise InvalidUsageError(f"Pack: {data.size} bytes at position {position} do not fit in {out.size}",
                                     error_class=_C["ERR_TRUNCATE"])
         out[position:position + data.size] = data
+        stage.finish()
         return position + data.size
 
     def Unpack(self, inbuf, position, outbuf, comm=None):
         """Fill outbuf with elements of this type (as many as it holds) from inbuf's bytes at
         `position`; the position after them."""
         t = self._rec("Unpack")
-        src = _bytes_of(as_array(inbuf, True, "Unpack inbuf"))
-        raw = _bytes_of(as_array(outbuf, False, "Unpack outbuf"))
+        stage = _on_host()
+        src = _bytes_of(as_array(stage.spec(inbuf, False, "Unpack inbuf"), True, "Unpack inbuf"))
+        raw = _bytes_of(as_array(stage.spec(outbuf, True, "Unpack outbuf"), False, "Unpack outbuf"))
         msg = Msg(raw, raw.size // t.extent if t.extent > 0 else 0, self)
         n = msg.nbytes
         if position < 0 or position + n > src.size:
             raise InvalidUsageError(f"Unpack: {n} bytes at position {position} are past the {src.size} given",
                                     error_class=_C["ERR_TRUNCATE"])
         msg.store(src[position:position + n])
+        stage.finish()
         return position + n
 
     # --- envelope and contents ------------------------------------------------------
@@ -473,6 +477,14 @@ def _f90_base(name, kind, args):
         raise InvalidUsageError(f"Create_f90_{kind}{args}: no {kind} type has that precision and range",
                                 error_class=ERR_ARG)
     return _BY_NAME[name]
+
+
+def _on_host():
+    """A staging.HostStage: Pack and Unpack read and write GPU buffers through host copies (the
+    copies made and written back by the stage, never NumPy over device memory)."""
+    from .staging import HostStage  # staging -> message -> datatype: imported at first use
+
+    return HostStage()
 
 
 def _bytes_of(arr):

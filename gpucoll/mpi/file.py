@@ -22,6 +22,7 @@ from .group import Group
 from .handle import Handle
 from .info import Info
 from .request import Request
+from .staging import HostStage
 from .status import reset
 
 MODE = {k: _C[f"MODE_{k}"] for k in ("RDONLY", "RDWR", "WRONLY", "CREATE", "EXCL", "DELETE_ON_CLOSE",
@@ -297,8 +298,6 @@ class File(Handle):
         msg = _m.simple(buf, write, what=f"{what} buf")
         moved = 0
         if msg is not None and msg.nbytes:
-            if msg.gpu is not None:
-                raise NotImplementedError(f"{what} of GPU buffers (MPI-IO is on host memory)")
             try:
                 if write:
                     data = msg.data()
@@ -322,15 +321,22 @@ class File(Handle):
         return moved
 
     def _at(self, offset, buf, write, status, what):
-        return self._io(buf, int(offset) * self._st(what).view.esize, write, status, what)
+        return _through_host(buf, write, what,
+                             lambda host: self._io(host, int(offset) * self._st(what).view.esize, write, status, what))
 
     def _individual(self, buf, write, status, what):
+        return _through_host(buf, write, what, lambda host: self._individual_io(host, write, status, what))
+
+    def _individual_io(self, buf, write, status, what):
         s = self._st(what)
         moved = self._io(buf, s.pointer * s.view.esize, write, status, what)
         s.pointer += moved // s.view.esize
         return moved
 
     def _shared(self, buf, write, status, what):
+        return _through_host(buf, write, what, lambda host: self._shared_io(host, write, status, what))
+
+    def _shared_io(self, buf, write, status, what):
         s = self._st(what)
         msg = _m.simple(buf, write, what=f"{what} buf")
         nbytes = 0 if msg is None else msg.nbytes
@@ -338,6 +344,9 @@ class File(Handle):
         return self._io(buf, start * s.view.esize, write, status, what)
 
     def _ordered(self, buf, write, status, what):
+        return _through_host(buf, write, what, lambda host: self._ordered_io(host, write, status, what))
+
+    def _ordered_io(self, buf, write, status, what):
         s = self._st(what)
         msg = _m.simple(buf, write, what=f"{what} buf")
         mine = (0 if msg is None else msg.nbytes) // s.view.esize
@@ -517,6 +526,15 @@ class _SharedPointer:
 
     def free(self):
         self.win.Free()
+
+
+def _through_host(buf, write, what, run):
+    """run(buf) with a GPU buffer replaced by a host copy (files are read and written from host
+    memory, as a CUDA-aware MPI stages them); what a read put in the copy goes back to the GPU."""
+    stage = HostStage()
+    moved = run(stage.spec(buf, not write, f"{what} buf"))
+    stage.finish()
+    return moved
 
 
 def _done(run, offset, buf, write, name):

@@ -5,7 +5,8 @@
 
 Loads MODULE with unittest (as the suite's own main.py does: CuPy and Numba arrays off) and
 runs it, writing OUTDIR/MODULE.<rank>.json after every test, so that a job stopped by its
-time limit still says which test it was in. The outcome of a test with subtests is its worst
+time limit still says which test it was in (and, with MPI4PY_SUITE_STACKS_AFTER=S, prints every
+thread's stack after S seconds: where a job that is about to hit its limit is). The outcome of a test with subtests is its worst
 subtest's. Errors are split by cause: NotImplementedError (a feature the MPI module says it
 lacks) or anything else.
 
@@ -13,6 +14,7 @@ Under the shim, the few tests in NOT_APPLICABLE do not run and are recorded as "
 the files of mpi4py's compiled build (its C headers, its extension module as a shared library
 that links an MPI library), which a pure-Python `mpi4py.MPI` does not have; they test no MPI API.
 """
+import faulthandler
 import importlib
 import json
 import os
@@ -49,6 +51,7 @@ class Recorder(unittest.TestResult):
         self.details = {}    # test id -> first lines of the failure
         self.current = None
         self.started = time.monotonic()
+        self.seconds = {}    # test id -> seconds it ran
         self.import_error = None
 
     def _set(self, test, outcome, err=None):
@@ -65,10 +68,12 @@ class Recorder(unittest.TestResult):
         super().startTest(test)
         self.current = test.id()
         self.outcomes.setdefault(test.id(), "pass")
+        self.test_started = time.monotonic()
         self.write()
 
     def stopTest(self, test):
         super().stopTest(test)
+        self.seconds[test.id()] = round(time.monotonic() - self.test_started, 3)
         self.current = None
         self.write()
 
@@ -111,7 +116,7 @@ class Recorder(unittest.TestResult):
                 "imported": self.import_error is None, "import_error": self.import_error,
                 "current": self.current, "seconds": round(time.monotonic() - self.started, 2),
                 "run": len(self.outcomes), "counts": counts, "outcomes": self.outcomes,
-                "details": self.details}
+                "details": self.details, "test_seconds": self.seconds}
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
             json.dump(data, f)
@@ -181,6 +186,8 @@ def main():
         import_all(outdir)
         return
     result = Recorder(os.path.join(outdir, f"{module}.{_world_rank()}.json"), module)
+    if os.environ.get("MPI4PY_SUITE_STACKS_AFTER"):  # a job about to hit its time limit shows where it is
+        faulthandler.dump_traceback_later(float(os.environ["MPI4PY_SUITE_STACKS_AFTER"]))
     try:
         __import__("mpi4py.MPI")
         if os.environ.get("MPI4PY_SUITE_CUPY"):

@@ -54,8 +54,10 @@ def _command(args, np_, outdir, module):
     return [*launcher, "-np", str(np_), "--timeout", str(module_timeout(args, np_)), *runner]
 
 
-def _environment(args, top):
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+def _environment(args, top, np_):
+    # every rank prints its threads' stacks 10 s before the job's time limit (where a hang is)
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1",
+               MPI4PY_SUITE_STACKS_AFTER=str(max(5, module_timeout(args, np_) - 10)))
     if args.cupy:  # rank.py lets the suite's CuPy array back-end load (its main.py's --cupy)
         env["MPI4PY_SUITE_CUPY"] = "1"
     if args.mpi:  # the installed mpi4py on Open MPI (run as root in containers: allowed explicitly)
@@ -74,11 +76,11 @@ def run_module(args, top, np_, module):
     start = time.monotonic()
     try:
         proc = subprocess.run(_command(args, np_, outdir, module), cwd=os.path.join(top, "test"),
-                              env=_environment(args, top), capture_output=True, text=True,
+                              env=_environment(args, top, np_), capture_output=True, text=True,
                               timeout=module_timeout(args, np_) + 30, stdin=subprocess.DEVNULL)
-        code, tail = proc.returncode, (proc.stdout + proc.stderr)[-3000:]
+        code, tail = proc.returncode, (proc.stdout + proc.stderr)[-12000:]
     except subprocess.TimeoutExpired as exc:
-        code, tail = "timeout", str(exc.stdout or "")[-3000:]
+        code, tail = "timeout", str(exc.stdout or "")[-12000:]
     records = {}
     for rank in range(np_):
         path = os.path.join(outdir, f"{module}.{rank}.json")
