@@ -246,19 +246,36 @@ def start_watcher(ctx):
 
 
 def _watch(info):
-    """Revoke here every communicator that another rank revokes (store keys in order)."""
-    from ..bootstrap.store import StoreClient
+    """Revoke here every communicator that another rank revokes (store keys in order). A broken
+    connection is made anew; the watcher ends only when the store stays unreachable for the
+    connect timeout (GPUCOLL_INIT_TIMEOUT): the job has ended."""
+    from ..bootstrap.store import StoreClient, StoreUnreachableError
 
-    try:
-        with StoreClient(info.store_host, info.store_port, info.secret, timeout=3600.0,
-                         connect_timeout=config.INIT_TIMEOUT.get()) as store:
-            while True:
-                try:
-                    comm_id = store.get(failures.revoke_key(_next_revocation[0]), timeout=3600.0).decode()
-                except GpucollTimeout:
-                    continue
-                _next_revocation[0] += 1
-                log.info("FT", "communicator %s was revoked by another rank", comm_id)
-                revoke_here(comm_id)
-    except Exception as exc:  # the store is gone: the job is ending; nothing to watch any more
-        log.info("FT", "the watcher of revocations stops: %s", exc)
+    while True:
+        try:
+            with StoreClient(info.store_host, info.store_port, info.secret, timeout=3600.0,
+                             connect_timeout=config.INIT_TIMEOUT.get()) as store:
+                _follow_revocations(store)
+        except StoreUnreachableError as exc:
+            log.info("FT", "the watcher of revocations stops: %s", exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - a request that broke: a later revoke must still wake us
+            log.info("FT", "the watcher of revocations lost its store connection (%s); connecting again", exc)
+            time.sleep(0.05)
+
+
+def _follow_revocations(store):
+    while True:
+        try:
+            value = store.get(failures.revoke_key(_next_revocation[0]), timeout=3600.0)
+        except GpucollTimeout:
+            continue
+        _next_revocation[0] += 1
+        try:
+            comm_id = value.decode("ascii")
+        except UnicodeDecodeError:  # only a holder of the job's secret writes these keys
+            log.warn("FT", "revocation %d does not name a communicator (%r); skipped", _next_revocation[0] - 1,
+                     value[:64])
+            continue
+        log.info("FT", "communicator %s was revoked by another rank", comm_id)
+        revoke_here(comm_id)

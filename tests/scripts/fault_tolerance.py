@@ -161,11 +161,17 @@ def main():
         started = time.monotonic()
         got = None
         if world.rank == 1:
+            if kind == "recv-after-garbage":  # a revocation key that names no communicator comes first
+                from gpucoll.bootstrap import failures
+
+                store, n = comm.seam.context.boot.store, 1
+                while store.compare_set(failures.revoke_key(n), None, b"\xff\xfe") != b"\xff\xfe":
+                    n += 1
             time.sleep(0.3)
             comm.revoke()
         else:
             try:
-                if kind == "recv":
+                if kind.startswith("recv"):
                     comm.Recv(np.empty(4), source=1)
                 elif kind == "barrier":
                     comm.Barrier()
