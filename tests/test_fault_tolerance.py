@@ -88,6 +88,13 @@ def test_agree_failed_and_ack_failed_after_a_death():
         assert got["failed"] == [2] and got["acked"] == 1 and got["acked0"] == 1, (rank, got)
 
 
+def test_failed_and_ack_failed_name_the_communicators_ranks():
+    # world ranks 0 and 1 die; on a Split of the world in reverse order they are ranks 4 and 3
+    job = run_job(5, "fault_tolerance.py", "failed-split", "0,1", launcher_args=CONTINUE, timeout=60).check()
+    for rank, got in survivors(job, [2, 3, 4]).items():
+        assert got == {"failed": [3, 4], "acked1": 1, "acked": 2, "acked9": 2}, (rank, got)
+
+
 def test_without_a_failure_shrink_is_a_dup_and_misuse_is_named():
     job = run_job(3, "fault_tolerance.py", "misuse", launcher_args=CONTINUE, timeout=60).check()
     for rank, got in job.json_lines().items():

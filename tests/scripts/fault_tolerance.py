@@ -12,7 +12,10 @@ random moment) and survivors that revoke, shrink and agree. Each survivor prints
                                replacement dies as it starts), "and N" (world rank N dies too, at a
                                random moment of the recovery: in the shrink or the grow)
     revoke KIND                rank 1 revokes a Dup while the others wait in it: recv | barrier | send
+                               | recv-after-garbage (a revocation value naming no communicator first)
     agree VICTIM               VICTIM dies; the survivors agree, list and acknowledge the failure
+    failed-split VICTIMS       on a Split of the world in reverse order (rank r is n-1-r), the world
+                               ranks in VICTIMS die; the survivors list and acknowledge them in part
     misuse                     revoke and shrink on a freed communicator; shrink, grow and agree
                                without a failure; rejoin outside a replacement
     impostor                   rank 0 starts a would-be replacement with a wrong secret
@@ -203,6 +206,15 @@ def main():
             raised = [type(exc).__name__, list(exc.ranks)]
         flag = comm.agree(0b1111 if world.rank % 2 else 0b0111)
         report(raised=raised, flag=flag, failed=comm.failed(), acked=comm.ack_failed(), acked0=comm.ack_failed(0))
+    elif mode == "failed-split":
+        victims = {int(v) for v in args[0].split(",")}
+        comm = world.Split(0, world.size - 1 - world.rank)
+        if world.rank in victims:
+            die()
+        deadline = time.monotonic() + 20
+        while len(comm.failed()) < len(victims) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        report(failed=comm.failed(), acked1=comm.ack_failed(1), acked=comm.ack_failed(), acked9=comm.ack_failed(9))
     elif mode == "misuse":
         same = comm.shrink()
         grown = same.grow()
