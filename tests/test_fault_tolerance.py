@@ -202,3 +202,69 @@ def test_an_agreement_is_the_first_offer_even_for_a_survivor_that_saw_less():
         for t in threads:
             t.join(30)
     assert results == {0: (0b010, {2}), 1: (0b010, {2})}, results
+
+
+def _with_store(run):
+    from gpucoll.bootstrap.store import StoreClient
+    from gpucoll.bootstrap.store_server import StoreServer
+
+    secret = b"s" * 16
+    with StoreServer("127.0.0.1", 0, secret).start() as srv:
+        with StoreClient("127.0.0.1", srv.port, secret) as store:
+            return run(store)
+
+
+def test_an_agreement_counts_the_ranks_gpurun_recorded_as_failed():
+    # No survivor sees rank 2's process end (another host, say): only gpurun's record of the
+    # failure in the store lets the agreement end without rank 2, well inside its timeout.
+    import threading
+    import time
+
+    from gpucoll.bootstrap import failures
+
+    def agreement(store):
+        store.set(failures.FAILED, json.dumps([12]).encode())
+        results = {}
+
+        def survivor(rank, flag):
+            results[rank] = failures.agree(store, "t/2", [10, 11, 12], rank, flag, lambda w: False, timeout=20.0)
+        started = time.monotonic()
+        threads = [threading.Thread(target=survivor, args=(r, f)) for r, f in ((0, 0b110), (1, 0b011))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        return results, time.monotonic() - started
+    results, took = _with_store(agreement)
+    assert results == {0: (0b010, {2}), 1: (0b010, {2})}, results
+    assert took < 5, took
+
+
+@pytest.mark.parametrize("key, value, shape", [
+    ("failed", b"garbage", "a JSON list of world ranks"),
+    ("failed", b"5", "a JSON list of world ranks"),
+    ("failed", b'["2"]', "a JSON list of world ranks"),
+    ("flag", b"abc", "an integer flag"),
+    ("decision", b"[]", '{"value": int, "failed": [ranks]}'),
+    ("decision", b'{"value": 1}', '{"value": int, "failed": [ranks]}'),
+    ("replacement", b"{}", '{"world_rank": int} or {"none": why}'),
+])
+def test_a_malformed_fault_tolerance_record_is_named(key, value, shape):
+    from gpucoll.base.errors import GpucollError
+    from gpucoll.bootstrap import failures
+
+    with pytest.raises(GpucollError) as info:
+        failures.record(f"gpucoll/ft/{key}", value, key)
+    assert f"at gpucoll/ft/{key}, which is not {shape}" in str(info.value)
+
+
+def test_an_agreement_over_a_malformed_post_names_its_key():
+    from gpucoll.base.errors import GpucollError
+    from gpucoll.bootstrap import failures
+
+    def agreement(store):
+        store.set("gpucoll/ft/agree/t/3/f/1", b"\xff not a flag")
+        with pytest.raises(GpucollError) as info:
+            failures.agree(store, "t/3", [10, 11], 0, 1, lambda w: False, timeout=5.0)
+        return str(info.value)
+    assert "at gpucoll/ft/agree/t/3/f/1, which is not an integer flag" in _with_store(agreement)

@@ -103,7 +103,7 @@ def _agreement(comm, flag, what, values=True):
             # on a communicator of its own (comm may be revoked)
             mates = type(comm)(seam.context, f"{seam.id}.a{seam.fault.agreements}", comm.world_ranks)
             try:
-                return bitwise_and(mates.allgather(int(flag))), set()
+                return failures.bitwise_and(mates.allgather(int(flag))), set()
             finally:
                 mates.Free()
         return int(flag), set()
@@ -114,14 +114,6 @@ def _agreement(comm, flag, what, values=True):
     except GpucollTimeout as exc:
         exc.args = (f"{what} on communicator {seam.id} (rank {comm.rank} of {comm.size}): {exc.args[0]}",)
         raise
-
-
-def bitwise_and(values):
-    """The bitwise AND of integer flags (-1 for none): what an agreement gives."""
-    out = -1
-    for v in values:
-        out &= int(v)
-    return out
 
 
 def shrink(comm):
@@ -190,7 +182,8 @@ def grow(comm):
     record = {"comm": cid, "members": members,
               "entries": {str(w): ctx.entries[w] for w in members if w in present}}
     # The first survivor's view wins: a replacement that fails meanwhile is seen by some only.
-    record = json.loads(store.compare_set(f"gpucoll/ft/grow/{cid}", None, json.dumps(record).encode()))
+    key = f"gpucoll/ft/grow/{cid}"
+    record = failures.record(key, store.compare_set(key, None, json.dumps(record).encode()), "grown")
     members = record["members"]
     joining = [w for w in members if w not in present]
     for w in joining:
@@ -206,7 +199,8 @@ def _replacement_of(store, world_rank, timeout):
     """The live replacement of failed `world_rank` (following replacements that failed too), or
     None where gpurun started none."""
     while True:
-        answer = json.loads(store.get(failures.replacement_key(world_rank), timeout=timeout))
+        key = failures.replacement_key(world_rank)
+        answer = failures.record(key, store.get(key, timeout=timeout), "replacement")
         if "none" in answer:
             log.info("FT", "no replacement for rank %d: %s", world_rank, answer["none"])
             return None

@@ -281,7 +281,8 @@ def rejoin():
                                 "ranks that survived a failure call grow() on their communicator")
     start_watcher(ctx)
     store, timeout = ctx.boot.store, config.TIMEOUT.get()
-    record = json.loads(store.get(failures.grown_key(ctx.rank), timeout=timeout))
+    key = failures.grown_key(ctx.rank)
+    record = failures.record(key, store.get(key, timeout=timeout), "grown")
     members = record["members"]
     entries = {int(w): e for w, e in record["entries"].items()}
     for i, w in enumerate(members):  # the other replacements of the same grow

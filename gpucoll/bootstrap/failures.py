@@ -24,6 +24,7 @@ gpurun's: a job whose gpurun is gone has ended anyway (its ranks die with it).
 import json
 import time
 
+from ..base.errors import GpucollError
 from ..base.errors import TimeoutError as GpucollTimeout
 
 FAILED = "gpucoll/ft/failed"
@@ -45,6 +46,49 @@ def grown_key(world_rank):
     return f"gpucoll/ft/grown/{world_rank}"
 
 
+def _ints(x):
+    return isinstance(x, list) and all(type(i) is int for i in x)
+
+
+# The records of these keys, each as JSON: what shape it has, and a check of it.
+SHAPES = {
+    "failed": ("a JSON list of world ranks", _ints),
+    "flag": ("an integer flag", lambda r: type(r) is int),
+    "decision": ('{"value": int, "failed": [ranks]}',
+                 lambda r: isinstance(r, dict) and type(r.get("value")) is int and _ints(r.get("failed"))),
+    "replacement": ('{"world_rank": int} or {"none": why}',
+                    lambda r: isinstance(r, dict) and (type(r.get("world_rank")) is int or isinstance(r.get("none"), str))),
+    "grown": ('{"comm": id, "members": [world ranks], "entries": {...}}',
+              lambda r: isinstance(r, dict) and isinstance(r.get("comm"), str) and _ints(r.get("members"))
+              and isinstance(r.get("entries"), dict)),
+}
+
+
+def record(key, value, kind):
+    """The JSON record `value` of store key `key`, checked against SHAPES[kind]: a value of
+    another shape raises an error that names the key (only gpurun and the job's ranks, which hold
+    its secret, write these keys)."""
+    shape, valid = SHAPES[kind]
+    try:
+        decoded = json.loads(value)
+        ok = valid(decoded)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        ok = False
+    if not ok:
+        raise GpucollError(f"the job's store holds {bytes(value[:60])!r} at {key}, which is not {shape}; "
+                           "only gpurun and the job's ranks write there (did a program holding the job's secret "
+                           "write over it?)")
+    return decoded
+
+
+def bitwise_and(values):
+    """The bitwise AND of integer flags (-1 for none): what an agreement gives."""
+    out = -1
+    for v in values:
+        out &= int(v)
+    return out
+
+
 def _value(store, key):
     """The value of `key`, or None while it is absent (one request)."""
     try:
@@ -56,7 +100,7 @@ def _value(store, key):
 def failed_world_ranks(store):
     """The world ranks gpurun has recorded as failed (an empty set before any, or without gpurun)."""
     value = _value(store, FAILED)
-    return set(json.loads(value)) if value is not None else set()
+    return set(record(FAILED, value, "failed")) if value is not None else set()
 
 
 def announce_revoke(store, comm_id, first):
@@ -95,7 +139,7 @@ def agree(store, name, world_ranks, rank, flag, has_ended, timeout, values=True)
         except GpucollTimeout:
             decided = _value(store, decision_key)
             if decided is not None:   # another survivor has decided: what it saw is the answer
-                decided = json.loads(decided)
+                decided = record(decision_key, decided, "decision")
                 return decided["value"], set(decided["failed"])
             gone = failed_world_ranks(store)
             if left <= 0:
@@ -109,14 +153,12 @@ def agree(store, name, world_ranks, rank, flag, has_ended, timeout, values=True)
     value = -1
     if values:
         if failed:
-            posted = [_value(store, flags + str(r)) for r in range(n) if r not in failed]
+            posted = {r: _value(store, flags + str(r)) for r in range(n) if r not in failed}
         else:
-            posted = store.gather(flags, n, timeout=1.0)
-        for v in posted:
-            if v is not None:
-                value &= int(v)
+            posted = dict(enumerate(store.gather(flags, n, timeout=1.0)))
+        value = bitwise_and(record(flags + str(r), v, "flag") for r, v in posted.items() if v is not None)
     offer = json.dumps({"value": value, "failed": sorted(failed)}).encode()
-    decided = json.loads(store.compare_set(decision_key, None, offer))
+    decided = record(decision_key, store.compare_set(decision_key, None, offer), "decision")
     return decided["value"], set(decided["failed"])
 
 

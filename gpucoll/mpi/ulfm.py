@@ -9,7 +9,7 @@ own: it does not tolerate a failure during it (Agree does).
 """
 import numpy as np
 
-from ..api.fault import bitwise_and
+from ..bootstrap.failures import bitwise_and
 from .composite import Composite, done
 from .group import Group
 from .kinds import kind
