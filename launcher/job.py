@@ -19,7 +19,6 @@ import time
 
 from . import binding
 from . import env as envmod
-from gpucoll.bootstrap import failures
 
 from . import report, warm
 from .output import RankStream, Sink, make_output_dir, open_output_file
@@ -84,6 +83,8 @@ def launch(opts):
             os.environ, opts.nprocs, opts.nprocs, host, store.port, secret_hex, job_id, opts.on_failure)
         job = Job(opts, inbox)
         if opts.on_failure == "continue":
+            from gpucoll.bootstrap import failures  # only under --on-failure=continue: gpurun starts sooner
+
             job.failures = failures.FailureBoard(store)
         cpus = rank_cpus(opts, opts.nprocs, "gpurun")
         envs = [envmod.rank_environ(common, r, r, opts.exports, binding.threads_per_rank(cpus[r], opts.nprocs))

@@ -117,9 +117,14 @@ class Communicator(ShortCalls):
         if self._freed:
             raise self._unusable[0](self._unusable[1])
 
+    def _ended(self):
+        """Freed, or unusable for a reason other than a revoke (a revoked communicator can still
+        be shrunk, agreed on and freed)."""
+        return self._was_freed or (self._freed and not self._fault.revoked)
+
     def _check_not_freed(self, what):
         """Fault tolerance's calls work on a revoked communicator, not on a freed one."""
-        if self._was_freed or (self._freed and not self._fault.revoked):
+        if self._ended():
             raise InvalidUsageError(f"{what}: {self._unusable[1]}")
 
     def _revoked_elsewhere(self):
@@ -195,7 +200,7 @@ class Communicator(ShortCalls):
 
     def Free(self):
         """Release the communicator's transports; using it afterwards raises."""
-        if self._was_freed or (self._freed and not self._fault.revoked):
+        if self._ended():
             return
         self._fast.host = self._fast.gpu = None
         self._short.closed = True
