@@ -367,9 +367,20 @@ cdef int _message(object msg, Py_buffer *view, int flags, object ndarray, bint m
     return 1
 
 
+# Messages up to this size start with the GIL held: their start (an eager copy, or a match) is
+# shorter than handing the GIL to another thread and taking it back.
+cdef Py_ssize_t _HOLD_GIL_BYTES = 4096
+
+
 cdef Req _start(P2PCore eng, bint send, uint64_t comm, int peer, int32_t tag, Py_buffer *view):
     """Start a send of, or a receive into, the buffer of view (its Req takes the view)."""
     cdef gc_p2p_req *r
+    if view.len <= _HOLD_GIL_BYTES:  # a few hundred ns at most: letting the GIL go would cost more
+        if send:
+            r = gc_p2p_isend(eng.e, comm, peer, tag, <const char *>view.buf, <uint64_t>view.len, 0)
+        else:
+            r = gc_p2p_irecv(eng.e, comm, peer, tag, <char *>view.buf, <uint64_t>view.len, 0)
+        return _req(eng, r, view)
     with nogil:
         if send:
             r = gc_p2p_isend(eng.e, comm, peer, tag, <const char *>view.buf, <uint64_t>view.len, 0)
