@@ -80,6 +80,15 @@ def test_revoke_wakes_ranks_blocked_on_the_communicator(no_leftover_segments, ki
         assert "does not name a communicator" in job.stderr, job.describe()
 
 
+def test_an_offer_arriving_after_a_revoke_is_refused():
+    # rank 0 has not heard of the revoke (no --on-failure=continue, no fault-tolerance call: no
+    # watcher); its rendezvous send reaches rank 1 after rank 1 revoked and fails, not hangs
+    job = run_job(2, "fault_tolerance.py", "revoke-then-offer", timeout=30).check()
+    results = job.json_lines()
+    for rank in (0, 1):
+        assert results[rank]["got"].startswith("RevokedError"), job.describe()
+
+
 def test_agree_failed_and_ack_failed_after_a_death():
     job = run_job(4, "fault_tolerance.py", "agree", 2, launcher_args=CONTINUE, timeout=60).check()
     for rank, got in survivors(job, [0, 1, 3]).items():

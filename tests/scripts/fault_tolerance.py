@@ -13,6 +13,8 @@ random moment) and survivors that revoke, shrink and agree. Each survivor prints
                                random moment of the recovery: in the shrink or the grow)
     revoke KIND                rank 1 revokes a Dup while the others wait in it: recv | barrier | send
                                | recv-after-garbage (a revocation value naming no communicator first)
+    revoke-then-offer          rank 1 revokes a Dup that rank 0 has not heard of (no watcher: no
+                               fault-tolerance call there), then rank 0 offers it a rendezvous send
     agree VICTIM               VICTIM dies; the survivors agree, list and acknowledge the failure
     failed-split VICTIMS       on a Split of the world in reverse order (rank r is n-1-r), the world
                                ranks in VICTIMS die; the survivors list and acknowledge them in part
@@ -206,6 +208,21 @@ def main():
             raised = [type(exc).__name__, list(exc.ranks)]
         flag = comm.agree(0b1111 if world.rank % 2 else 0b0111)
         report(raised=raised, flag=flag, failed=comm.failed(), acked=comm.ack_failed(), acked0=comm.ack_failed(0))
+    elif mode == "revoke-then-offer":
+        comm.Barrier()
+        if world.rank == 1:
+            comm.revoke()
+            world.Barrier()
+            got = world.recv(source=0, tag=9)   # rank 1's engine answers the offer meanwhile
+        else:
+            world.Barrier()
+            try:
+                comm.Send(np.ones(1 << 20), dest=1)   # a rendezvous offer, to a rank that revoked comm
+                got = "no error"
+            except gpucoll.RevokedError as exc:
+                got = type(exc).__name__ + ": " + str(exc)
+            world.send(got, dest=1, tag=9)
+        report(got=got)
     elif mode == "failed-split":
         victims = {int(v) for v in args[0].split(",")}
         comm = world.Split(0, world.size - 1 - world.rank)
