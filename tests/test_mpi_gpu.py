@@ -39,5 +39,5 @@ def test_mpi_module_with_gpu_arrays(gpurun_job):
     assert res[1]["ssend"] == [[0.0, 1.0, 2.0, 3.0], [0, 1, 2]]
     assert res[1]["counted recv"] == [-1, 0, 1, 2, 3, -1]
     assert res[1]["recv"] == [[0.0, 1.0, 2.0], 0, 3]
-    for count, tag in ((5, 6), (70_000, 7)):  # Probe/Iprobe read the GPU message's envelope
-        assert res[1][f"probe {count}"] == [0, tag, count, tag, count, True, True], res[1]
+    for count, tag in ((5, 6), (70_000, 7)):  # probes read the GPU message's envelope; Mprobe takes it
+        assert res[1][f"probe {count}"] == [0, tag, count, tag, count, count, True, True], res[1]

@@ -252,9 +252,6 @@ class PointToPoint:
         if found is None:
             return None
         if found[3] & _p2p.OFFER_FLAG:  # a GPU message: its envelope says how large it is
-            if take:
-                raise NotImplementedError(f"{what}: a matched probe of a message sent from GPU memory (use "
-                                          "Probe or Iprobe, then Recv)")
             from ..engines.p2p.outboxes import message_size
             envelope = core.seam.p2p.peek(found[0], found[1])
             if envelope is None:
@@ -263,7 +260,13 @@ class PointToPoint:
             if nbytes is None:
                 raise GpucollError(f"{what}: rank {found[0]} sent a GPU message whose envelope is not one "
                                    f"({len(envelope)} bytes); are both ranks running the same gpucoll?")
-            return found[0], found[1], None, nbytes
+            if not take:
+                return found[0], found[1], None, nbytes
+            # A matched probe takes it now: received into host memory (the GPU path reads it there
+            # through CUDA); a receive of exactly its source and tag matches this first one.
+            payload = np.empty(nbytes, np.uint8)
+            core.Recv(payload, found[0], found[1])
+            return found[0], found[1], payload, nbytes
         if not take:
             return found[0], found[1], None, found[2]
         src, tg, nbytes, _, req = core.seam.p2p.probe(found[0], found[1], True)

@@ -35,25 +35,26 @@ elif r == 1:
     comm.Recv(got, 0, 4, st)
     cp.cuda.get_current_stream().synchronize()
     out["recv"] = [got.get().tolist(), st.Get_source(), st.Get_count(MPI.DOUBLE)]
-# probes of GPU messages (small: through an outbox slot; large: pulled) report the announced size
+# probes of GPU messages (small: through an outbox slot; large: pulled) report the announced size;
+# a matched probe takes the second message, which its Message then receives into GPU memory
 for count, tag in ((5, 6), (70_000, 7)):
     if r == 0:
         comm.Send(cp.arange(count, dtype=cp.float32), 1, tag=tag)
+        comm.Send(cp.arange(count, dtype=cp.float32) + 1, 1, tag=tag)
     elif r == 1:
-        pst, ist = MPI.Status(), MPI.Status()
+        pst, ist, mst = MPI.Status(), MPI.Status(), MPI.Status()
         comm.Probe(0, tag, pst)
         while not comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, ist):
             pass
-        try:
-            comm.Mprobe(0, tag)
-            mprobe = "no error"
-        except NotImplementedError as exc:
-            mprobe = str(exc)
         got = cp.zeros(count, cp.float32)
         comm.Recv(got, 0, tag)
+        matched = comm.Mprobe(0, tag, mst)
+        second = cp.zeros(count, cp.float32)
+        matched.Recv(second)
         out[f"probe {count}"] = [pst.Get_source(), pst.Get_tag(), pst.Get_count(MPI.FLOAT), ist.Get_tag(),
-                                 ist.Get_count(MPI.FLOAT), "matched probe" in mprobe,
-                                 bool((got == cp.arange(count, dtype=cp.float32)).all())]
+                                 ist.Get_count(MPI.FLOAT), mst.Get_count(MPI.FLOAT),
+                                 bool((got == cp.arange(count, dtype=cp.float32)).all()),
+                                 bool((second == cp.arange(count, dtype=cp.float32) + 1).all())]
 # counts and displacements of a basic datatype over GPU arrays: the elements they name, in place
 part = cp.full(6, -1.0, cp.float32)
 if r == 0:
