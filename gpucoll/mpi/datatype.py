@@ -17,6 +17,7 @@ from ..base.errors import InvalidUsageError
 from ..base.mpi_constants import INTEGERS as _C
 from . import derived as _derived
 from .attributes import copy_attrs, create_keyval, delete_all, delete_attr, free_keyval, get_attr, set_attr
+from .hostcopy import HostStage
 from .memory import Msg, as_array
 
 ERR_TYPE, ERR_ARG, ERR_KEYVAL = _C["ERR_TYPE"], _C["ERR_ARG"], _C["ERR_KEYVAL"]
@@ -378,7 +379,7 @@ class Datatype:
         """Pack inbuf's elements of this type (as many as fit in it) into outbuf at byte `position`;
         the position after them."""
         t = self._rec("Pack")
-        stage = _on_host()
+        stage = HostStage()  # GPU buffers: through host copies (never NumPy over device memory)
         raw = _bytes_of(as_array(stage.spec(inbuf, False, "Pack inbuf"), True, "Pack inbuf"))
         data = Msg(raw, raw.size // t.extent if t.extent > 0 else 0, self).data()
         out = _bytes_of(as_array(stage.spec(outbuf, True, "Pack outbuf"), False, "Pack outbuf"))
@@ -393,7 +394,7 @@ class Datatype:
         """Fill outbuf with elements of this type (as many as it holds) from inbuf's bytes at
         `position`; the position after them."""
         t = self._rec("Unpack")
-        stage = _on_host()
+        stage = HostStage()  # GPU buffers: through host copies (never NumPy over device memory)
         src = _bytes_of(as_array(stage.spec(inbuf, False, "Unpack inbuf"), True, "Unpack inbuf"))
         raw = _bytes_of(as_array(stage.spec(outbuf, True, "Unpack outbuf"), False, "Unpack outbuf"))
         msg = Msg(raw, raw.size // t.extent if t.extent > 0 else 0, self)
@@ -477,14 +478,6 @@ def _f90_base(name, kind, args):
         raise InvalidUsageError(f"Create_f90_{kind}{args}: no {kind} type has that precision and range",
                                 error_class=ERR_ARG)
     return _BY_NAME[name]
-
-
-def _on_host():
-    """A staging.HostStage: Pack and Unpack read and write GPU buffers through host copies (the
-    copies made and written back by the stage, never NumPy over device memory)."""
-    from .staging import HostStage  # staging -> message -> datatype: imported at first use
-
-    return HostStage()
 
 
 def _bytes_of(arr):

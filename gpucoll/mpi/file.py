@@ -22,7 +22,7 @@ from .group import Group
 from .handle import Handle
 from .info import Info
 from .request import Request
-from .staging import HostStage
+from .hostcopy import HostStage
 from .status import reset
 
 MODE = {k: _C[f"MODE_{k}"] for k in ("RDONLY", "RDWR", "WRONLY", "CREATE", "EXCL", "DELETE_ON_CLOSE",

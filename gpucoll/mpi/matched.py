@@ -56,7 +56,7 @@ class Message(Handle):
 
     def _deliver(self, s, buf, status):
         from . import message as _m
-        from .staging import HostStage
+        from .hostcopy import HostStage
 
         stage = HostStage()  # a GPU buffer takes the bytes through a host copy
         buf = stage.spec(buf, True, "Message.Recv buf")

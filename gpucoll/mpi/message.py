@@ -15,17 +15,15 @@ A message is a 1-D uint8 view (`raw`) starting at its first byte, `count` elemen
 """
 import ctypes
 import operator
-import os
-import sys
 
 import numpy as np
 
 from .._native.exporter import AddressConstant
 from ..api.comm import IN_PLACE
 from ..base.mpi_constants import INTEGERS as _C
-from ..calls.buffers import maybe_gpu_buffer
 from ..engines.p2p.host import PROC_NULL
 from . import datatype as _dt
+from .hostcopy import _cuda_loaded, _is_device_pointer, gpu_buffer_of as _gpu_buffer
 from .memory import Msg, as_array  # noqa: F401 - the message layer's names, for its users
 
 
@@ -54,64 +52,6 @@ BASIC_FORMATS = frozenset(memoryview(np.empty(0, c)).format for c in _BASIC_CHAR
 
 
 # --- bytes of a buffer object ---------------------------------------------------------------
-def _is_device_pointer(ptr):
-    """Whether CUDA (when this process has it) knows ptr as device memory."""
-    try:
-        from .._native import cuda
-    except ImportError:
-        return False
-    if not cuda.available():
-        return False
-    try:
-        cuda.pointer_device(ptr)
-        return True
-    except Exception:  # CUDA does not know this pointer: it is ordinary host memory
-        return False
-
-
-_CUDA_LOADED = False
-# The libraries that allocate device memory for Python programs: until one is imported, no address
-# a program hands over is device memory (asking CUDA would cost a CPU-only program its start-up).
-_GPU_LIBRARIES = ("cupy", "torch", "numba", "jax", "pycuda", "cuda", "tensorflow")
-
-
-def _cuda_loaded():
-    """Whether this process has CUDA's driver loaded (then an address may be device memory)."""
-    global _CUDA_LOADED
-    if not _CUDA_LOADED and any(name in sys.modules for name in _GPU_LIBRARIES):
-        try:
-            ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD)  # loaded already, or not: never loads it
-            _CUDA_LOADED = True
-        except OSError:
-            pass
-    return _CUDA_LOADED
-
-
-def _gpu_buffer(obj, what):
-    """gpucoll's GpuBuffer when obj's memory is on a GPU; None for host memory (NumPy, the buffer
-    protocol, CPU DLPack tensors, interfaces over memory CUDA does not know)."""
-    if isinstance(obj, (np.ndarray, bytes, bytearray, memoryview)):
-        return None
-    cai = getattr(obj, "__cuda_array_interface__", None)
-    if isinstance(cai, dict):
-        data = cai.get("data")
-        ptr = data[0] if isinstance(data, tuple) and data and isinstance(data[0], int) else 0
-        if not (ptr and _is_device_pointer(ptr)):
-            return None
-        from ..calls.gpu_buffers import _from_cai
-
-        return maybe_gpu_buffer(obj, what) or _from_cai(obj, what)
-    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
-        from .dlpack import device_of, read
-
-        if device_of(obj)[0] == 1:  # kDLCPU
-            return None
-        if not _is_device_pointer(read(obj, False).address):
-            return None  # memory CUDA does not know (no CUDA in this process): host memory
-        return maybe_gpu_buffer(obj, what)
-    return maybe_gpu_buffer(obj, what)
-
-
 class DeviceSpan:
     """The elements of a GPU array that [buf, count, displ, TYPE] names, as a device array of
     TYPE's dtype over the same memory (no copy); keeps the array alive."""

@@ -156,7 +156,7 @@ class Op:
     def Reduce_local(self, inbuf, inoutbuf):
         """Compute inoutbuf = inbuf op inoutbuf, on this rank only (GPU buffers through host memory)."""
         from .message import local_pair
-        from .staging import HostStage
+        from .hostcopy import HostStage
 
         stage = HostStage()
         a, b, datatype, finish = local_pair(stage.spec(inbuf, False, "Reduce_local inbuf"),

@@ -26,7 +26,7 @@ from .composite import Composite
 from .datatype import plain_predefined
 from .matched import Message
 from .request import Prequest, Request
-from .staging import HostStage
+from .hostcopy import HostStage
 from .status import reset
 
 ANY_SOURCE, ANY_TAG, PROC_NULL = _C["ANY_SOURCE"], _C["ANY_TAG"], _C["PROC_NULL"]

@@ -12,62 +12,8 @@ place when the call or its request completes).
 import functools
 import inspect
 
-import numpy as np
-
-from ..base import dtypes as _dtypes
-from . import message as _m
 from .composite import Composite
-
-
-def device_buffer(spec, what):
-    """The GpuBuffer of a message specification's buffer (bare or its first item), or None."""
-    buf = spec[0] if isinstance(spec, (list, tuple)) and spec else spec
-    if buf is None or buf is _m.BOTTOM or _m.is_in_place(buf):
-        return None
-    return _m._gpu_buffer(buf, what)
-
-
-def _sync(device):
-    import cupy
-
-    with cupy.cuda.Device(device):
-        cupy.cuda.runtime.deviceSynchronize()
-
-
-def _copy(dst, src, nbytes, device):
-    import cupy
-
-    with cupy.cuda.Device(device):
-        cupy.cuda.runtime.memcpy(dst, src, nbytes, cupy.cuda.runtime.memcpyDefault)
-
-
-class HostStage:
-    """The host copies of one call's GPU buffers and what goes back to the GPU at the end."""
-
-    def __init__(self):
-        self.back = []  # (GpuBuffer, host array)
-
-    def spec(self, spec, writable, what):
-        """spec with its GPU buffer replaced by a host copy of the same dtype (counts,
-        displacements and datatypes stay as given); host specs as they are."""
-        gpu = device_buffer(spec, what)
-        if gpu is None:
-            return spec
-        host = np.empty(gpu.count, _dtypes.numpy_dtype(gpu.code))
-        _sync(gpu.device)
-        _copy(host.ctypes.data, gpu.addr, gpu.nbytes, gpu.device)
-        if writable:
-            self.back.append((gpu, host))
-        if isinstance(spec, (list, tuple)):
-            return type(spec)((host,) + tuple(spec[1:]))
-        return host
-
-    def finish(self):
-        """The host results into the GPU buffers they stand for."""
-        for gpu, host in self.back:
-            _copy(gpu.addr, host.ctypes.data, gpu.nbytes, gpu.device)
-        for device in {gpu.device for gpu, _ in self.back}:
-            _sync(device)
+from .hostcopy import HostStage, device_buffer  # noqa: F401 - device_buffer: also staging's, for its users
 
 
 def staged(name, specs, start, blocking):

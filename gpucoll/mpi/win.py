@@ -36,7 +36,7 @@ from .info import Info
 from .op import PREDEFINED as _OPS
 from .op import as_op, check
 from .request import Request
-from .staging import HostStage
+from .hostcopy import HostStage
 
 PROC_NULL, ANY_SOURCE = _C["PROC_NULL"], _C["ANY_SOURCE"]
 ERR_WIN, ERR_ARG, ERR_RANK = _C["ERR_WIN"], _C["ERR_ARG"], _C["ERR_RANK"]
