@@ -3,12 +3,14 @@ that counts and displacements of a basic datatype name go to gpucoll's GPU path,
 datatypes (packed on the device); the vector, neighbourhood, scan and counted reduce-scatter
 collectives, reductions with an op the GPU path lacks (LAND, LOR, a user op, Reduce_local),
 synchronous sends, matched receives, one-sided origins and the collectives across an
-intercommunicator go through host memory; an object with
+intercommunicator, Pack/Unpack, MPI-IO and a complex PROD go through host memory; an object with
 __cuda_array_interface__ over host memory is a host buffer even where CUDA runs.
 
     gpurun -np 2 python mpi_gpu.py      -> "RESULT {json}" per rank
 """
 import json
+import os
+import tempfile
 
 import cupy as cp
 import numpy as np
@@ -196,6 +198,25 @@ class HostInterface:
         self.__cuda_array_interface__ = {"version": 3, "shape": array.shape, "typestr": array.dtype.str,
                                          "data": (array.ctypes.data, False), "strides": None}
 
+
+# Pack/Unpack, MPI-IO and a complex PROD on GPU buffers: through host copies
+src, back, packed = cp.arange(4, dtype=cp.float64) + r, cp.zeros(4, cp.float64), cp.zeros(64, cp.uint8)
+position = MPI.DOUBLE.Pack(src, packed, 0, comm)
+MPI.DOUBLE.Unpack(packed, 0, back, comm)
+z = cp.full(2, complex(1, r + 1), cp.complex128)
+comm.Allreduce(MPI.IN_PLACE, z, op=MPI.PROD)   # (1+1j)(1+2j) on 2 ranks
+path = comm.bcast(tempfile.mktemp(prefix="gpucoll-mpi-gpu-") if r == 0 else None, root=0)
+fh = MPI.File.Open(comm, path, MPI.MODE_CREATE | MPI.MODE_RDWR)
+fh.Write_at(r * 32, cp.arange(4, dtype=cp.float64) + 10 * r)
+comm.Barrier()
+from_file = cp.zeros(4, cp.float64)
+fh.Read_at((n - 1 - r) * 32, from_file)
+fh.Close()
+comm.Barrier()
+if r == 0:
+    os.unlink(path)
+out["staged calls"] = [position, back.get().tolist(), [complex(v) == complex(-1, 3) for v in z.get()],
+                       from_file.get().tolist()]
 
 h_in, h_out = HostInterface(np.full(3, r + 1.0)), HostInterface(np.zeros(3))
 comm.Allreduce(h_in, h_out, op=MPI.SUM)
