@@ -8,6 +8,8 @@ through it.
 """
 import sys
 
+from gpucoll.base import stacks
+
 def parse_exports(items, environ):
     """-x VAR[=VAL] options -> {VAR: VAL}. VAR alone takes the launcher's value; a VAR
     that the launcher does not have is skipped with a warning."""
@@ -37,6 +39,7 @@ def common_environ(base, size, local_size, store_host, store_port, secret_hex, j
         "GPUCOLL_STORE": f"{store_host}:{store_port}",
         "GPUCOLL_STORE_SECRET": secret_hex,
         "GPUCOLL_JOB_ID": job_id,
+        stacks.VARIABLE: str(stacks.signal_number()),
         "WORLD_SIZE": str(size),
         "LOCAL_WORLD_SIZE": str(local_size),
         "MASTER_ADDR": store_host,

@@ -17,9 +17,10 @@ import signal
 import socket
 import time
 
+from gpucoll.base import stacks
+
 from . import binding
 from . import env as envmod
-
 from . import report, warm
 from .output import RankStream, Sink, make_output_dir, open_output_file
 from .signals import ENDING, FORWARDED, SignalInbox
@@ -32,6 +33,8 @@ from .spawn_zygote import Zygote
 DRAIN_S = 1.0
 # Longest sleep of the loop: a safety net in case a wakeup is ever missed.
 MAX_WAIT_S = 1.0
+# When --timeout expires: how long the ranks have to write their stacks before they are stopped.
+STACKS_S = 0.5
 
 
 class Options:
@@ -191,6 +194,8 @@ class Job:
         self.selector.register(inbox.fileno(), selectors.EVENT_READ, None)
         self.first_failure = None      # the Rank that failed first
         self.stop_reason = None        # "failure", "timeout", "signal", "leftovers"
+        self.stacks_at = None          # when --timeout asked the ranks for their stacks
+        self.running_at_timeout = []   # the ranks still running then
         self.stop_signal = None        # the ending signal gpurun got
         self.still_running_at_stop = []
         self.term_at = None
@@ -256,7 +261,7 @@ class Job:
         """Seconds until the next thing the loop must do by itself."""
         due = [now + MAX_WAIT_S]
         if self.deadline is not None and self.stop_reason is None:
-            due.append(self.deadline)
+            due.append(self.deadline if self.stacks_at is None else self.stacks_at + STACKS_S)
         if self.term_at is not None and self.kill_at is None:
             due.append(self.term_at + self.opts.grace)
         if self.all_ended_at is not None:
@@ -285,7 +290,8 @@ class Job:
         # Reap all first, so that ranks which ended together are not reported as stopped.
         ended = [rank for rank in self.ranks if rank.poll()]
         failed = [rank for rank in ended if rank.returncode != 0
-                  and not (self.spawner is not None and self.spawner.ended_early(rank))]
+                  and not (self.spawner is not None and self.spawner.ended_early(rank))
+                  and not self._ended_by_stacks_request(rank)]
         if failed and self.stop_reason is None and self.failures is not None:
             self._tolerate(failed)
         elif failed and self.stop_reason is None:
@@ -295,6 +301,11 @@ class Job:
             self.all_ended_at = time.monotonic()
         if self.all_ended_at is not None:
             reap_orphans()
+
+    def _ended_by_stacks_request(self, rank):
+        """A rank with no handler for the stacks signal (not Python, or not yet joined) ends by it:
+        that is --timeout stopping it, not a failure."""
+        return self.stacks_at is not None and rank.returncode == -stacks.signal_number()
 
     def _tolerate(self, failed):
         """--on-failure=continue: record each failure in the store for the survivors, say so."""
@@ -342,10 +353,29 @@ class Job:
         for rank in self.ranks:
             rank.signal_group(signal.SIGKILL)
 
+    def _ask_for_stacks(self, now):
+        """--timeout expired: the ranks still running write their threads' stacks (STACKS_S to do
+        it) before they are stopped, so that the hang says where each rank was."""
+        self.stacks_at = now
+        running = [r for r in self.ranks if r.running]
+        self.running_at_timeout = [r.rank for r in running]
+        self.stderr.write(f"gpurun: timeout: the job ran longer than {self.opts.timeout:g} s; the stacks of the "
+                          f"ranks still running ({', '.join(str(r.rank) for r in running)}) follow\n".encode())
+        for rank in running:
+            try:
+                os.kill(rank.pid, stacks.signal_number())
+            except (ProcessLookupError, PermissionError):
+                pass
+
     def _advance(self, now):
         """Act on deadlines; True once the job is over."""
         if self.deadline is not None and self.stop_reason is None and now >= self.deadline:
-            self._stop("timeout")
+            if self.stacks_at is None:
+                self._ask_for_stacks(now)
+            elif now >= self.stacks_at + STACKS_S or not any(r.running for r in self.ranks):
+                running = self.running_at_timeout
+                self._stop("timeout")
+                self.still_running_at_stop = running  # the stacks request may have ended some
         if self.term_at is not None and self.kill_at is None and now >= self.term_at + self.opts.grace:
             self._kill_all()
         if self.all_ended_at is None:

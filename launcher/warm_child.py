@@ -23,6 +23,8 @@ import threading
 import traceback
 import types
 
+from gpucoll.base import stacks
+
 # Python's own statuses: an uncaught exception, and stdout that could not be flushed at exit.
 EXIT_EXCEPTION = 1
 EXIT_FLUSH_FAILED = 120
@@ -64,6 +66,7 @@ def become_program(program, env, stdio, setup, blas_threads):
         _rebind_stdio(*stdio, unbuffered=bool(env.get("PYTHONUNBUFFERED")))
         os.environ.clear()
         os.environ.update(env)
+        stacks.install(env)
         if blas_threads is not None:
             blas_threads()
         _reseed_numpy()

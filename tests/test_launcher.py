@@ -284,6 +284,28 @@ def test_timeout_names_ranks_still_running_and_ends_them(tmp_path):
     assert_all_gone(job_pids(tmp_path, 3))
 
 
+@pytest.mark.parametrize("preload", [True, False])
+def test_timeout_shows_where_each_rank_still_running_was(tmp_path, preload):
+    # Rank 1 never reaches the all-reduce that rank 0 waits in; a third rank, not Python, sleeps.
+    # Each Python rank's stack names the line it hangs at; the sleeping executable ends by the
+    # request (no handler) without counting as a failure: the job still ends as a timeout.
+    script = tmp_path / "hang.py"
+    script.write_text("import time, numpy as np, gpucoll\n"
+                      "comm = gpucoll.COMM_WORLD\n"
+                      "if comm.rank == 1:\n"
+                      "    time.sleep(60)  # rank 1 hangs here\n"
+                      "comm.Allreduce(gpucoll.IN_PLACE, np.ones(4))  # rank 0 waits here\n")
+    args = ("-np", 2, "--timeout", 3) + (() if preload else ("--no-preload",))
+    proc, took = gpurun(*args, sys.executable, script)
+    assert proc.returncode == 124, proc.stderr
+    assert "the stacks of the ranks still running (0, 1) follow" in proc.stderr, proc.stderr
+    assert f'[0]   File "{script}", line 5 in <module>' in proc.stderr, proc.stderr
+    assert f'[1]   File "{script}", line 4 in <module>' in proc.stderr, proc.stderr
+    assert "ranks still running: 0, 1" in proc.stderr and took < 8, proc.stderr
+    plain = gpurun("-np", 1, "--timeout", 1, "sleep", 30)[0]
+    assert plain.returncode == 124 and "ranks still running: 0" in plain.stderr, plain.stderr
+
+
 # --- signals --------------------------------------------------------------------------
 def start_gpurun(*args):
     return subprocess.Popen(GPURUN + [str(a) for a in args], stdout=subprocess.PIPE,

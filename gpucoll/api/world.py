@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 
-from ..base import config, log
+from ..base import config, log, stacks
 from ..base.errors import InvalidUsageError
 from ..bootstrap import connect
 
@@ -187,6 +187,7 @@ def init():
     global _world, _owner_pid
     with _lock:
         if _world is None:
+            stacks.install()  # under gpurun: a rank that hangs can show where (docs/launcher.md)
             bad = config.check_all()
             if bad:
                 log.warn("ENV", "unknown variable(s) %s: nothing reads them (a typo?)", ", ".join(bad))

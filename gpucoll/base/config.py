@@ -179,6 +179,10 @@ JOB_ID = declare("GPUCOLL_JOB_ID", "str", None, "Identifier of the job, used in 
 REPLACES = declare("GPUCOLL_REPLACES", "str", None,
                    "Set by gpurun --respawn in a replacement process: the world rank of the failed rank it "
                    "replaces and its own (dead:new).", launcher=True)
+STACKS_SIGNAL = declare("GPUCOLL_STACKS_SIGNAL", "int", None,
+                        "Set by gpurun: the signal on which a rank writes every thread's Python stack to "
+                        "its stderr; gpurun sends it to the ranks still running when --timeout expires.",
+                        launcher=True)
 ON_FAILURE = declare("GPUCOLL_ON_FAILURE", "choice", "end",
                      "Set by gpurun --on-failure: end (a failed rank ends the job) or continue (the job goes on; "
                      "each rank watches for revoked communicators from the start, docs/fault-tolerance.md).",
