@@ -23,6 +23,7 @@ def test_mpi_module_with_gpu_arrays(gpurun_job):
         assert derived["allreduce"] == [3.0, -1.0 * (r + 1), 6.0, -2.0 * (r + 1)]
         assert derived["iallgather"] == [5.0, 6.0, 6.0, 7.0]
         assert got["host_interface"] == [3.0] * 3  # host memory behind __cuda_array_interface__
+        assert got["bottom"] == [3.0 * r + j + 10 * k for k in range(2) for j in range(3)]
         assert got["staged calls"] == [32, [0.0 + r, 1.0 + r, 2.0 + r, 3.0 + r], [True, True],
                                        [10.0 * (1 - r) + k for k in range(4)]]
         # the elements counts and displacements name, and no others

@@ -873,7 +873,7 @@ def _wblocks(msg, readonly, size, what):
     for k in range(size):
         datatype = _m.as_datatype(types[k], what)
         if bottom:
-            out.append(_m.at_address(displs[k], counts[k], datatype, what))
+            out.append(_m.at_address(displs[k], counts[k], datatype, what, readonly))
             continue
         t = datatype._t
         if counts[k] and (displs[k] < 0 or displs[k] + (counts[k] - 1) * t.extent + t.true_ub > raw.size):

@@ -3,9 +3,11 @@ buffer object whose memory is on a GPU), device_buffer (the same for a message s
 HostStage (a call's GPU buffers replaced by host copies, what it wrote copied back). A leaf of
 gpucoll.MPI's buffers: the message layer (message.py), Datatype.Pack/Unpack, MPI-IO and the staged
 calls (staging.py) build on it."""
+import contextlib
 import ctypes
 import os
 import sys
+import threading
 
 import numpy as np
 
@@ -81,6 +83,12 @@ def device_buffer(spec, what):
     return gpu_buffer_of(buf, what)
 
 
+def _cuda():
+    from .._native import cuda  # only where GPU memory was found: CUDA is loaded then
+
+    return cuda
+
+
 def _sync(device):
     import cupy
 
@@ -95,11 +103,20 @@ def _copy(dst, src, nbytes, device):
         cupy.cuda.runtime.memcpy(dst, src, nbytes, cupy.cuda.runtime.memcpyDefault)
 
 
+_active = threading.local()  # .stage: the HostStage of the call this thread is reading, if any
+
+
+def active_stage():
+    """The HostStage that MPI.BOTTOM blocks addressing GPU memory are staged through, or None."""
+    return getattr(_active, "stage", None)
+
+
 class HostStage:
     """The host copies of one call's GPU buffers and what goes back to the GPU at the end."""
 
     def __init__(self):
-        self.back = []  # (GpuBuffer, host array)
+        self.back = []   # (device address, bytes, device, host array): copied back at finish()
+        self.spans = []  # (device address, host uint8 array): the MPI.BOTTOM ranges copied so far
 
     def spec(self, spec, writable, what):
         """spec with its GPU buffer replaced by a host copy of the same dtype (counts,
@@ -111,14 +128,48 @@ class HostStage:
         _sync(gpu.device)
         _copy(host.ctypes.data, gpu.addr, gpu.nbytes, gpu.device)
         if writable:
-            self.back.append((gpu, host))
+            self.back.append((gpu.addr, gpu.nbytes, gpu.device, host))
         if isinstance(spec, (list, tuple)):
             return type(spec)((host,) + tuple(spec[1:]))
         return host
 
+    def span(self, address, nbytes, writable, what):
+        """A host copy (uint8) of the nbytes of GPU memory at `address`: a block of an MPI.BOTTOM
+        message. A block inside a range already copied shares that copy; a writable block whose
+        range overlaps only in part another that is copied back is refused (each copied back
+        whole, one would undo what the call wrote into the other)."""
+        for start, host in self.spans:
+            if start <= address and address + nbytes <= start + host.size:
+                if writable and not any(h is host for *_, h in self.back):
+                    self.back.append((start, host.size, _cuda().pointer_device(start), host))
+                return host[address - start:address - start + nbytes]
+            if (writable and start < address + nbytes and address < start + host.size
+                    and any(h is host for *_, h in self.back)):
+                raise NotImplementedError(f"{what}: blocks of MPI.BOTTOM whose ranges of GPU memory overlap in part "
+                                          "(pass the GPU arrays themselves)")
+        device = _cuda().pointer_device(address)
+        host = np.empty(nbytes, np.uint8)
+        _sync(device)
+        _copy(host.ctypes.data, address, nbytes, device)
+        self.spans.append((address, host))
+        if writable:
+            self.back.append((address, nbytes, device, host))
+        return host
+
+    @contextlib.contextmanager
+    def reading(self):
+        """While the call reads its message specifications: MPI.BOTTOM blocks that address GPU
+        memory are staged here (message.at_address asks active_stage())."""
+        outer = active_stage()
+        _active.stage = self
+        try:
+            yield self
+        finally:
+            _active.stage = outer
+
     def finish(self):
-        """The host results into the GPU buffers they stand for."""
-        for gpu, host in self.back:
-            _copy(gpu.addr, host.ctypes.data, gpu.nbytes, gpu.device)
-        for device in {gpu.device for gpu, _ in self.back}:
+        """The host results into the GPU memory they stand for."""
+        for address, nbytes, device, host in self.back:
+            _copy(address, host.ctypes.data, nbytes, device)
+        for device in {device for _, _, device, _ in self.back}:
             _sync(device)

@@ -23,7 +23,7 @@ from ..api.comm import IN_PLACE
 from ..base.mpi_constants import INTEGERS as _C
 from ..engines.p2p.host import PROC_NULL
 from . import datatype as _dt
-from .hostcopy import _cuda_loaded, _is_device_pointer, gpu_buffer_of as _gpu_buffer
+from .hostcopy import _cuda_loaded, _is_device_pointer, active_stage, gpu_buffer_of as _gpu_buffer
 from .memory import Msg, as_array  # noqa: F401 - the message layer's names, for its users
 
 
@@ -225,7 +225,7 @@ def simple(msg, readonly, rank=0, blocks=0, what="buffer"):
     raw, datatype, gpu = _buffer(buf, dtype, readonly, what)
     t = datatype._t
     if buf is BOTTOM and count:
-        return at_address(0, _index(count, what, "count"), datatype, what)
+        return at_address(0, _index(count, what, "count"), datatype, what, readonly)
     if gpu is not None:
         if count is not None and blocks >= 2:  # a count per rank: the blocks of every rank
             count = _index(count, what, "count") * blocks
@@ -279,9 +279,10 @@ def simple(msg, readonly, rank=0, blocks=0, what="buffer"):
     return Msg(raw, count, datatype, plain=is_plain(buf))
 
 
-def at_address(address, count, datatype, what):
+def at_address(address, count, datatype, what, readonly=True):
     """The Msg of count elements of datatype at an absolute address (MPI.BOTTOM messages, whose
-    datatypes hold addresses from MPI.Get_address)."""
+    datatypes hold addresses from MPI.Get_address). GPU memory there is read through a host copy
+    where the call stages such blocks (hostcopy.active_stage(); written back when it completes)."""
     t = datatype._t
     if t is None:
         raise ValueError(f"{what}: the datatype is MPI.DATATYPE_NULL")
@@ -293,8 +294,11 @@ def at_address(address, count, datatype, what):
         raise ValueError(f"{what}: with MPI.BOTTOM the datatype must hold absolute addresses "
                          f"(from MPI.Get_address); this one starts at address {lo}")
     if _cuda_loaded() and _is_device_pointer(lo):  # read as host memory, it would crash the process
-        raise NotImplementedError(f"{what}: MPI.BOTTOM with the address of GPU memory (pass the GPU array "
-                                  "itself)")
+        stage = active_stage()
+        if stage is None:
+            raise NotImplementedError(f"{what}: MPI.BOTTOM with the address of GPU memory (pass the GPU array "
+                                      "itself)")
+        return Msg(stage.span(lo, hi - lo, not readonly, what), count, datatype, shift=lo - address)
     raw = np.ctypeslib.as_array((ctypes.c_ubyte * (hi - lo)).from_address(lo))
     return Msg(raw, count, datatype, shift=lo - address)
 

@@ -12,8 +12,9 @@ place when the call or its request completes).
 import functools
 import inspect
 
+from . import message as _m
 from .composite import Composite
-from .hostcopy import HostStage, device_buffer  # noqa: F401 - device_buffer: also staging's, for its users
+from .hostcopy import HostStage, _cuda_loaded, device_buffer  # noqa: F401 - device_buffer: also staging's
 
 
 def staged(name, specs, start, blocking):
@@ -23,24 +24,44 @@ def staged(name, specs, start, blocking):
     what = name.capitalize()
     stage = HostStage()
     state = start(*[stage.spec(spec, writable, f"{what} {label}") for spec, writable, label in specs])
+    return _finished(stage, state, blocking, name)
+
+
+def _finished(stage, state, blocking, name):
+    """What the call returns once its stage is set: the results copied back now (blocking), or
+    when its request completes."""
     if blocking:
         stage.finish()
         return None
     return Composite([state] if state is not None else [], stage.finish, f"I{name}")
 
 
+def _at_bottom(spec):
+    """Whether a message specification addresses its blocks from MPI.BOTTOM (or a None buffer)."""
+    return isinstance(spec, (list, tuple)) and len(spec) > 1 and (spec[0] is None or spec[0] is _m.BOTTOM)
+
+
 def through_host(run):
     """For a method run(self, sendbuf, recvbuf, ..., blocking, ...) that returns its started
-    request (or None once done): GPU buffers in sendbuf or recvbuf go through a HostStage."""
+    request (or None once done): GPU buffers in sendbuf or recvbuf go through a HostStage, and so
+    do the blocks of an MPI.BOTTOM specification that address GPU memory (staged as the call reads
+    them: message.at_address)."""
     blocking_at = list(inspect.signature(run).parameters).index("blocking")
     name = run.__name__.strip("_")
 
     @functools.wraps(run)
     def staged_run(self, sendbuf, recvbuf, *args, **kwargs):
         what = name.capitalize()
-        if device_buffer(sendbuf, what) is None and device_buffer(recvbuf, what) is None:
+        gpu = device_buffer(sendbuf, what) is not None or device_buffer(recvbuf, what) is not None
+        bottom = not gpu and _cuda_loaded() and (_at_bottom(sendbuf) or _at_bottom(recvbuf))
+        if not (gpu or bottom):
             return run(self, sendbuf, recvbuf, *args, **kwargs)
         blocking = kwargs["blocking"] if "blocking" in kwargs else args[blocking_at - 3]
-        return staged(name, [(sendbuf, False, "sendbuf"), (recvbuf, True, "recvbuf")],
-                      lambda send, recv: run(self, send, recv, *args, **kwargs), blocking)
+        if gpu:
+            return staged(name, [(sendbuf, False, "sendbuf"), (recvbuf, True, "recvbuf")],
+                          lambda send, recv: run(self, send, recv, *args, **kwargs), blocking)
+        stage = HostStage()
+        with stage.reading():
+            state = run(self, sendbuf, recvbuf, *args, **kwargs)
+        return _finished(stage, state, blocking, name)
     return staged_run

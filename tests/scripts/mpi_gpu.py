@@ -199,6 +199,12 @@ class HostInterface:
                                          "data": (array.ctypes.data, False), "strides": None}
 
 
+# Alltoallw from MPI.BOTTOM with the addresses of GPU arrays: their blocks through host copies
+sb, rb = cp.arange(3 * n, dtype=cp.float64) + 10 * r, cp.full(3 * n, -1.0, cp.float64)
+sa, ra = MPI.Get_address(sb), MPI.Get_address(rb)
+comm.Alltoallw([MPI.BOTTOM, ([3] * n, [sa + 24 * k for k in range(n)]), [MPI.DOUBLE] * n],
+               [MPI.BOTTOM, ([3] * n, [ra + 24 * k for k in range(n)]), [MPI.DOUBLE] * n])
+out["bottom"] = rb.get().tolist()
 # Pack/Unpack, MPI-IO and a complex PROD on GPU buffers: through host copies
 src, back, packed = cp.arange(4, dtype=cp.float64) + r, cp.zeros(4, cp.float64), cp.zeros(64, cp.uint8)
 position = MPI.DOUBLE.Pack(src, packed, 0, comm)
