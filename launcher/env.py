@@ -33,13 +33,14 @@ def common_environ(base, size, local_size, store_host, store_port, secret_hex, j
     theirs)."""
     env = dict(base)
     env["GPUCOLL_ON_FAILURE"] = on_failure or base.get("GPUCOLL_ON_FAILURE") or "end"
+    if stacks.signal_number() is not None:
+        env[stacks.VARIABLE] = str(stacks.signal_number())
     env.update({
         "GPUCOLL_SIZE": str(size),
         "GPUCOLL_LOCAL_SIZE": str(local_size),
         "GPUCOLL_STORE": f"{store_host}:{store_port}",
         "GPUCOLL_STORE_SECRET": secret_hex,
         "GPUCOLL_JOB_ID": job_id,
-        stacks.VARIABLE: str(stacks.signal_number()),
         "WORLD_SIZE": str(size),
         "LOCAL_WORLD_SIZE": str(local_size),
         "MASTER_ADDR": store_host,

@@ -23,7 +23,7 @@ from . import binding
 from . import env as envmod
 from . import report, warm
 from .output import RankStream, Sink, make_output_dir, open_output_file
-from .signals import ENDING, FORWARDED, SignalInbox
+from .signals import ENDING, FORWARDED, STACKS, SignalInbox
 from .spawn import LaunchError, become_subreaper, kill_orphans, program_argv, reap_orphans, start_rank
 from .spawn_service import SpawnService
 from .spawn_zygote import Zygote
@@ -280,6 +280,8 @@ class Job:
                     self._stop("signal", signum)
                 else:
                     self._kill_all()  # already ending and asked again: no more waiting
+            elif signum in STACKS:
+                self._send_stacks_request()
             elif signum in FORWARDED:
                 for rank in self.ranks:
                     if rank.running:
@@ -305,7 +307,8 @@ class Job:
     def _ended_by_stacks_request(self, rank):
         """A rank with no handler for the stacks signal (not Python, or not yet joined) ends by it:
         that is --timeout stopping it, not a failure."""
-        return self.stacks_at is not None and rank.returncode == -stacks.signal_number()
+        signum = stacks.signal_number()
+        return self.stacks_at is not None and signum is not None and rank.returncode == -signum
 
     def _tolerate(self, failed):
         """--on-failure=continue: record each failure in the store for the survivors, say so."""
@@ -361,15 +364,24 @@ class Job:
         self.running_at_timeout = [r.rank for r in running]
         self.stderr.write(f"gpurun: timeout: the job ran longer than {self.opts.timeout:g} s; the stacks of the "
                           f"ranks still running ({', '.join(str(r.rank) for r in running)}) follow\n".encode())
-        for rank in running:
-            try:
-                os.kill(rank.pid, stacks.signal_number())
-            except (ProcessLookupError, PermissionError):
-                pass
+        self._send_stacks_request()
+
+    def _send_stacks_request(self):
+        """The stacks signal to each running rank's own process (its children, which may have no
+        handler, are left alone)."""
+        for rank in self.ranks:
+            if rank.running:
+                try:
+                    os.kill(rank.pid, stacks.signal_number())
+                except (ProcessLookupError, PermissionError):
+                    pass
 
     def _advance(self, now):
         """Act on deadlines; True once the job is over."""
         if self.deadline is not None and self.stop_reason is None and now >= self.deadline:
+            if self.stacks_at is None and stacks.signal_number() is None:
+                self.running_at_timeout = [r.rank for r in self.ranks if r.running]
+                self.stacks_at = now - STACKS_S   # no real-time signals here: no stacks to wait for
             if self.stacks_at is None:
                 self._ask_for_stacks(now)
             elif now >= self.stacks_at + STACKS_S or not any(r.running for r in self.ranks):

@@ -8,10 +8,15 @@ polls, and no work happens inside a handler.
 import os
 import signal
 
+from gpucoll.base import stacks
+
 #: Forwarded to every rank's process group.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 #: Of those, the ones after which gpurun ends the job.
 ENDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: The request for the ranks' stacks (gpucoll.base.stacks): passed on to each rank's own process
+#: (a gpurun that is itself a rank of another, whose --timeout expired).
+STACKS = tuple(s for s in (stacks.signal_number(),) if s is not None)
 
 
 def _ignore(signum, frame):
@@ -19,7 +24,7 @@ def _ignore(signum, frame):
 
 
 class SignalInbox:
-    """Catches FORWARDED and SIGCHLD until `close()`; `take()` returns what arrived."""
+    """Catches FORWARDED, STACKS and SIGCHLD until `close()`; `take()` returns what arrived."""
 
     def __init__(self):
         self._rfd, self._wfd = os.pipe()
@@ -27,7 +32,7 @@ class SignalInbox:
         os.set_blocking(self._wfd, False)
         self._old_wakeup = signal.set_wakeup_fd(self._wfd, warn_on_full_buffer=False)
         self._old = {}
-        for sig in FORWARDED + (signal.SIGCHLD,):
+        for sig in FORWARDED + (signal.SIGCHLD,) + STACKS:
             self._old[sig] = signal.signal(sig, _ignore)
 
     def fileno(self):

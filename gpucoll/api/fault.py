@@ -241,29 +241,43 @@ def start_watcher(ctx):
 
 def _watch(info):
     """Revoke here every communicator that another rank revokes (store keys in order). A broken
-    connection is made anew; the watcher ends only when the store stays unreachable for the
-    connect timeout (GPUCOLL_INIT_TIMEOUT): the job has ended."""
+    connection is made anew (backing off up to a second); the watcher ends when the store stays
+    unreachable, or keeps failing with no request answered, for GPUCOLL_INIT_TIMEOUT: the job
+    has ended, or its port now belongs to something else."""
     from ..bootstrap.store import StoreClient, StoreUnreachableError
 
+    give_up_after = config.INIT_TIMEOUT.get()
+    answered = [False]  # the store answered a request since the last failure
+    failing_since, delay = None, 0.05
     while True:
         try:
             with StoreClient(info.store_host, info.store_port, info.secret, timeout=3600.0,
-                             connect_timeout=config.INIT_TIMEOUT.get()) as store:
-                _follow_revocations(store)
+                             connect_timeout=give_up_after) as store:
+                _follow_revocations(store, answered)
         except StoreUnreachableError as exc:
             log.info("FT", "the watcher of revocations stops: %s", exc)
             return
         except Exception as exc:  # noqa: BLE001 - a request that broke: a later revoke must still wake us
+            now = time.monotonic()
+            if answered[0] or failing_since is None:
+                answered[0], failing_since, delay = False, now, 0.05
+            if now - failing_since > give_up_after:  # refused all along (not the job's store any more)
+                log.warn("FT", "the watcher of revocations stops: the store has refused it for %.0f s (%s)",
+                         now - failing_since, exc)
+                return
             log.info("FT", "the watcher of revocations lost its store connection (%s); connecting again", exc)
-            time.sleep(0.05)
+            time.sleep(delay)
+            delay = min(1.0, delay * 2)
 
 
-def _follow_revocations(store):
+def _follow_revocations(store, answered):
     while True:
         try:
             value = store.get(failures.revoke_key(_next_revocation[0]), timeout=3600.0)
         except GpucollTimeout:
+            answered[0] = True
             continue
+        answered[0] = True
         _next_revocation[0] += 1
         try:
             comm_id = value.decode("ascii")

@@ -16,8 +16,10 @@ VARIABLE = config.STACKS_SIGNAL.name
 
 
 def signal_number():
-    """The signal gpurun sends for the stacks (SIGRTMIN + 4)."""
-    return signal.SIGRTMIN + 4
+    """The signal gpurun sends for the stacks (SIGRTMIN + 4); None where there are no real-time
+    signals (then gpurun asks for no stacks)."""
+    first = getattr(signal, "SIGRTMIN", None)
+    return None if first is None else first + 4
 
 
 def install(environ=None):

@@ -112,6 +112,8 @@ def _gpu_folds(op, msg):
     if op.core is None:
         return False
     element = msg.t.np if msg.t is not None else None
+    if element is None:  # a derived datatype: the GPU path moves a packed copy of its elements
+        element = getattr(msg.gpu, "dtype", None)
     return element is None or np.dtype(element).kind != "c" or op.core in (_core_ops.SUM, _core_ops.AVG)
 
 

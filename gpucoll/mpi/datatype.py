@@ -96,6 +96,17 @@ class _Type:
             self._contiguous = ok
         return self._contiguous
 
+    def runs(self, count):
+        """(byte positions from the buffer start, lengths) of the runs of consecutive bytes that
+        count elements cover, in typemap order."""
+        if count == 0:
+            return np.zeros(0, np.intp), np.zeros(0, np.intp)
+        if self.contiguous():
+            return np.zeros(1, np.intp), np.array([count * self.size], np.intp)
+        index = self.byte_index(count)
+        first = np.concatenate(([0], np.flatnonzero(np.diff(index) != 1) + 1))
+        return index[first], np.diff(np.concatenate((first, [index.size])))
+
     def byte_index(self, count):
         """Offsets (from the buffer start) of the bytes of `count` elements, in typemap order."""
         one = self._index.get("one")

@@ -115,8 +115,8 @@ class HostStage:
     """The host copies of one call's GPU buffers and what goes back to the GPU at the end."""
 
     def __init__(self):
-        self.back = []   # (device address, bytes, device, host array): copied back at finish()
-        self.spans = []  # (device address, host uint8 array): the MPI.BOTTOM ranges copied so far
+        self.back = []       # (device address, bytes, device, host array): copied back at finish()
+        self.runs_back = []  # (device address, host copy, positions, lengths, device): MPI.BOTTOM blocks
 
     def spec(self, spec, writable, what):
         """spec with its GPU buffer replaced by a host copy of the same dtype (counts,
@@ -133,27 +133,19 @@ class HostStage:
             return type(spec)((host,) + tuple(spec[1:]))
         return host
 
-    def span(self, address, nbytes, writable, what):
-        """A host copy (uint8) of the nbytes of GPU memory at `address`: a block of an MPI.BOTTOM
-        message. A block inside a range already copied shares that copy; a writable block whose
-        range overlaps only in part another that is copied back is refused (each copied back
-        whole, one would undo what the call wrote into the other)."""
-        for start, host in self.spans:
-            if start <= address and address + nbytes <= start + host.size:
-                if writable and not any(h is host for *_, h in self.back):
-                    self.back.append((start, host.size, _cuda().pointer_device(start), host))
-                return host[address - start:address - start + nbytes]
-            if (writable and start < address + nbytes and address < start + host.size
-                    and any(h is host for *_, h in self.back)):
-                raise NotImplementedError(f"{what}: blocks of MPI.BOTTOM whose ranges of GPU memory overlap in part "
-                                          "(pass the GPU arrays themselves)")
-        device = _cuda().pointer_device(address)
-        host = np.empty(nbytes, np.uint8)
+    def block(self, lo, nbytes, positions, lengths, writable):
+        """A host copy (uint8, nbytes) of the GPU memory from address lo that one block of an
+        MPI.BOTTOM message covers: the runs (positions from lo, lengths) of its bytes are copied
+        in, and copied back when writable; the bytes between them (holes of its datatype, other
+        arrays) are neither read nor written."""
+        host = np.empty(nbytes, np.uint8)  # pages the runs do not touch are never made
+        device = _cuda().pointer_device(lo)
         _sync(device)
-        _copy(host.ctypes.data, address, nbytes, device)
-        self.spans.append((address, host))
+        base = host.ctypes.data
+        for position, length in zip(positions.tolist(), lengths.tolist()):
+            _copy(base + position, lo + position, length, device)
         if writable:
-            self.back.append((address, nbytes, device, host))
+            self.runs_back.append((lo, host, positions, lengths, device))
         return host
 
     @contextlib.contextmanager
@@ -171,5 +163,9 @@ class HostStage:
         """The host results into the GPU memory they stand for."""
         for address, nbytes, device, host in self.back:
             _copy(address, host.ctypes.data, nbytes, device)
-        for device in {device for _, _, device, _ in self.back}:
+        for lo, host, positions, lengths, device in self.runs_back:
+            base = host.ctypes.data
+            for position, length in zip(positions.tolist(), lengths.tolist()):
+                _copy(lo + position, base + position, length, device)
+        for device in {entry[2] for entry in self.back} | {entry[4] for entry in self.runs_back}:
             _sync(device)

@@ -298,7 +298,9 @@ def at_address(address, count, datatype, what, readonly=True):
         if stage is None:
             raise NotImplementedError(f"{what}: MPI.BOTTOM with the address of GPU memory (pass the GPU array "
                                       "itself)")
-        return Msg(stage.span(lo, hi - lo, not readonly, what), count, datatype, shift=lo - address)
+        positions, lengths = t.runs(count)
+        shift = lo - address
+        return Msg(stage.block(lo, hi - lo, positions - shift, lengths, not readonly), count, datatype, shift=shift)
     raw = np.ctypeslib.as_array((ctypes.c_ubyte * (hi - lo)).from_address(lo))
     return Msg(raw, count, datatype, shift=lo - address)
 

@@ -17,6 +17,7 @@ from ..base import config
 from ..base.errors import GpucollError, InvalidUsageError
 from ..base.errors import TimeoutError as GpucollTimeout
 from ..base.mpi_constants import INTEGERS as _C
+from ..base.request import Status as GpucollStatus
 from ..calls.build import user_tag
 from ..engines.p2p import host as _p2p
 from ..engines.p2p.host import MPIShortCalls
@@ -24,9 +25,9 @@ from . import message as _m
 from .buffer import buffer as _buffer
 from .composite import Composite
 from .datatype import plain_predefined
+from .hostcopy import HostStage
 from .matched import Message
 from .request import Prequest, Request
-from .hostcopy import HostStage
 from .status import reset
 
 ANY_SOURCE, ANY_TAG, PROC_NULL = _C["ANY_SOURCE"], _C["ANY_TAG"], _C["PROC_NULL"]
@@ -263,10 +264,11 @@ class PointToPoint:
             if not take:
                 return found[0], found[1], None, nbytes
             # A matched probe takes it now: received into host memory (the GPU path reads it there
-            # through CUDA); a receive of exactly its source and tag matches this first one.
-            payload = np.empty(nbytes, np.uint8)
-            core.Recv(payload, found[0], found[1])
-            return found[0], found[1], payload, nbytes
+            # through CUDA); a receive of exactly its source and tag matches this first one (unless
+            # another thread takes it first: then the next such message, as long as it arrived).
+            payload, got = np.empty(nbytes, np.uint8), GpucollStatus()
+            core.Recv(payload, found[0], found[1], got)
+            return found[0], found[1], payload[:got.nbytes], got.nbytes
         if not take:
             return found[0], found[1], None, found[2]
         src, tg, nbytes, _, req = core.seam.p2p.probe(found[0], found[1], True)

@@ -23,7 +23,8 @@ def staged(name, specs, start, blocking):
     GPU when it returns, a nonblocking one's (start returns its request) when that completes."""
     what = name.capitalize()
     stage = HostStage()
-    state = start(*[stage.spec(spec, writable, f"{what} {label}") for spec, writable, label in specs])
+    with stage.reading():  # an MPI.BOTTOM specification beside a GPU array: its GPU blocks too
+        state = start(*[stage.spec(spec, writable, f"{what} {label}") for spec, writable, label in specs])
     return _finished(stage, state, blocking, name)
 
 
@@ -53,7 +54,7 @@ def through_host(run):
     def staged_run(self, sendbuf, recvbuf, *args, **kwargs):
         what = name.capitalize()
         gpu = device_buffer(sendbuf, what) is not None or device_buffer(recvbuf, what) is not None
-        bottom = not gpu and _cuda_loaded() and (_at_bottom(sendbuf) or _at_bottom(recvbuf))
+        bottom = not gpu and (_at_bottom(sendbuf) or _at_bottom(recvbuf)) and _cuda_loaded()
         if not (gpu or bottom):
             return run(self, sendbuf, recvbuf, *args, **kwargs)
         blocking = kwargs["blocking"] if "blocking" in kwargs else args[blocking_at - 3]

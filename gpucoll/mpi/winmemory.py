@@ -53,14 +53,7 @@ def swapped(old, compare, data):
 def runs(datatype, count):
     """(byte positions, lengths) of the runs of consecutive bytes that count elements of datatype
     cover, in typemap order (what a target layout becomes)."""
-    t = datatype._t
-    if count == 0:
-        return np.zeros(0, np.intp), np.zeros(0, np.intp)
-    if t.contiguous():
-        return np.zeros(1, np.intp), np.array([count * t.size], np.intp)
-    index = t.byte_index(count)
-    first = np.concatenate(([0], np.flatnonzero(np.diff(index) != 1) + 1))
-    return index[first], np.diff(np.concatenate((first, [index.size])))
+    return datatype._t.runs(count)
 
 
 class _Iovec(ctypes.Structure):
