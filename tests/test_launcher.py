@@ -304,6 +304,10 @@ def test_timeout_shows_where_each_rank_still_running_was(tmp_path, preload):
     assert "ranks still running: 0, 1" in proc.stderr and took < 8, proc.stderr
     plain = gpurun("-np", 1, "--timeout", 1, "sleep", 30)[0]
     assert plain.returncode == 124 and "ranks still running: 0" in plain.stderr, plain.stderr
+    if preload:  # a gpurun that is a rank of another passes the request on to its own ranks
+        nested, _ = gpurun("-np", 1, "--timeout", 3, *GPURUN, "-np", 2, sys.executable, script)
+        assert nested.returncode == 124, nested.stderr
+        assert f'[0] [1]   File "{script}", line 4 in <module>' in nested.stderr, nested.stderr
 
 
 # --- signals --------------------------------------------------------------------------
