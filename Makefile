@@ -6,7 +6,7 @@ NP ?= 4
 STAMP := $(VENV)/.installed
 SOURCES := pyproject.toml setup.py $(wildcard cython_src/*.pyx cython_src/*.pxd cython_src/include/*.h)
 
-.PHONY: install demo docs-environment test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref test-mpi4py-demos bench bench-many bench-vector bench-request-cost bench-gloo bench-launch bench-spawn bench-shrink bench-ofi bench-multihost bench-p2p bench-p2p-mpi bench-p2p-mpi-alloc bench-p2p-hosts bench-reproduce bench-gpu calibrate-gpu calibrate-host clean
+.PHONY: install demo docs-environment test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref test-mpi4py-gpu test-mpi4py-demos bench bench-many bench-vector bench-request-cost bench-gloo bench-launch bench-spawn bench-shrink bench-ofi bench-multihost bench-p2p bench-p2p-mpi bench-p2p-mpi-alloc bench-p2p-hosts bench-reproduce bench-gpu calibrate-gpu calibrate-host clean
 
 install: $(STAMP)
 
@@ -64,6 +64,23 @@ test-mpi4py: $(STAMP)
 
 test-mpi4py-ref: $(STAMP)
 	$(PY) tests/mpi4py_suite/run.py --np 2 3 4 --mpi
+
+# mpi4py's suite with its CuPy back-end (GPU buffers) on a GPU machine whose $(PYTHON) has CuPy and
+# mpi4py (as make test-gpu; .mpi4py-suite/ fetched beforehand where there is no network): the
+# modules under the image's mpiexec first, then gpucoll.MPI under gpurun (ranks sharing a GPU run
+# the IPC kernels) with what passed there and not here. GPU_NP ranks; GPU_MODULES picks modules (a
+# runner with a per-command time limit runs the suite in parts); GPU_JOBS modules share the GPU.
+GPU_NP ?= 2
+GPU_JOBS ?= 2
+GPU_MODULES ?=
+test-mpi4py-gpu:
+	$(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
+	@mkdir -p $(BENCH_OUT)
+	-$(PYTHON) tests/mpi4py_suite/run.py --mpi --np 2 --cupy --jobs $(GPU_JOBS) --timeout 600 \
+	  $(if $(GPU_MODULES),-m $(GPU_MODULES)) --json $(BENCH_OUT)/mpi4py-gpu-ref.json
+	GPUCOLL_GPU_SHARED_IPC=1 $(PYTHON) tests/mpi4py_suite/run.py --np $(GPU_NP) --cupy --jobs $(GPU_JOBS) \
+	  --timeout 600 $(if $(GPU_MODULES),-m $(GPU_MODULES)) --json $(BENCH_OUT)/mpi4py-gpu.json \
+	  --diff $(BENCH_OUT)/mpi4py-gpu-ref.json --check
 
 # mpi4py's demos (its demo/ folder) under gpurun, unchanged but for the import (the OSU benchmarks too);
 # the deterministic ones must print what they print under mpiexec with real mpi4py.
