@@ -22,7 +22,7 @@ from .group import Group
 from .handle import Handle
 from .info import Info
 from .request import Request
-from .hostcopy import HostStage
+from .staging import staged
 from .status import reset
 
 MODE = {k: _C[f"MODE_{k}"] for k in ("RDONLY", "RDWR", "WRONLY", "CREATE", "EXCL", "DELETE_ON_CLOSE",
@@ -531,10 +531,7 @@ class _SharedPointer:
 def _through_host(buf, write, what, run):
     """run(buf) with a GPU buffer replaced by a host copy (files are read and written from host
     memory, as a CUDA-aware MPI stages them); what a read put in the copy goes back to the GPU."""
-    stage = HostStage()
-    moved = run(stage.spec(buf, not write, f"{what} buf"))
-    stage.finish()
-    return moved
+    return staged(what, [(buf, not write, "buf")], run, True)
 
 
 def _done(run, offset, buf, write, name):

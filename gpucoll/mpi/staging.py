@@ -20,7 +20,8 @@ from .hostcopy import HostStage, _cuda_loaded, device_buffer  # noqa: F401 - dev
 def staged(name, specs, start, blocking):
     """start(*host_specs): each (spec, writable, label) of specs through a HostStage (a GPU buffer
     replaced by a host copy, copied back when writable); a blocking call's results are back on the
-    GPU when it returns, a nonblocking one's (start returns its request) when that completes."""
+    GPU when it returns (with what start returned), a nonblocking one's (start returns its
+    request) when that completes."""
     what = name.capitalize()
     stage = HostStage()
     with stage.reading():  # an MPI.BOTTOM specification beside a GPU array: its GPU blocks too
@@ -29,11 +30,11 @@ def staged(name, specs, start, blocking):
 
 
 def _finished(stage, state, blocking, name):
-    """What the call returns once its stage is set: the results copied back now (blocking), or
-    when its request completes."""
+    """What the call returns once its stage is set: the results copied back now (blocking: what
+    the call returned), or when its request completes."""
     if blocking:
         stage.finish()
-        return None
+        return state
     return Composite([state] if state is not None else [], stage.finish, f"I{name}")
 
 
