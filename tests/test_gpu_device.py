@@ -29,7 +29,7 @@ def _check(results, nranks, expect_devices):
 def test_script_that_never_selects_a_device(gpurun_job, lib, nranks):
     if lib == "torch":
         pytest.importorskip("torch")
-    job = gpurun_job(nranks, SCRIPT, lib, env=dict(SAFE_ENV), timeout=300).check()
+    job = gpurun_job(nranks, SCRIPT, lib, env=dict(SAFE_ENV), timeout=120).check()
     _check(job.json_lines(), nranks, [0] * nranks)  # every array on the current device, GPU 0
     warned = [line for line in job.lines(0, "stderr") if "ranks share a GPU and others stay idle" in line]
     # Ranks crowding GPU 0 while other GPUs idle is worth one warning, from rank 0; with one GPU, nothing to say.
@@ -40,7 +40,7 @@ def test_script_that_never_selects_a_device(gpurun_job, lib, nranks):
 def test_script_that_selects_its_device_is_obeyed(gpurun_job, lib):
     if lib == "torch":
         pytest.importorskip("torch")
-    job = gpurun_job(2, SCRIPT, lib, "--pick", env=dict(SAFE_ENV), timeout=300).check()
+    job = gpurun_job(2, SCRIPT, lib, "--pick", env=dict(SAFE_ENV), timeout=120).check()
     results = job.json_lines()
     _check(results, 2, [r % NGPUS for r in range(2)])
     assert [results[r]["current"] for r in range(2)] == [r % NGPUS for r in range(2)]
