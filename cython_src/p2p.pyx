@@ -31,7 +31,7 @@ cdef extern from "gc_chan.h" nogil:
         int fd
 
 cdef extern from "gc_p2p.h" nogil:
-    int GC_P2P_ANY, GC_P2P_SYNC, GC_P2P_OFFER, GC_P2P_EAGER
+    int GC_P2P_ANY, GC_P2P_SYNC, GC_P2P_OFFER, GC_P2P_EAGER, GC_P2P_WAIT_LOSS
     int GC_P2P_TRUNCATED, GC_P2P_CANCELLED, GC_P2P_TOOBIG
     int GC_P2P_LIVE, GC_P2P_GONE, GC_P2P_BAD_KIND, GC_P2P_BAD_SIZE, GC_P2P_BAD_ID, GC_P2P_CHAN_ERR
     unsigned GC_P2P_WIRE_EAGER_MAX, GC_P2P_OFFER_MAX
@@ -46,6 +46,7 @@ cdef extern from "gc_p2p.h" nogil:
         int where
     ctypedef struct gc_p2p:
         uint64_t progress_count
+        uint32_t losses
     gc_p2p *gc_p2p_create(int me, int n, uint64_t max_message)
     void gc_p2p_set_peer(gc_p2p *e, int peer, int pid, int cma, int eager_max)
     int gc_p2p_grow(gc_p2p *e, int n)
@@ -68,6 +69,9 @@ cdef extern from "gc_p2p.h" nogil:
     void gc_p2p_counts(gc_p2p *e, int *posted, int *unexpected)
     int gc_p2p_wait(gc_p2p *e, gc_p2p_req **reqs, int n, int all, double timeout)
     int gc_p2p_test(gc_p2p *e, gc_p2p_req *r)
+    void gc_p2p_saw_losses(gc_p2p *e, gc_p2p_req *r)
+    uint32_t gc_p2p_check_peers(gc_p2p *e)
+    int gc_p2p_loss_unseen(gc_p2p *e, gc_p2p_req *r)
     void gc_p2p_release(gc_p2p *e, gc_p2p_req *r)
     int gc_p2p_lost(gc_p2p *e, int peer, uint64_t *value, uint64_t *cut_nbytes, int32_t *cut_tag)
     int gc_p2p_raw(gc_p2p *e, int peer, const char *buf, uint64_t len)
@@ -516,6 +520,14 @@ cdef class P2PCore:
         gc_p2p_counts(self.e, &posted, &ux)
         return posted, ux
 
+    def check_peers(self):
+        """How many peers were lost so far, after asking whether each still lives (at most every
+        100 ms): a blocking probe's loop, which waits outside the engine, looks again when it changes."""
+        cdef uint32_t losses
+        with nogil:
+            losses = gc_p2p_check_peers(self.e)
+        return losses
+
     def lost(self, int peer):
         """(why, value, bytes of the message cut off, its tag): why is LIVE while the peer is not lost."""
         cdef uint64_t value = 0, cut = 0
@@ -609,10 +621,41 @@ cdef class P2PRequest:
             status.source, status.tag, status.nbytes = mine.source, mine.tag, mine.nbytes
 
     cdef _waited(self, int got):
-        """Settle after a wait of the engine that gave got (< 0: it timed out)."""
+        """Settle after a wait of the engine that gave got (-1: it timed out; a loss code: a
+        receive from any rank has a lost peer to look at)."""
+        if got <= GC_P2P_WAIT_LOSS:
+            got = self._engine_wait(self._timeout)
         if got < 0:
             self._p2p.timed_out(self, self._timeout)  # raises, unless the bytes came in meanwhile
         self._settle()
+
+    cdef int _engine_wait(self, double timeout) except -3:
+        """Wait in the engine until done (0) or timeout s pass (-1); a receive from any rank
+        looks at each peer lost meanwhile (_look_at_losses), which may raise."""
+        cdef gc_p2p_req *one = self._native.r
+        cdef gc_p2p *e = self._native.e
+        cdef int got = 0
+        while not one.done:
+            with nogil:
+                got = gc_p2p_wait(e, &one, 1, 1, timeout)
+            if got > GC_P2P_WAIT_LOSS:
+                return got
+            self._look_at_losses()
+        return 0
+
+    cdef _look_at_losses(self):
+        """ULFM: a receive from any rank, still unmatched, after a peer was lost: its
+        communicator raises ProcFailedPendingError when a rank of its failed and is not
+        acknowledged (the receive stays posted); else its waits go on."""
+        self._p2p.any_source_lost(self)
+        with nogil:
+            gc_p2p_saw_losses(self._native.e, self._native.r)
+
+    def saw_losses(self):
+        """Let the waits of this receive from any rank go on past the failures known now (a
+        service that takes requests from whichever rank is left)."""
+        with nogil:
+            gc_p2p_saw_losses(self._native.e, self._native.r)
 
     def Wait(self, status=None):
         cdef gc_p2p_req *one
@@ -637,6 +680,8 @@ cdef class P2PRequest:
                 with nogil:
                     done = gc_p2p_test(e, one)
             if not done:
+                if e.losses and gc_p2p_loss_unseen(e, one):
+                    self._look_at_losses()
                 return False
             self._settle()
         return self._outcome(status)
@@ -752,8 +797,12 @@ cdef int _wait_many(reqs, bint all, double timeout) except -2:
             q = reqs[i]
             arr[i] = q._native.r
         e = (<P2PRequest>reqs[0])._native.e
-        with nogil:
-            got = gc_p2p_wait(e, arr, <int>n, all, timeout)
+        while True:
+            with nogil:
+                got = gc_p2p_wait(e, arr, <int>n, all, timeout)
+            if got > GC_P2P_WAIT_LOSS:
+                break
+            (<P2PRequest>reqs[GC_P2P_WAIT_LOSS - got])._look_at_losses()
     finally:
         free(arr)
     return got
@@ -772,7 +821,7 @@ cdef class _Flag:
         return self.req._settled or self.req._native.test()
 
     def wait(self, timeout=None):
-        return self.req._settled or self.req._native.wait(-1 if timeout is None else timeout)
+        return self.req._settled or self.req._engine_wait(-1 if timeout is None else timeout) >= 0
 
     def set(self):
         self.req._settled = True
@@ -912,8 +961,12 @@ cdef class ShortPaths:
             if status is not None:
                 status.source, status.tag, status.nbytes = self.p2p.rank_of(one.src), one.rtag, one.nbytes
             return True
-        # timed out, failed, or a GPU offer whose bytes the request asks for: the request explains
+        # timed out, failed, a lost peer to look at, or a GPU offer whose bytes the request asks
+        # for: the request explains
         cdef P2PRequest req = _request(q, self.p2p, "Recv", True, source, tag, buf, n, timeout, status)
+        if got <= GC_P2P_WAIT_LOSS:
+            self.p2p.wait_blocking(req)
+            return True
         req._waited(got)
         req._outcome(None)
         return True

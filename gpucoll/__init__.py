@@ -26,7 +26,7 @@ _EXPORTS = {
     "BootstrapError": "base.errors", "StoreError": "base.errors", "AuthenticationError": "base.errors",
     "TimeoutError": "base.errors", "LostPeerError": "base.errors", "MismatchError": "base.errors",
     "SharedMemoryError": "base.errors", "TruncationError": "base.errors", "SpawnError": "base.errors",
-    "ProcFailedError": "base.errors", "RevokedError": "base.errors",
+    "ProcFailedError": "base.errors", "ProcFailedPendingError": "base.errors", "RevokedError": "base.errors",
     "parent": "api.world", "replaces": "api.world", "rejoin": "api.world",
 }
 

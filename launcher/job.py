@@ -294,6 +294,8 @@ class Job:
         failed = [rank for rank in ended if rank.returncode != 0
                   and not (self.spawner is not None and self.spawner.ended_early(rank))
                   and not self._ended_by_stacks_request(rank)]
+        if self.failures is not None:
+            self._record_ended_well([rank for rank in ended if rank not in failed])
         if failed and self.stop_reason is None and self.failures is not None:
             self._tolerate(failed)
         elif failed and self.stop_reason is None:
@@ -309,6 +311,13 @@ class Job:
         that is --timeout stopping it, not a failure."""
         signum = stacks.signal_number()
         return self.stacks_at is not None and signum is not None and rank.returncode == -signum
+
+    def _record_ended_well(self, ended):
+        """--on-failure=continue: a survivor that saw a process go reads whether it failed or ended
+        well (a receive from ANY_SOURCE fails only for the first)."""
+        for rank in ended:
+            if rank.returncode == 0 and rank.rank not in self.failures.ended:
+                self.failures.ended_well(rank.rank)
 
     def _tolerate(self, failed):
         """--on-failure=continue: record each failure in the store for the survivors, say so."""

@@ -277,3 +277,27 @@ def test_an_agreement_over_a_malformed_post_names_its_key():
             failures.agree(store, "t/3", [10, 11], 0, 1, lambda w: False, timeout=5.0)
         return str(info.value)
     assert "at gpucoll/ft/agree/t/3/f/1, which is not an integer flag" in _with_store(agreement)
+
+
+@pytest.mark.parametrize("api", ["own", "mpi"])
+def test_a_receive_from_any_source_fails_for_a_failed_rank_only(no_leftover_segments, api):
+    # ULFM: rank 3 is killed, rank 4 ends well. A nonblocking receive from any rank fails for
+    # rank 3 alone and stays posted (ERR_PROC_FAILED_PENDING) until acknowledged, then takes
+    # rank 1's message; a blocking one (and a Probe) fails for rank 2, killed while it waits
+    # (ERR_PROC_FAILED), and is taken back: rank 1's next message reaches the next receive.
+    job = run_job(5, "any_source_failure.py", api, env={"GPUCOLL_TIMEOUT": "15"}, launcher_args=CONTINUE,
+                  timeout=60).check()
+    results = job.json_lines()
+    assert list(results) == [0], job.describe()   # under --on-failure=continue a failing rank 0 still exits 0
+    got = results[0]
+    pending = "ERR_PROC_FAILED_PENDING" if api == "mpi" else [3]
+    assert got["pending"][:2] == ["ProcFailedPendingError", pending], got
+    assert got["pending_again"][:2] == got["pending"][:2], got
+    assert got["failed"] == ([3] if api == "own" else 1) and got["acked"] == 1, got
+    assert got["first"] == [1, True], got
+    failed = "ERR_PROC_FAILED" if api == "mpi" else [2]
+    assert got["blocking"][:2] == ["LostPeerError", failed], got
+    if api == "mpi":
+        assert got["probe"][:2] == ["LostPeerError", "ERR_PROC_FAILED"], got
+    assert got["acked_then"] == 2 and got["second"] == [1, True], got
+    assert "rank 4 (pid" not in job.stderr, job.describe()   # it ended well: not reported as failed

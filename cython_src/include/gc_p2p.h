@@ -85,6 +85,7 @@
 #include "gc_shmchan.h"
 
 #define GC_P2P_ANY         (-1)
+#define GC_P2P_WAIT_LOSS   (-2)               /* gc_p2p_wait: a receive from any rank has a loss to look at */
 #define GC_P2P_HDR_BYTES   48
 #define GC_P2P_WIRE_EAGER_MAX (1u << 20)   /* an EAGER frame above this breaks the format */
 #define GC_P2P_OFFER_MAX   4096u            /* a GPU offer describes memory: never more */
@@ -166,6 +167,7 @@ struct gc_p2p_req {
     uint64_t chunk, nchunks, chunks_in, redo;
     int slot;                  /* send: 1 + its claims word (freed at the answer), or 0 */
     gc_p2p_req *hnext;         /* in the engine's help queue (which holds a reference) */
+    uint32_t losses_seen;      /* an ANY_SOURCE receive: the engine's losses its owner has looked at */
 };
 
 typedef struct gc_p2p_msg gc_p2p_msg;
@@ -234,6 +236,9 @@ typedef struct {
     volatile uint64_t progress_count;
     uint64_t *revoked;         /* communicators revoked here (ULFM): their offers are refused */
     int nrevoked;
+    uint32_t losses;           /* peers lost so far: a wait on an ANY_SOURCE receive that has not
+                                * looked at the latest loss returns for its owner to decide */
+    double peers_checked;      /* when gc_p2p_check_peers last asked (a probe's loop) */
 } gc_p2p;
 
 /* ---- lists ------------------------------------------------------------------------------ */
@@ -1049,6 +1054,7 @@ static void gc_p2p__lose(gc_p2p *e, int peer, int why, uint64_t value)
     if (p->lost) return;
     p->lost = why;
     p->lost_value = value;
+    e->losses++;
     gc_p2p_out *o = p->out_head;
     while (o) {
         gc_p2p_out *next = o->next;
@@ -1563,8 +1569,54 @@ static inline double gc_p2p__now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* The liveness of the peers, for a caller that waits outside gc_p2p_wait (a blocking probe's
+ * loop), at most every 100 ms as a wait does; returns the engine's count of lost peers. */
+static uint32_t gc_p2p_check_peers(gc_p2p *e)
+{
+    pthread_mutex_lock(&e->mu);
+    double now = gc_p2p__now();
+    if (now - e->peers_checked > 0.1) {
+        e->peers_checked = now;
+        gc_p2p__check_peers(e);
+    }
+    uint32_t losses = e->losses;
+    pthread_mutex_unlock(&e->mu);
+    return losses;
+}
+
+/* The first of reqs[0..n) that is a receive from any rank still unmatched and has not looked at the
+ * engine's latest lost peer (gc_p2p_saw_losses), or -1. */
+static int gc_p2p__unseen_loss(gc_p2p *e, gc_p2p_req **reqs, int n)
+{
+    for (int i = 0; i < n; i++) {
+        gc_p2p_req *r = reqs[i];
+        if (r->where == GC_W_POSTED && r->peer == GC_P2P_ANY && r->losses_seen != e->losses)
+            return i;
+    }
+    return -1;
+}
+
+/* 1 when r is a receive from any rank, unmatched, with a lost peer it has not looked at. */
+static int gc_p2p_loss_unseen(gc_p2p *e, gc_p2p_req *r)
+{
+    pthread_mutex_lock(&e->mu);
+    int unseen = gc_p2p__unseen_loss(e, &r, 1) == 0;
+    pthread_mutex_unlock(&e->mu);
+    return unseen;
+}
+
+/* A receive from any rank has looked at every peer lost so far: its waits go on. */
+static void gc_p2p_saw_losses(gc_p2p *e, gc_p2p_req *r)
+{
+    pthread_mutex_lock(&e->mu);
+    r->losses_seen = e->losses;
+    pthread_mutex_unlock(&e->mu);
+}
+
 /* Wait until one of reqs[0..n) is done (n = 1: that one; all = 1: every one), or timeout
- * seconds pass (< 0: no limit). Returns the index of a done request (all: 0), or -1 on timeout. */
+ * seconds pass (< 0: no limit). Returns the index of a done request (all: 0), -1 on timeout,
+ * or GC_P2P_WAIT_LOSS - i when reqs[i] is a pending receive from any rank and a peer was lost
+ * since it last looked (its owner decides whether that fails it, then calls gc_p2p_saw_losses). */
 static int gc_p2p_wait(gc_p2p *e, gc_p2p_req **reqs, int n, int all, double timeout)
 {
     double start = -1, last_check = 0, idle_since = 0;
@@ -1582,6 +1634,13 @@ static int gc_p2p_wait(gc_p2p *e, gc_p2p_req **reqs, int n, int all, double time
         if (all ? ndone == n : ndone > 0) {
             pthread_mutex_unlock(&e->mu);
             return all ? 0 : first;
+        }
+        if (e->losses) {   /* ULFM: a receive from any rank may no longer be satisfiable */
+            int i = gc_p2p__unseen_loss(e, reqs, n);
+            if (i >= 0) {
+                pthread_mutex_unlock(&e->mu);
+                return GC_P2P_WAIT_LOSS - i;
+            }
         }
         if (moved) {
             spins = 0;

@@ -71,7 +71,8 @@ class Communicator(ShortCalls):
         self._view = CommView(context, comm_id, self.rank, self.size, self.local_size, self._world_ranks,
                               self._stats, self._fast, exchange=self.allgather, exchange_into=self.Allgather,
                               barrier=self.Barrier, run=self._run, free=self.Free, subgroup=self._subgroup,
-                              revoked=self._revoked_elsewhere)
+                              revoked=self._revoked_elsewhere,
+                              failed_among=lambda ranks: fault.unacknowledged(self, ranks))
         self._dispatch = Dispatcher(self._view)
         self._p2p = _p2p.PointToPoint(self._view, _gpu_point_to_point)
         # The short paths of host point to point (gpucoll._native.p2p.ShortPaths): a message in
@@ -438,7 +439,9 @@ class Communicator(ShortCalls):
 
     def recv(self, buf=None, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG, status=None):
         self._check_alive()
-        return self._p2p.irecv_object(source, tag, status).wait()
+        req = self._p2p.irecv_object(source, tag, status)
+        self._p2p.wait_blocking(req)
+        return req.wait()
 
     def irecv(self, buf=None, source=_p2p.ANY_SOURCE, tag=_p2p.ANY_TAG):
         self._check_alive()
@@ -448,6 +451,7 @@ class Communicator(ShortCalls):
                  recvtag=_p2p.ANY_TAG, status=None):
         req = self.irecv(None, source, recvtag)
         self.send(sendobj, dest, sendtag)
+        self._p2p.wait_blocking(req)
         return req.wait(status)
 
     def bcast(self, obj, root=0):
@@ -664,11 +668,16 @@ class _Group:
 
 
 def _wait_enqueued(req, status=None):
+    """Wait for a request the caller does not hand out (a blocking receive, a group's)."""
     target = getattr(req, "target", None)  # a GPU receive: enqueued on its stream is enough
-    if target is None:
+    stream = None if target is None else target.stream
+    p2p = getattr(req, "_p2p", None)   # a receive: one from ANY_SOURCE that a failure ends is taken back
+    if p2p is not None:
+        p2p.wait_blocking(req, status, stream=stream)
+    elif stream is None:
         req.Wait(status)
     else:
-        req.Wait(status, stream=target.stream)
+        req.Wait(status, stream=stream)
 
 
 class _ScatterFailed:

@@ -54,12 +54,13 @@ def live_communicators():
 class FaultState:
     """A communicator's fault-tolerance bookkeeping (comm.seam.fault)."""
 
-    __slots__ = ("revoked", "agreements", "acked", "origin")
+    __slots__ = ("revoked", "agreements", "acked", "acked_ranks", "origin")
 
     def __init__(self):
         self.revoked = False
         self.agreements = 0   # agreements made on it so far: they name the next one
         self.acked = 0        # failed ranks acknowledged (ack_failed)
+        self.acked_ranks = set()  # ... which those are
         self.origin = None    # after shrinks: the world ranks before them (what grow() gives back)
 
 
@@ -149,14 +150,41 @@ def failed(comm):
 def ack_failed(comm, count=None):
     """Acknowledge the first `count` failed ranks (all when None); returns how many are
     acknowledged now (ULFM's MPI_Comm_ack_failed)."""
-    known = len(failed(comm))
+    known = failed(comm)
     state = comm.seam.fault
     if count is None:
-        count = known
+        count = len(known)
     if count < 0:
         raise InvalidUsageError(f"ack_failed: count must be >= 0, not {count}")
-    state.acked = max(state.acked, min(count, known))
+    state.acked = max(state.acked, min(count, len(known)))
+    state.acked_ranks.update(known[:state.acked])
     return state.acked
+
+
+def unacknowledged(comm, ranks):
+    """Those of comm's `ranks` (ranks whose process this one saw go) that failed and are not
+    acknowledged: what fails a receive from ANY_SOURCE (ULFM). A rank that ended well is not
+    one: gpurun's verdict on each (under --on-failure=continue) is waited for. Elsewhere none:
+    there a failure ends the job."""
+    store = _store(comm)
+    if store is None or config.ON_FAILURE.get() != "continue":
+        return []
+    world = comm.world_ranks
+    ranks = [r for r in ranks if r not in comm.seam.fault.acked_ranks]
+    timeout = config.TIMEOUT.get()
+    deadline = time.monotonic() + timeout
+    while ranks:
+        gone = failures.failed_world_ranks(store)
+        ended = failures.failed_world_ranks(store, failures.ENDED)
+        undecided = [r for r in ranks if world[r] not in gone | ended]
+        if not undecided:
+            return [r for r in ranks if world[r] in gone]
+        if time.monotonic() > deadline:
+            raise GpucollTimeout(f"communicator {comm.seam.id}: the process of rank(s) {ranges(undecided)} ended, "
+                                 f"and gpurun said within {timeout:g} s (GPUCOLL_TIMEOUT) neither that it "
+                                 "failed nor that it ended well")
+        time.sleep(0.002)
+    return []
 
 
 def grow(comm):

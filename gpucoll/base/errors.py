@@ -60,6 +60,12 @@ class LostPeerError(GpucollError):
 ProcFailedError = LostPeerError
 
 
+class ProcFailedPendingError(LostPeerError):
+    """A nonblocking receive from ANY_SOURCE whose communicator lost a rank that is not yet
+    acknowledged (MPI's ERR_PROC_FAILED_PENDING): the receive is still posted; after
+    comm.ack_failed() its Wait goes on (a message from another rank still completes it)."""
+
+
 class RevokedError(GpucollError):
     """The communicator was revoked (comm.revoke() on any rank): every pending and later
     operation on it raises this; shrink() still works (MPI's ERR_REVOKED)."""

@@ -68,6 +68,7 @@ def error_string_of(code):
 
 # The class of gpucoll's own errors, by the name of the nearest class in their MRO that has one.
 _KIND_CLASS = {"InvalidUsageError": INTEGERS["ERR_ARG"], "LostPeerError": INTEGERS["ERR_PROC_FAILED"],
+               "ProcFailedPendingError": INTEGERS["ERR_PROC_FAILED_PENDING"],
                "TruncationError": INTEGERS["ERR_TRUNCATE"], "SpawnError": INTEGERS["ERR_SPAWN"],
                "RevokedError": INTEGERS["ERR_REVOKED"],
                "MismatchError": INTEGERS["ERR_OTHER"], "TimeoutError": INTEGERS["ERR_OTHER"]}

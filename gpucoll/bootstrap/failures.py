@@ -3,7 +3,8 @@
 The store (gpurun's, which outlives any rank) is the coordinator:
 
 - `gpucoll/ft/failed`: the world ranks gpurun saw end with a failure, a JSON list that only
-  gpurun writes (`gpurun --on-failure=continue`, launcher/job.py);
+  gpurun writes (`gpurun --on-failure=continue`, launcher/job.py); `gpucoll/ft/ended`: those it
+  saw end well (exit status 0), so that a survivor which saw a process go can tell the two apart;
 - `gpucoll/ft/revoke/<n>`: the id of the n-th revoked communicator (n = 1, 2, ... without gaps:
   each is set with compare-and-set on the first free number); every rank's watcher thread
   (gpucoll/api/fault.py) waits for the next;
@@ -28,6 +29,7 @@ from ..base.errors import GpucollError
 from ..base.errors import TimeoutError as GpucollTimeout
 
 FAILED = "gpucoll/ft/failed"
+ENDED = "gpucoll/ft/ended"
 _POLL_S = 0.02   # how long one wait for the others' posts lasts before the failures are read again
 
 
@@ -97,10 +99,11 @@ def _value(store, key):
         return None
 
 
-def failed_world_ranks(store):
-    """The world ranks gpurun has recorded as failed (an empty set before any, or without gpurun)."""
-    value = _value(store, FAILED)
-    return set(record(FAILED, value, "failed")) if value is not None else set()
+def failed_world_ranks(store, key=FAILED):
+    """The world ranks gpurun has recorded as failed (an empty set before any, or without gpurun);
+    key=ENDED: those it recorded as ended well."""
+    value = _value(store, key)
+    return set(record(key, value, "failed")) if value is not None else set()
 
 
 def announce_revoke(store, comm_id, first):
@@ -163,15 +166,21 @@ def agree(store, name, world_ranks, rank, flag, has_ended, timeout, values=True)
 
 
 class FailureBoard:
-    """gpurun's side: the failed ranks it records (StoreServer.put_threadsafe from its loop)."""
+    """gpurun's side: the ranks it saw fail, and those it saw end well (StoreServer.put_threadsafe
+    from its loop)."""
 
     def __init__(self, server):
         self._server = server
         self.failed = []
+        self.ended = []
 
     def record(self, world_rank):
         self.failed.append(world_rank)
         self._server.put_threadsafe(FAILED, json.dumps(self.failed).encode())
+
+    def ended_well(self, world_rank):
+        self.ended.append(world_rank)
+        self._server.put_threadsafe(ENDED, json.dumps(self.ended).encode())
 
     def replaced(self, world_rank, replacement, why=None):
         """Say which world rank replaces failed `world_rank` (None: none will, because `why`)."""

@@ -29,16 +29,18 @@ class CommView:
     """A communicator as its engines see it (see the module docstring)."""
 
     __slots__ = ("ctx", "id", "name", "rank", "size", "local_size", "world_ranks", "stats", "fast",
-                 "exchange", "exchange_into", "barrier", "run", "free", "revoked", "_subgroup")
+                 "exchange", "exchange_into", "barrier", "run", "free", "revoked", "failed_among", "_subgroup")
 
     def __init__(self, ctx, comm_id, rank, size, local_size, world_ranks, stats, fast, *, exchange,
-                 exchange_into, barrier, run, free, subgroup, revoked):
+                 exchange_into, barrier, run, free, subgroup, revoked, failed_among):
         self.ctx, self.id, self.name = ctx, comm_id, comm_id
         self.rank, self.size, self.local_size, self.world_ranks = rank, size, local_size, tuple(world_ranks)
         self.stats, self.fast = stats, fast
         self.exchange, self.exchange_into, self.barrier = exchange, exchange_into, barrier
         self.run, self.free = run, free  # run(call): a blocking collective on this communicator
         self.revoked = revoked  # revoked(): a wait found the communicator revoked by another rank
+        # failed_among(ranks): those of the given ranks that failed and are not acknowledged (ULFM)
+        self.failed_among = failed_among
         self._subgroup = subgroup
 
     def subgroup(self, comm_id, world_ranks):

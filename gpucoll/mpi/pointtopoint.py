@@ -47,12 +47,16 @@ def _proc_null_status(status):
 
 
 def _withdraw(state):
-    """Take back a posted receive whose paired send failed (a stale receive would take the next
-    message meant for another call)."""
+    """Take back a posted receive whose paired send failed, or that a lost rank failed (a stale
+    receive would take the next message meant for another call): True when it was unmatched."""
     part = state.parts[0] if isinstance(state, Composite) else state
     p2p = getattr(part, "_p2p", None)
-    if p2p is not None:
-        p2p.withdraw(part)
+    return p2p is not None and p2p.withdraw(part)
+
+
+def _wait_blocking(core, state, status):
+    """Wait for the receive of a blocking call (taken back if a lost rank fails it unmatched)."""
+    core.seam.p2p.wait_blocking(state, status, take_back=_withdraw)
 
 
 def _check_peer(core, rank, name, what, wildcard=False):
@@ -188,7 +192,7 @@ class PointToPoint:
         state = self._irecv_state(buf, source, tag, "Recv")
         if status is not None:
             reset(status)
-        state.Wait(status)
+        _wait_blocking(self._c("Recv"), state, status)
 
     def _irecv(self, buf, source, tag):
         self._c("Irecv")
@@ -222,7 +226,7 @@ class PointToPoint:
             return
         if status is not None:
             reset(status)
-        recv.Wait(status)
+        _wait_blocking(core, recv, status)
 
     def _isendrecv(self, data, dest, sendtag, recvbuf, source, recvtag, what):
         core = self._c(what)
@@ -284,7 +288,9 @@ class PointToPoint:
             return found
         timeout = config.TIMEOUT.get()
         deadline, delay = time.monotonic() + timeout, 0.00002
+        p2p, losses = self._c(what).seam.p2p, 0
         while found is None:
+            losses = p2p.check_probe(source, losses, what)  # a failed source ends the wait (ULFM)
             if time.monotonic() > deadline:
                 src = "any rank" if source == ANY_SOURCE else f"rank {source}"
                 raise GpucollTimeout(f"{what}: no message from {src} with "

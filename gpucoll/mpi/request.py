@@ -10,7 +10,7 @@ deadline (GPUCOLL_TIMEOUT).
 import time
 
 from ..base import config
-from ..base.errors import InvalidUsageError
+from ..base.errors import InvalidUsageError, ProcFailedPendingError
 from ..base.errors import TimeoutError as GpucollTimeout
 from ..base.mpi_constants import INTEGERS as _C
 from ..engines.p2p.host import P2PRequest, RequestHandle
@@ -113,8 +113,12 @@ class Request(RequestHandle):
             reset(status)
         try:
             state.Wait(status)
-        finally:
+        except ProcFailedPendingError:
+            raise   # ULFM: a receive from ANY_SOURCE is still posted; the handle stays
+        except BaseException:
             self._release()
+            raise
+        self._release()
         if self._cancelled and status is not None and hasattr(status, "cancelled"):
             status.cancelled = True
         return getattr(state, "_value", None)

@@ -21,7 +21,7 @@ import threading
 import numpy as np
 
 from .._native.exporter import BufferExporter
-from ..base.errors import InvalidUsageError
+from ..base.errors import InvalidUsageError, ProcFailedPendingError
 from ..base.errors import TimeoutError as GpucollTimeout
 from ..base.mpi_constants import INTEGERS as _C
 from . import attributes as _attrs
@@ -82,11 +82,18 @@ class _Target:
 
     def _serve(self):
         p2p = self.comm.seam.p2p
+        pending = None
         while True:
             try:
-                request = p2p.irecv_object(ANY_SOURCE, REQUEST_TAG).wait()
+                pending = pending or p2p.irecv_object(ANY_SOURCE, REQUEST_TAG)
+                request = pending.wait()
+                pending = None
             except GpucollTimeout:
+                pending = None
                 continue  # nothing came within GPUCOLL_TIMEOUT: keep serving
+            except ProcFailedPendingError:
+                pending.saw_losses()  # a rank failed: the others' requests still come
+                continue
             except Exception:  # noqa: BLE001 - the window's communicator was freed under us
                 return
             if request[0] == "stop":

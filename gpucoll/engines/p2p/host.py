@@ -24,8 +24,10 @@ import numpy as np
 
 from ..._native import p2p as _engine
 from ...base import config, log
-from ...base.errors import GpucollError, InvalidUsageError, LostPeerError, RevokedError, TruncationError
+from ...base.errors import (GpucollError, InvalidUsageError, LostPeerError, ProcFailedPendingError, RevokedError,
+                            TruncationError)
 from ...base.errors import TimeoutError as GpucollTimeout
+from ...base.ranks import ranges
 from ...base.request import CompletedRequest, Request, Status  # noqa: F401 (Status: gpucoll.engines.p2p.host.Status)
 
 ANY_SOURCE = ANY_TAG = _engine.ANY  # the engine's wildcard, for sources and tags alike
@@ -234,6 +236,57 @@ class PointToPoint:
             req._value = pickle.loads(data) if data else None  # an empty message is None
         except Exception as exc:  # the receiver's error, raised by its wait()
             req._error = exc
+
+    # --- a lost rank and receives from ANY_SOURCE (ULFM) ------------------------------------------
+    def failed_unacknowledged(self):
+        """The ranks of this communicator whose process this one saw go and that failed, not
+        acknowledged (comm.ack_failed)."""
+        live, me = _native().LIVE, self.view.rank
+        seen = [r for r, w in enumerate(self._world) if r != me and self._native.lost(w)[0] != live]
+        return self.view.failed_among(seen) if seen else []
+
+    def any_source_lost(self, req):
+        """A receive from ANY_SOURCE, unmatched, after a peer was lost: ProcFailedPendingError
+        when a rank of this communicator failed and is not acknowledged (the receive stays
+        posted: a later message from another rank still completes it); else nothing."""
+        failed = self.failed_unacknowledged()
+        if failed:
+            raise ProcFailedPendingError(self._failed_text(f"{req.name} from any rank", failed)
+                                         + "; the receive is still posted (ack_failed(), then wait again, or "
+                                         "revoke and shrink)", ranks=failed)
+
+    def _failed_text(self, what, failed):
+        return f"{what} on rank {self.view.rank}: rank(s) {ranges(failed)} of communicator {self.view.name} failed"
+
+    def wait_blocking(self, req, status=None, take_back=None, stream=None):
+        """Wait() of a receive that its caller does not hand out (a blocking Recv, a Sendrecv's
+        receive): when a lost rank fails it while unmatched, it is taken back first, so no later
+        message lands in a buffer the caller has left, and the error is ProcFailedError (MPI's
+        ERR_PROC_FAILED). take_back(req): True when it was still unmatched (default: withdraw);
+        stream: a GPU receive's, which its Wait makes wait."""
+        while True:
+            try:
+                return req.Wait(status) if stream is None else req.Wait(status, stream=stream)
+            except ProcFailedPendingError as exc:
+                if (take_back or self.withdraw)(req):
+                    raise LostPeerError(self._failed_text(f"{req.name} from any rank", exc.ranks),
+                                        ranks=exc.ranks) from None
+                # matched meanwhile: its bytes come from a live rank
+
+    def check_probe(self, source, losses_seen, what):
+        """A blocking probe waiting for source (ANY_SOURCE too): raise ProcFailedError when its
+        rank failed (any unacknowledged rank of this communicator for ANY_SOURCE). Returns the
+        engine's loss count, the next call's losses_seen (nothing to look at while it is unchanged)."""
+        losses = self._native.check_peers()
+        if losses == losses_seen:
+            return losses
+        if source == ANY_SOURCE:
+            failed = self.failed_unacknowledged()
+        else:
+            failed = [source] if self._native.lost(self._world[source])[0] != _native().LIVE else []
+        if failed:
+            raise LostPeerError(self._failed_text(what, failed), ranks=failed)
+        return losses
 
     def timed_out(self, req, timeout):
         """A request waited timeout seconds: raise, naming what it waited for (a receive that was

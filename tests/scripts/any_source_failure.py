@@ -1,0 +1,96 @@
+"""Rank program of tests/test_fault_tolerance.py: receives from ANY_SOURCE when a rank fails (ULFM),
+under gpurun --on-failure=continue, 5 ranks, through gpucoll's API (own) or gpucoll.MPI (mpi).
+
+Rank 4 ends well at once and rank 3 dies at once (SIGKILL). Rank 0 posts a nonblocking receive
+from any rank: its wait fails for rank 3 only (a rank that ended well is no failure), the receive
+stays posted and, once rank 3 is acknowledged, takes the message rank 1 sends. Then rank 2 dies
+while rank 0 waits in a blocking receive from any rank (mpi: in a Probe first): that fails for
+rank 2, and the receive is taken back, so the next message (from rank 1) reaches the next
+receive. Rank 0 prints one RESULT line (JSON).
+"""
+import json
+import os
+import signal
+import sys
+
+import numpy as np
+
+API = sys.argv[1]
+if API == "mpi":
+    from gpucoll import MPI
+    world = MPI.COMM_WORLD
+    ANY_SOURCE = MPI.ANY_SOURCE
+else:
+    import gpucoll
+    world = gpucoll.COMM_WORLD
+    ANY_SOURCE = gpucoll.ANY_SOURCE
+
+FIRST, SECOND = np.arange(1.0, 5.0), np.arange(5.0, 9.0)
+
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def caught(call):
+    """[exception class name, its MPI error class name or the ranks it names], or None."""
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - reported, the test checks which
+        if API == "mpi":
+            names = {getattr(MPI, n): n for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_OTHER")}
+            return [type(exc).__name__, names.get(exc.Get_error_class(), exc.Get_error_class()), str(exc)]
+        return [type(exc).__name__, list(exc.ranks), str(exc)]
+    return None
+
+
+def status():
+    return MPI.Status() if API == "mpi" else gpucoll.Status()
+
+
+def rank0(comm):
+    got = {}
+    buf = np.zeros(4)
+    spec = [buf, MPI.DOUBLE] if API == "mpi" else buf
+    req = comm.Irecv(spec, ANY_SOURCE, 5)
+    got["pending"] = caught(req.Wait)
+    got["pending_again"] = caught(req.Wait)   # nothing acknowledged yet: the same answer
+    got["failed"] = comm.Get_failed().Get_size() if API == "mpi" else comm.failed()
+    got["acked"] = comm.Ack_failed() if API == "mpi" else comm.ack_failed()
+    comm.send("go", dest=1, tag=1)
+    st = status()
+    req.Wait(st)
+    got["first"] = [st.Get_source(), buf.tolist() == FIRST.tolist()]
+
+    comm.send("die", dest=2, tag=9)
+    buf2 = np.zeros(4)
+    spec2 = [buf2, MPI.DOUBLE] if API == "mpi" else buf2
+    if API == "mpi":
+        got["probe"] = caught(lambda: comm.Probe(ANY_SOURCE, 6))
+    got["blocking"] = caught(lambda: comm.Recv(spec2, ANY_SOURCE, 6))
+    got["acked_then"] = comm.Ack_failed() if API == "mpi" else comm.ack_failed()
+    comm.send("go", dest=1, tag=1)
+    st2 = status()
+    comm.Recv(spec2, ANY_SOURCE, 6, st2)
+    got["second"] = [st2.Get_source(), buf2.tolist() == SECOND.tolist()]
+    print("RESULT " + json.dumps(got), flush=True)
+
+
+def main():
+    comm = world.Dup()
+    me = comm.Get_rank()
+    if me == 0:
+        rank0(comm)
+    elif me == 1:
+        for tag, data in ((5, FIRST), (6, SECOND)):
+            comm.recv(source=0, tag=1)
+            comm.Send(data, dest=0, tag=tag)
+    elif me == 2:
+        comm.recv(source=0, tag=9)
+        die()
+    elif me == 3:
+        die()
+    # rank 4 ends well at once
+
+
+main()
