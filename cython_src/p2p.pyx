@@ -20,6 +20,7 @@ from libc.string cimport memcpy, strchr, strcmp
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE, PyBUF_WRITABLE, PyBUF_ANY_CONTIGUOUS,
                              PyBUF_FORMAT)
 from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.buffer cimport PyBuffer_FillInfo
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 
 
@@ -123,6 +124,9 @@ cdef void _sweep():
     _orphans[:] = keep
 
 
+cdef char _NO_BYTES[1]
+
+
 @cython.no_gc
 cdef class Req:
     """One send or receive of the engine. `done` is the engine's flag (no progress made);
@@ -179,6 +183,15 @@ cdef class Req:
         if self.r.owned == NULL:
             return b""
         return PyBytes_FromStringAndSize(self.r.owned, <Py_ssize_t>self.r.nbytes)
+
+    def __getbuffer__(self, Py_buffer *buffer, int flags):
+        # The same bytes, read-only and not copied (an object receive unpickles from them): the
+        # view holds this request, whose release frees them.
+        cdef char *at = self.r.owned if self.r.owned != NULL else _NO_BYTES
+        PyBuffer_FillInfo(buffer, self, at, <Py_ssize_t>self.r.nbytes if self.r.owned != NULL else 0, 1, flags)
+
+    def __releasebuffer__(self, Py_buffer *buffer):
+        pass
 
     def __dealloc__(self):
         cdef _Pin pin

@@ -232,8 +232,8 @@ class PointToPoint:
             req._error = self.error(req, err)
             return
         try:
-            data = req._native.data()
-            req._value = pickle.loads(data) if data else None  # an empty message is None
+            with memoryview(req._native) as data:   # the received bytes themselves, not a copy
+                req._value = pickle.loads(data) if data.nbytes else None  # an empty message is None
         except Exception as exc:  # the receiver's error, raised by its wait()
             req._error = exc
 
