@@ -298,6 +298,7 @@ def test_a_receive_from_any_source_fails_for_a_failed_rank_only(no_leftover_segm
     failed = "ERR_PROC_FAILED" if api == "mpi" else [2]
     assert got["blocking"][:2] == ["LostPeerError", failed], got
     if api == "mpi":
-        assert got["probe"][:2] == ["LostPeerError", "ERR_PROC_FAILED"], got
+        assert got["probe"][:2] == got["iprobe"][:2] == ["LostPeerError", "ERR_PROC_FAILED"], got
+        assert got["iprobe_acked"] is False, got
     assert got["acked_then"] == 2 and got["second"] == [1, True], got
     assert "rank 4 (pid" not in job.stderr, job.describe()   # it ended well: not reported as failed

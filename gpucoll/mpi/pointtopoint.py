@@ -284,13 +284,16 @@ class PointToPoint:
             self._c(what)
             return (PROC_NULL, ANY_TAG, None, 0)
         found = self._find(source, tag, take, what)
-        if found is not None or not block:
+        if found is not None:
             return found
+        p2p = self._c(what).seam.p2p
+        if not block:
+            p2p.check_probe(source, what)  # a failed source: an error, not "nothing yet" (ULFM)
+            return None
         timeout = config.TIMEOUT.get()
         deadline, delay = time.monotonic() + timeout, 0.00002
-        p2p, losses = self._c(what).seam.p2p, 0
         while found is None:
-            losses = p2p.check_probe(source, losses, what)  # a failed source ends the wait (ULFM)
+            p2p.check_probe(source, what)  # a failed source ends the wait (ULFM)
             if time.monotonic() > deadline:
                 src = "any rank" if source == ANY_SOURCE else f"rank {source}"
                 raise GpucollTimeout(f"{what}: no message from {src} with "

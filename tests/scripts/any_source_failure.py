@@ -4,9 +4,9 @@ under gpurun --on-failure=continue, 5 ranks, through gpucoll's API (own) or gpuc
 Rank 4 ends well at once and rank 3 dies at once (SIGKILL). Rank 0 posts a nonblocking receive
 from any rank: its wait fails for rank 3 only (a rank that ended well is no failure), the receive
 stays posted and, once rank 3 is acknowledged, takes the message rank 1 sends. Then rank 2 dies
-while rank 0 waits in a blocking receive from any rank (mpi: in a Probe first): that fails for
-rank 2, and the receive is taken back, so the next message (from rank 1) reaches the next
-receive. Rank 0 prints one RESULT line (JSON).
+while rank 0 waits in a blocking receive from any rank (mpi: in a Probe and an Iprobe first):
+that fails for rank 2, and the receive is taken back, so the next message (from rank 1) reaches
+the next receive. Rank 0 prints one RESULT line (JSON).
 """
 import json
 import os
@@ -67,8 +67,11 @@ def rank0(comm):
     spec2 = [buf2, MPI.DOUBLE] if API == "mpi" else buf2
     if API == "mpi":
         got["probe"] = caught(lambda: comm.Probe(ANY_SOURCE, 6))
+        got["iprobe"] = caught(lambda: comm.Iprobe(ANY_SOURCE, 6))
     got["blocking"] = caught(lambda: comm.Recv(spec2, ANY_SOURCE, 6))
     got["acked_then"] = comm.Ack_failed() if API == "mpi" else comm.ack_failed()
+    if API == "mpi":
+        got["iprobe_acked"] = comm.Iprobe(ANY_SOURCE, 77)   # nothing sent with that tag: False
     comm.send("go", dest=1, tag=1)
     st2 = status()
     comm.Recv(spec2, ANY_SOURCE, 6, st2)

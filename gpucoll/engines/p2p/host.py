@@ -158,6 +158,7 @@ class PointToPoint:
         self.short = _engine.ShortPaths(self._native, self._key, self._world, self._ready, self, np.ndarray,
                                         self._timeout)
         self.gpu = None  # the GPU side (gpucoll/engines/p2p/gpu.py), made for the first GPU buffer
+        self._losses_looked = 0  # the engine's lost peers that probes from ANY_SOURCE have looked at
         self._make_gpu_side = make_gpu_side  # (it imports this module: made by the communicator)
 
     def gpu_side(self):
@@ -273,20 +274,20 @@ class PointToPoint:
                                         ranks=exc.ranks) from None
                 # matched meanwhile: its bytes come from a live rank
 
-    def check_probe(self, source, losses_seen, what):
-        """A blocking probe waiting for source (ANY_SOURCE too): raise ProcFailedError when its
-        rank failed (any unacknowledged rank of this communicator for ANY_SOURCE). Returns the
-        engine's loss count, the next call's losses_seen (nothing to look at while it is unchanged)."""
+    def check_probe(self, source, what):
+        """A probe that found nothing from source (ANY_SOURCE too): raise ProcFailedError when its
+        rank failed (any unacknowledged rank of this communicator for ANY_SOURCE), as ULFM's probes do."""
         losses = self._native.check_peers()
-        if losses == losses_seen:
-            return losses
         if source == ANY_SOURCE:
+            if losses == self._losses_looked:
+                return
             failed = self.failed_unacknowledged()
+            if not failed:
+                self._losses_looked = losses   # nothing to look at again until the next loss
         else:
             failed = [source] if self._native.lost(self._world[source])[0] != _native().LIVE else []
         if failed:
             raise LostPeerError(self._failed_text(what, failed), ranks=failed)
-        return losses
 
     def timed_out(self, req, timeout):
         """A request waited timeout seconds: raise, naming what it waited for (a receive that was
