@@ -147,10 +147,9 @@ static int gc_tcp_recv_run(gc_tcpchan *t, int j, char *to, uint64_t o, uint64_t 
 }
 
 /* The sockets with bytes to read, an end or an error to report, as a bit mask. Asked of the
- * epoll set, which, unlike a recv(), does not take a socket's lock: a rank polling a socket
- * with recv() in a tight loop holds the lock so often that the kernel queues the segments
- * arriving meanwhile behind it, and a message of two TCP segments came about 4 us later than
- * one of one (two hosts joined by veth). All of them when the set cannot be asked. */
+ * epoll set, which, unlike a recv(), takes no socket lock: polling every socket with recv() in
+ * a tight loop cost a message of two TCP segments between two hosts about 2 us more one way
+ * (docs/benchmarks.md, "The second segment"). All of them when the set cannot be asked. */
 static uint64_t gc_tcp_readable(gc_tcpchan *t) {
     struct epoll_event ev[GC_TCP_MAX_SOCKS];
     int k = epoll_wait(t->base.fd, ev, t->nsocks, 0);
