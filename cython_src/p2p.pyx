@@ -533,6 +533,11 @@ cdef class P2PCore:
         gc_p2p_counts(self.e, &posted, &ux)
         return posted, ux
 
+    @property
+    def losses(self):
+        """How many peers were lost so far."""
+        return self.e.losses
+
     def check_peers(self):
         """How many peers were lost so far, after asking whether each still lives (at most every
         100 ms): a blocking probe's loop, which waits outside the engine, looks again when it changes."""

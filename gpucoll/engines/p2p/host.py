@@ -158,7 +158,7 @@ class PointToPoint:
         self.short = _engine.ShortPaths(self._native, self._key, self._world, self._ready, self, np.ndarray,
                                         self._timeout)
         self.gpu = None  # the GPU side (gpucoll/engines/p2p/gpu.py), made for the first GPU buffer
-        self._losses_looked = 0  # the engine's lost peers that probes from ANY_SOURCE have looked at
+        self._losses_looked = 0  # the engine's lost peers that ANY_SOURCE receives and probes looked at
         self._make_gpu_side = make_gpu_side  # (it imports this module: made by the communicator)
 
     def gpu_side(self):
@@ -246,11 +246,22 @@ class PointToPoint:
         seen = [r for r, w in enumerate(self._world) if r != me and self._native.lost(w)[0] != live]
         return self.view.failed_among(seen) if seen else []
 
+    def _any_source_failures(self, losses):
+        """The failed, unacknowledged ranks a receive or probe from ANY_SOURCE must report, the
+        engine having lost `losses` peers: looked up once per loss while there are none (a rank
+        that ended well costs each later receive from any rank nothing)."""
+        if losses == self._losses_looked:
+            return []
+        failed = self.failed_unacknowledged()
+        if not failed:
+            self._losses_looked = losses
+        return failed
+
     def any_source_lost(self, req):
         """A receive from ANY_SOURCE, unmatched, after a peer was lost: ProcFailedPendingError
         when a rank of this communicator failed and is not acknowledged (the receive stays
         posted: a later message from another rank still completes it); else nothing."""
-        failed = self.failed_unacknowledged()
+        failed = self._any_source_failures(self._native.losses)
         if failed:
             raise ProcFailedPendingError(self._failed_text(f"{req.name} from any rank", failed)
                                          + "; the receive is still posted (ack_failed(), then wait again, or "
@@ -279,11 +290,7 @@ class PointToPoint:
         rank failed (any unacknowledged rank of this communicator for ANY_SOURCE), as ULFM's probes do."""
         losses = self._native.check_peers()
         if source == ANY_SOURCE:
-            if losses == self._losses_looked:
-                return
-            failed = self.failed_unacknowledged()
-            if not failed:
-                self._losses_looked = losses   # nothing to look at again until the next loss
+            failed = self._any_source_failures(losses)
         else:
             failed = [source] if self._native.lost(self._world[source])[0] != _native().LIVE else []
         if failed:
