@@ -302,3 +302,10 @@ def test_a_receive_from_any_source_fails_for_a_failed_rank_only(no_leftover_segm
         assert got["iprobe_acked"] is False, got
     assert got["acked_then"] == 2 and got["second"] == [1, True], got
     assert "rank 4 (pid" not in job.stderr, job.describe()   # it ended well: not reported as failed
+
+
+@pytest.mark.parametrize("launcher_args", [(), CONTINUE])
+def test_a_rank_that_ended_well_fails_no_receive_from_any_source(launcher_args):
+    job = run_job(3, "any_source_failure.py", "mpi", "ended-well", env={"GPUCOLL_TIMEOUT": "15"},
+                  launcher_args=launcher_args, timeout=60).check()
+    assert job.json_lines() == {0: {"first": [1, True]}}, job.describe()

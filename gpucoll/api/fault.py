@@ -167,7 +167,7 @@ def unacknowledged(comm, ranks):
     one: gpurun's verdict on each (under --on-failure=continue) is waited for. Elsewhere none:
     there a failure ends the job."""
     store = _store(comm)
-    if store is None or config.ON_FAILURE.get() != "continue":
+    if store is None or config.ON_FAILURE.get() != "continue":  # gpurun records verdicts only there
         return []
     world = comm.world_ranks
     ranks = [r for r in ranks if r not in comm.seam.fault.acked_ranks]

@@ -7,11 +7,15 @@ stays posted and, once rank 3 is acknowledged, takes the message rank 1 sends. T
 while rank 0 waits in a blocking receive from any rank (mpi: in a Probe and an Iprobe first):
 that fails for rank 2, and the receive is taken back, so the next message (from rank 1) reaches
 the next receive. Rank 0 prints one RESULT line (JSON).
+
+With a second argument `ended-well` (3 ranks, any --on-failure): rank 2 ends well at once, and
+rank 0's blocking receive from any rank still takes rank 1's message, sent 0.5 s later.
 """
 import json
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 
@@ -79,10 +83,25 @@ def rank0(comm):
     print("RESULT " + json.dumps(got), flush=True)
 
 
+def ended_well(comm):
+    """3 ranks: rank 2 ends well at once; rank 0's receive from any rank waits past that for
+    rank 1's message."""
+    me = comm.Get_rank()
+    if me == 1:
+        time.sleep(0.5)   # rank 2 is gone by now, and rank 0 has looked
+        comm.Send(FIRST, dest=0, tag=5)
+    elif me == 0:
+        buf, st = np.zeros(4), status()
+        comm.Recv([buf, MPI.DOUBLE] if API == "mpi" else buf, ANY_SOURCE, 5, st)
+        print("RESULT " + json.dumps({"first": [st.Get_source(), buf.tolist() == FIRST.tolist()]}), flush=True)
+
+
 def main():
     comm = world.Dup()
     me = comm.Get_rank()
-    if me == 0:
+    if len(sys.argv) > 2 and sys.argv[2] == "ended-well":
+        ended_well(comm)
+    elif me == 0:
         rank0(comm)
     elif me == 1:
         for tag, data in ((5, FIRST), (6, SECOND)):
