@@ -1655,7 +1655,7 @@ static int gc_p2p_wait(gc_p2p *e, gc_p2p_req **reqs, int n, int all, double time
             if (idle_since == 0) idle_since = now;
             if (now - last_check > 0.1) {
                 last_check = now;
-                gc_p2p__check_peers(e);
+                gc_p2p__check_peers(e);   /* every 100 ms of a wait without progress */
             }
         }
         pthread_mutex_unlock(&e->mu);
