@@ -13,7 +13,7 @@ are here too: a short call, and the wait of its request, that succeed stay in C:
     req.wait(30)                                     # True once done, False after 30 s
 """
 cimport cython
-from cpython.object cimport PyObject
+from cpython.object cimport PyObject, PyTypeObject
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, strchr, strcmp
@@ -283,7 +283,11 @@ cdef class RequestHandle:
     cdef object __weakref__
 
 
-cdef object _HANDLE = None  # gpucoll.MPI's Request: the type of the handles the mpi_* paths return
+# gpucoll.MPI's registrations (register_mpi): the type of the requests its short paths return (a
+# Python class over MPIP2PRequest and MPI.Request), its status reset and its handle registry
+cdef type _HANDLE = None
+cdef object _RESET = None
+cdef dict _REGISTRY = None
 # The buffer formats of the dtypes whose bare ndarrays are messages there (a basic datatype's: "d",
 # "B", "Zf", ...), compared in C with the format of the array's buffer.
 cdef char _BASIC_FORMATS[32][4]
@@ -299,26 +303,22 @@ cdef inline bint _basic_format(const char *fmt):
     return False
 
 
-def register_mpi(handle_type, basic_formats):
-    """The mpi_* short paths return handles of handle_type (a subclass of RequestHandle) and take a
-    bare ndarray only when its buffer's format is one of basic_formats (at most 32 strings of at
-    most 3 characters: the formats of the basic datatypes' dtypes)."""
-    global _HANDLE, _N_BASIC_FORMATS
-    if not issubclass(handle_type, RequestHandle):
-        raise TypeError(f"{handle_type.__name__} does not derive from RequestHandle")
+def register_mpi(request_type, basic_formats, reset_status, dict registry):
+    """The mpi_* short paths return requests of request_type (a subclass of MPIP2PRequest: each is
+    its own MPI.Request), reset a Status with reset_status(status) and keep registry (handle
+    number -> state) clean of the handles they complete; they take a bare ndarray only when its
+    buffer's format is one of basic_formats (at most 32 strings of at most 3 characters: the
+    formats of the basic datatypes' dtypes)."""
+    global _HANDLE, _N_BASIC_FORMATS, _RESET, _REGISTRY
+    if not issubclass(request_type, MPIP2PRequest):
+        raise TypeError(f"{request_type.__name__} does not derive from MPIP2PRequest")
     formats = sorted(set(basic_formats))
     if len(formats) > 32 or any(len(f) > 3 for f in formats):
         raise ValueError(f"register_mpi: {formats} are not up to 32 formats of up to 3 characters")
     for i, f in enumerate(formats):
         encoded = f.encode("ascii")
         memcpy(_BASIC_FORMATS[i], <const char *>encoded, len(encoded) + 1)
-    _HANDLE, _N_BASIC_FORMATS = handle_type, len(formats)
-
-
-cdef inline RequestHandle _handle(object state):
-    cdef RequestHandle h = RequestHandle.__new__(_HANDLE)
-    h._s = state
-    return h
+    _HANDLE, _N_BASIC_FORMATS, _RESET, _REGISTRY = request_type, len(formats), reset_status, registry
 
 
 cdef extern from "Python.h":
@@ -565,15 +565,18 @@ cdef class P2PCore:
 # communicator's PointToPoint (gpucoll/engines/p2p/host.py) explains everything else: errors, timeouts,
 # objects to unpickle, a GPU message that matched a host receive.
 
+from gpucoll.base.errors import ProcFailedPendingError
 from gpucoll.base.request import Request as _Request, Status as _Status
 
 cdef int _ANY_SOURCE = GC_P2P_ANY
 
 
-cdef class P2PRequest:
+cdef class P2PRequest(RequestHandle):
     """A send or receive of the engine, with gpucoll.Request's interface (gpucoll/engines/p2p/host.py registers
     it as one; its lowercase and array methods are Request's own). Wait() gives up after
-    GPUCOLL_TIMEOUT, naming what it waited for; a receive's status is made on first use."""
+    GPUCOLL_TIMEOUT, naming what it waited for; a receive's status is made on first use.
+    It derives from gpucoll.MPI's handle fields so that one object can be both the request and
+    its MPI.Request (MPIP2PRequest); gpucoll's own API leaves those fields unused."""
     cdef public Req _native
     cdef public object _p2p, name, peer, tag, _status, _keep, _cap, _error, _value
     cdef public bint _object, _settled
@@ -676,6 +679,12 @@ cdef class P2PRequest:
             gc_p2p_saw_losses(self._native.e, self._native.r)
 
     def Wait(self, status=None):
+        return self._wait(status)
+
+    def Test(self, status=None):
+        return self._test(status)
+
+    cdef _wait(self, status):
         cdef gc_p2p_req *one
         cdef gc_p2p *e
         cdef double timeout = self._timeout
@@ -688,21 +697,27 @@ cdef class P2PRequest:
             self._waited(got)
         return self._outcome(status)
 
-    def Test(self, status=None):
+    cdef _test(self, status):
+        if not self._ready():
+            return False
+        self._settle()
+        return self._outcome(status)
+
+    cdef bint _ready(self) except -1:
+        """Done (one progress pass first), without settling or raising; a receive from any rank
+        with a lost peer to look at raises as its Test does."""
         cdef gc_p2p_req *one
         cdef gc_p2p *e
         cdef int done = 1
-        if not self._settled:
-            one, e = self._native.r, self._native.e
-            if not one.done:
-                with nogil:
-                    done = gc_p2p_test(e, one)
-            if not done:
-                if e.losses and gc_p2p_loss_unseen(e, one):
-                    self._look_at_losses()
-                return False
-            self._settle()
-        return self._outcome(status)
+        if self._settled:
+            return True
+        one, e = self._native.r, self._native.e
+        if not one.done:
+            with nogil:
+                done = gc_p2p_test(e, one)
+        if not done and e.losses and gc_p2p_loss_unseen(e, one):
+            self._look_at_losses()
+        return done != 0
 
     cdef _outcome(self, status):
         if status is not None:
@@ -744,7 +759,8 @@ cdef class P2PRequest:
         if n == 0:
             return False
         for i in range(n):
-            if type(reqs[i]) is not P2PRequest:
+            t = type(reqs[i])
+            if t is not P2PRequest and t is not _HANDLE:
                 return False
         if timeout < 0:
             timeout = (<P2PRequest>reqs[0])._timeout
@@ -766,11 +782,12 @@ cdef class P2PRequest:
 
     @staticmethod
     def _wait_handles(handles, handle_type):
-        """gpucoll.MPI's Waitall of a window, in C: handles (a list) all of exact type handle_type,
-        not cancelled, each on a P2PRequest (its `_s`): wait for all in one native wait, settle
-        each, null each handle; True when every one completed without an error. False when the
-        list is anything else, or when one failed (the handles are left for the caller's own
-        path, which completes them and raises the first error)."""
+        """gpucoll.MPI's Waitall of a window, in C: handles (a list), each a live request that is its
+        own handle (the short paths') or a handle of exact type handle_type on a P2PRequest (its
+        `_s`), none cancelled: wait for all in one native wait, settle each, null each handle;
+        True when every one completed without an error. False when the list is anything else,
+        or when one failed (the handles are left for the caller's own path, which completes them
+        and raises the first error)."""
         cdef Py_ssize_t i, n = len(handles)
         cdef list states = []
         cdef RequestHandle h
@@ -778,12 +795,18 @@ cdef class P2PRequest:
             return False
         for i in range(n):
             o = handles[i]
-            if type(o) is not handle_type:
+            t = type(o)
+            if not isinstance(o, RequestHandle):
                 return False
             h = <RequestHandle>o
-            if h._cancelled or type(h._s) is not P2PRequest:
+            if h._cancelled:
                 return False
-            states.append(h._s)
+            if t is _HANDLE and h._s is _LIVE:
+                states.append(o)
+            elif t is handle_type and type(h._s) is P2PRequest:
+                states.append(h._s)
+            else:
+                return False
         if not P2PRequest._wait_all(states, -1.0, True):
             return False
         for i in range(n):
@@ -845,9 +868,119 @@ cdef class _Flag:
         self.req._settled = True
 
 
+# --- a request that is its own gpucoll.MPI handle ------------------------------------------------
+# MPI's Request is a handle: completing it makes it MPI.REQUEST_NULL. gpucoll.MPI's handles hold
+# their operation's state in `_s`; a request of the short paths is instead its own handle (one
+# object per message, as on gpucoll's own API): `_s` is _LIVE until completion nulls it, and the
+# handle code that reads `_s` as a state gets an OwnState view of the request.
+
+cdef object _LIVE = True
+cdef tuple _NO_ARGS = ()
+
+
+@cython.final
+cdef class OwnState:
+    """The state of a request that is its own handle, as gpucoll.MPI's handle code reads states
+    (Wait, Test and the request's fields), made when that code asks for `_s`."""
+    cdef readonly P2PRequest request
+
+    def __cinit__(self, P2PRequest request):
+        self.request = request
+
+    def Wait(self, status=None):
+        return self.request._wait(status)
+
+    def Test(self, status=None):
+        return self.request._test(status)
+
+    def __getattr__(self, name):
+        return getattr(self.request, name)
+
+    def __repr__(self):
+        return P2PRequest.__repr__(self.request)
+
+
+cdef class MPIP2PRequest(P2PRequest):
+    """A request of gpucoll.MPI's short paths: the engine's request and its MPI.Request in one
+    object (gpucoll/mpi/request.py's P2PHandle derives from this and from MPI.Request). Waiting,
+    testing and the truth value are MPI's: completion nulls the handle (`_s` None) and a null
+    one completes at once with an empty status."""
+
+    cdef bint _null(self, status) except -1:
+        if self._s is not None:
+            return False
+        if status is not None:
+            _RESET(status)
+        return True
+
+    cpdef _complete(self, status):
+        """Finish (done or waited for): fill status, null the handle, return the received object.
+        A receive from ANY_SOURCE with a failed rank pending stays a live handle (ULFM)."""
+        if status is not None:
+            _RESET(status)
+        try:
+            self._wait(status)
+        except ProcFailedPendingError:
+            raise
+        except BaseException:
+            self._release()
+            raise
+        self._release()
+        if self._cancelled and status is not None and hasattr(status, "cancelled"):
+            status.cancelled = True
+        return self._value
+
+    cpdef _release(self):
+        if _REGISTRY:  # only handles that were asked for (.handle) are registered
+            _REGISTRY.pop(id(self), None)
+        self._s = None
+
+    def Wait(self, status=None):
+        if not self._null(status):
+            self._complete(status)
+        return True
+
+    def wait(self, status=None):
+        return None if self._null(status) else self._complete(status)
+
+    def Test(self, status=None):
+        if self._null(status):
+            return True
+        if not self._ready():
+            return False
+        self._complete(status)
+        return True
+
+    def test(self, status=None):
+        if self._null(status):
+            return True, None
+        if not self._ready():
+            return False, None
+        return True, self._complete(status)
+
+    def __bool__(self):
+        return self._s is not None
+
+    def _active(self):
+        return self._s is not None
+
+    def _done(self):
+        return self._s is None or self._ready()
+
+    def _state(self):
+        """`_s` as the handle code reads it: None once null, else an OwnState of this request."""
+        return None if self._s is None else OwnState(self)
+
+
 cdef P2PRequest _request(Req native, object p2p, str name, bint recv, object peer, object tag, object keep,
-                         Py_ssize_t cap, double timeout, object status):
-    cdef P2PRequest q = P2PRequest.__new__(P2PRequest)
+                         Py_ssize_t cap, double timeout, object status, bint mpi=False):
+    """A P2PRequest over native; mpi: of gpucoll.MPI's registered type, its own live handle."""
+    cdef P2PRequest q
+    if mpi:  # the registered type's own tp_new (MPIP2PRequest's): `MPIP2PRequest.__new__(_HANDLE)` is a Python call
+        q = (<PyTypeObject *>_HANDLE).tp_new(_HANDLE, <PyObject *>_NO_ARGS, NULL)
+        q._s = _LIVE
+    else:
+        q = P2PRequest.__new__(P2PRequest)
     q._native, q._p2p, q.name, q._recv, q.peer, q.tag = native, p2p, name, recv, peer, tag
     q._keep, q._cap, q._timeout, q._status = keep, cap, timeout, status
     return q
@@ -948,7 +1081,7 @@ cdef class ShortPaths:
         self._count(buf)
         cdef Py_ssize_t n = view.len
         return _request(_start(self.eng, True, self.key, world, <int32_t>tag, &view), self.p2p, "Isend", False,
-                        dest, tag, buf, n, self.timeout, None)
+                        dest, tag, buf, n, self.timeout, None, mpi)
 
     cpdef object irecv(self, buf, source, tag, bint mpi=False):
         """Irecv: the request, or None to decline."""
@@ -959,7 +1092,7 @@ cdef class ShortPaths:
         self._count(buf)
         cdef Py_ssize_t n = view.len
         return _request(_start(self.eng, False, self.key, world, <int32_t>tag, &view), self.p2p, "Irecv", True,
-                        source, tag, buf, n, self.timeout, None)
+                        source, tag, buf, n, self.timeout, None, mpi)
 
     cpdef bint recv(self, buf, source, tag, status, bint mpi=False) except -1:
         """Recv: True once the bytes are in buf (status, if given, filled), False to decline."""
@@ -990,7 +1123,7 @@ cdef class ShortPaths:
         return True
 
     # gpucoll.MPI's flavour (register_mpi): a bare ndarray only of a basic datatype's dtype (MPI
-    # reads any other as the general path says), and gpucoll.MPI Request handles.
+    # reads any other as the general path says), and requests that are their own MPI.Request.
     cpdef bint mpi_send(self, buf, dest, tag) except -1:
         return self.send(buf, dest, tag, True)
 
@@ -998,14 +1131,12 @@ cdef class ShortPaths:
         return self.recv(buf, source, tag, status, True)
 
     cpdef mpi_isend(self, buf, dest, tag):
-        """Isend: a gpucoll.MPI Request on it, or None to decline."""
-        req = self.isend(buf, dest, tag, True)
-        return None if req is None else _handle(req)
+        """Isend: the request (an MPI.Request), or None to decline."""
+        return self.isend(buf, dest, tag, True)
 
     cpdef mpi_irecv(self, buf, source, tag):
-        """Irecv: a gpucoll.MPI Request on it, or None to decline."""
-        req = self.irecv(buf, source, tag, True)
-        return None if req is None else _handle(req)
+        """Irecv: the request (an MPI.Request), or None to decline."""
+        return self.irecv(buf, source, tag, True)
 
 
 cdef class ShortCalls:

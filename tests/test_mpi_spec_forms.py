@@ -63,3 +63,10 @@ def test_a_window_is_waited_for_and_settled_in_one_native_call(results):
         assert w["gpucoll.MPI statuses"] == [True, True, 0], (r, w)
         assert w["gpucoll statuses"] == [True, None, 0], (r, w)
 
+
+
+def test_a_short_path_request_is_its_own_mpi_request(results):
+    """gpucoll.MPI's Isend and Irecv of a plain buffer return the engine's request itself, an
+    MPI.Request and a gpucoll.Request at once (no handle object over it); Waitall nulls it."""
+    for r, got in results.items():
+        assert got["one_object"] == [[True, True, True], [True, True, True], [False, False, True]], (r, got["one_object"])

@@ -27,7 +27,7 @@ from .composite import Composite
 from .datatype import plain_predefined
 from .hostcopy import HostStage
 from .matched import Message
-from .request import Prequest, Request
+from .request import _REGISTRY, P2PHandle, Prequest, Request
 from .status import reset
 
 ANY_SOURCE, ANY_TAG, PROC_NULL = _C["ANY_SOURCE"], _C["ANY_TAG"], _C["PROC_NULL"]
@@ -36,8 +36,9 @@ ANY_SOURCE, ANY_TAG, PROC_NULL = _C["ANY_SOURCE"], _C["ANY_TAG"], _C["PROC_NULL"
 # objects (MPI.buffer, bytearray, ...) and [buf, TYPE] / [buf, count, TYPE] of the predefined
 # datatypes registered below, and decline anything else; then the general path reads the message
 # specification and checks everything. A bare NumPy array is its message only when its dtype is a
-# basic datatype's (checked there too: ShortPaths.mpi_*, which return this module's Request handles).
-_p2p.register_mpi(Request, _m.BASIC_FORMATS)
+# basic datatype's (checked there too: ShortPaths.mpi_*, whose requests are their own MPI.Request:
+# P2PHandle).
+_p2p.register_mpi(P2PHandle, _m.BASIC_FORMATS, reset, _REGISTRY)
 
 
 def _proc_null_status(status):

@@ -13,7 +13,7 @@ from ..base import config
 from ..base.errors import InvalidUsageError, ProcFailedPendingError
 from ..base.errors import TimeoutError as GpucollTimeout
 from ..base.mpi_constants import INTEGERS as _C
-from ..engines.p2p.host import P2PRequest, RequestHandle
+from ..engines.p2p.host import MPIP2PRequest, OwnState, P2PRequest, RequestHandle
 from .status import reset
 
 UNDEFINED = _C["UNDEFINED"]
@@ -64,7 +64,7 @@ class Request(RequestHandle):
     def __eq__(self, other):
         if not isinstance(other, Request):
             return NotImplemented
-        return self._s is other._s
+        return _operation(self) is _operation(other)
 
     def __ne__(self, other):
         eq = self.__eq__(other)
@@ -89,7 +89,7 @@ class Request(RequestHandle):
     def handle(self):
         if self._s is None:
             return 0
-        h = id(self._s)
+        h = id(_operation(self))
         _REGISTRY[h] = self._s
         return h
 
@@ -125,7 +125,7 @@ class Request(RequestHandle):
 
     def _release(self):
         if _REGISTRY:  # only handles that were asked for (.handle) are registered
-            _REGISTRY.pop(id(self._s), None)
+            _REGISTRY.pop(id(_operation(self)), None)
         self._s = None
 
     def _done(self):
@@ -331,6 +331,44 @@ class Request(RequestHandle):
         raise request_error("Start: only persistent requests (Prequest) can be started")
 
 
+def _operation(handle):
+    """What a handle is a handle on: its state, or the request itself where a request is its own
+    handle (P2PHandle; its `_s` is a view made on each read); None when null."""
+    state = handle._s
+    return state.request if type(state) is OwnState else state
+
+
+class P2PHandle(MPIP2PRequest, Request):
+    """A request of gpucoll.MPI's short paths (Isend, Irecv of a plain buffer): the engine's
+    request and its MPI.Request in one object, so that a message costs one request on either
+    API. Completing it nulls it in place (MPIP2PRequest, native); the handle code above reads its
+    `_s` as a state through a view (OwnState)."""
+
+    __slots__ = ()
+
+    _s = property(MPIP2PRequest._state, RequestHandle._s.__set__,
+                  doc="the state as the handle code reads it: None once null, else a view of this request")
+
+    # MPI's meaning of what gpucoll's own request (P2PRequest) also names
+    Get_status = Request.Get_status
+    Cancel = Request.Cancel
+    Free = Request.Free
+    Waitall = Request.__dict__["Waitall"]
+    Testall = Request.__dict__["Testall"]
+    Waitany = Request.__dict__["Waitany"]
+    waitall = Request.__dict__["waitall"]
+
+    def __eq__(self, other):
+        if not isinstance(other, Request):
+            return NotImplemented
+        return _operation(self) is _operation(other)
+
+    __hash__ = None
+
+    def __repr__(self):
+        return f"<gpucoll.MPI.Request {'null' if self._s is None else P2PRequest.__repr__(self)}>"
+
+
 def handles(requests):
     """The requests as MPI.Request handles: gpucoll's own requests (what gpucoll.COMM_WORLD's Isend
     returns) are wrapped, MPI handles are used as they are (so that completing them nulls them)."""
@@ -346,7 +384,7 @@ def _cancel_receive(state):
     p2p = getattr(state, "_p2p", None)
     if p2p is None or not hasattr(p2p, "withdraw") or state.Test(None):
         return False
-    return p2p.withdraw(state)
+    return p2p.withdraw(state.request if type(state) is OwnState else state)
 
 
 def _deadline(what, requests):

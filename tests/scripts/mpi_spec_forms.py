@@ -130,5 +130,13 @@ for api, comm_, waitall in (("gpucoll.MPI", comm, MPI.Request.Waitall),
         windows[f"{api}{' statuses' if with_status else ''}"] = [exact, nulled, settled_together() - before]
 out["windows"] = windows
 
+# A request of gpucoll.MPI's short paths is one native object: the engine's request is its own
+# MPI.Request (and a gpucoll.Request); completing it nulls it in place
+q = comm.Irecv(np.zeros(4, np.int64), peer, 9)
+s = comm.Isend(np.arange(4, dtype=np.int64), peer, 9)
+one = [[isinstance(x, MPI.Request), isinstance(x, gpucoll.Request), bool(x)] for x in (s, q)]
+MPI.Request.Waitall([s, q])
+out["one_object"] = one + [[bool(s), bool(q), q == MPI.REQUEST_NULL]]
+
 comm.Barrier()
 print("RESULT", json.dumps({"rank": r, **out}), flush=True)
