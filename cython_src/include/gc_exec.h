@@ -360,7 +360,7 @@ static int gc_exec_run(const gc_exec_args *a, gc_exec_err *e)
             rx.pad_left = gc_pad16(rx.expect);
             rx.reduce = (fl & GC_STEP_REDUCE) != 0;
         }
-        int idle = 0;
+        int idle = 0, gone = 0;  /* gone: 1 the send's peer, 2 the receive's, has ended */
         int64_t idle_since = 0, last_check = 0;
         for (;;) {
             int tx_open = sending && tx.done < tx.total;
@@ -385,6 +385,10 @@ static int gc_exec_run(const gc_exec_args *a, gc_exec_err *e)
                 idle = 0;
                 continue;
             }
+            if (gone)   /* it ended, and one more pass found nothing it left behind */
+                return gc__fail(e, GC_ERR_PEER,
+                                (int)(gone == 1 ? st[GC_COL_SEND_PEER] : st[GC_COL_RECV_PEER]),
+                                gone == 1 ? "sending to" : "receiving from");
             /* idle: back off by stages, and look at the clock only once spinning is over */
             if (++idle <= GC_EXEC_SPINS) {
                 gc_cpu_relax();
@@ -404,10 +408,11 @@ static int gc_exec_run(const gc_exec_args *a, gc_exec_err *e)
                                     (int)(rx_open ? st[GC_COL_RECV_PEER] : st[GC_COL_SEND_PEER]),
                                     rx_open ? "waiting for data from" : "waiting for room toward");
                 }
-                if (tx_open && !tx.c->alive(tx.c))
-                    return gc__fail(e, GC_ERR_PEER, (int)st[GC_COL_SEND_PEER], "sending to");
-                if (rx_open && !rx.c->alive(rx.c))
-                    return gc__fail(e, GC_ERR_PEER, (int)st[GC_COL_RECV_PEER], "receiving from");
+                /* A peer may write its last bytes and exit between the pass above and this
+                 * look: one more pass reads what it left before it is called lost. */
+                gone = tx_open && !tx.c->alive(tx.c) ? 1 : rx_open && !rx.c->alive(rx.c) ? 2 : 0;
+                if (gone)
+                    continue;
             }
             if (now - idle_since < GC_EXEC_YIELD_NS) {
                 sched_yield();

@@ -414,7 +414,7 @@ static inline double gc_now(void) {
 static int gc_chan_xfer(gc_chan *c, const void *sbuf, size_t slen, void *rbuf, size_t rlen,
                         double timeout, size_t *sdone, size_t *rdone) {
     size_t s = 0, r = 0;
-    int status = GC_OK;
+    int status = GC_OK, gone = 0;
     const double start = gc_now();
     double last_check = start;
     while (s < slen || r < rlen) {
@@ -438,11 +438,13 @@ static int gc_chan_xfer(gc_chan *c, const void *sbuf, size_t slen, void *rbuf, s
             }
         }
         if (progress) continue;
+        if (gone) { status = GC_ERR_PEER; break; }   /* nothing left behind by the peer */
         const double now = gc_now();
         if (now - start > timeout) { status = GC_ERR_TIMEOUT; break; }
         if (now - last_check > 0.1) {
             last_check = now;
-            if (!c->alive(c)) { status = GC_ERR_PEER; break; }
+            /* it may have written its last bytes and exited since the pass above: one more */
+            if (!c->alive(c)) { gone = 1; continue; }
         }
         if (c->fd >= 0) {
             struct pollfd p = {c->fd, POLLIN | (s < slen ? POLLOUT : 0), 0};

@@ -2,8 +2,9 @@
 under gpurun --on-failure=continue, 5 ranks, through gpucoll's API (own) or gpucoll.MPI (mpi).
 
 Rank 4 ends well at once and rank 3 dies at once (SIGKILL). Rank 0 posts a nonblocking receive
-from any rank: its wait fails for rank 3 only (a rank that ended well is no failure), the receive
-stays posted and, once rank 3 is acknowledged, takes the message rank 1 sends. Then rank 2 dies
+from any rank (mpi: two, on the short and the general path): its wait fails for rank 3 only (a
+rank that ended well is no failure), the receive stays posted and, once rank 3 is acknowledged,
+takes the message rank 1 sends. Then rank 2 dies
 while rank 0 waits in a blocking receive from any rank (mpi: in a Probe and an Iprobe first):
 that fails for rank 2, and the receive is taken back, so the next message (from rank 1) reaches
 the next receive. Rank 0 prints one RESULT line (JSON).
@@ -57,6 +58,13 @@ def rank0(comm):
     buf = np.zeros(4)
     spec = [buf, MPI.DOUBLE] if API == "mpi" else buf
     req = comm.Irecv(spec, ANY_SOURCE, 5)
+    if API == "mpi":
+        # A derived datatype takes gpucoll.MPI's general path (the handle over a state), the
+        # basic one above its short path (a request that is its own handle): both stay posted.
+        four = MPI.DOUBLE.Create_contiguous(4).Commit()
+        buf_general = np.zeros(4)
+        general = comm.Irecv([buf_general, 1, four], ANY_SOURCE, 7)
+        got["pending_general"] = caught(general.Wait)
     got["pending"] = caught(req.Wait)
     got["pending_again"] = caught(req.Wait)   # nothing acknowledged yet: the same answer
     got["failed"] = comm.Get_failed().Get_size() if API == "mpi" else comm.failed()
@@ -65,6 +73,9 @@ def rank0(comm):
     st = status()
     req.Wait(st)
     got["first"] = [st.Get_source(), buf.tolist() == FIRST.tolist()]
+    if API == "mpi":
+        general.Wait(st)
+        got["first_general"] = [st.Get_source(), buf_general.tolist() == FIRST.tolist()]
 
     comm.send("die", dest=2, tag=9)
     buf2 = np.zeros(4)
@@ -107,6 +118,8 @@ def main():
         for tag, data in ((5, FIRST), (6, SECOND)):
             comm.recv(source=0, tag=1)
             comm.Send(data, dest=0, tag=tag)
+            if tag == 5 and API == "mpi":
+                comm.Send(data, dest=0, tag=7)   # to the general path's receive
     elif me == 2:
         comm.recv(source=0, tag=9)
         die()
