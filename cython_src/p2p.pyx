@@ -274,13 +274,18 @@ def register_bytes_type(t, bint guarded=False):
         _BARE.add(t)
 
 
-cdef class RequestHandle:
-    """The fields of gpucoll.MPI's Request (gpucoll/mpi/request.py subclasses this): the state it
-    is a handle on (a request, or None once completed: MPI.REQUEST_NULL) and whether it was
-    cancelled. Native, so that the short paths make gpucoll.MPI's handles with no Python call."""
+cdef class HandleFields:
+    """The field of every gpucoll.MPI handle (gpucoll/mpi/handle.py's Handle derives from this):
+    the state it refers to, None for the null handle. Native, so that the short paths read a
+    communicator handle's state and make request handles without an attribute lookup."""
     cdef public object _s
-    cdef public bint _cancelled
     cdef object __weakref__
+
+
+cdef class RequestHandle(HandleFields):
+    """The fields of gpucoll.MPI's Request (gpucoll/mpi/request.py subclasses this): its state (a
+    request, or None once completed: MPI.REQUEST_NULL) and whether it was cancelled."""
+    cdef public bint _cancelled
 
 
 # gpucoll.MPI's registrations (register_mpi): the type of the requests its short paths return (a
@@ -754,7 +759,6 @@ cdef class P2PRequest(RequestHandle):
         (subclasses) are left to their own Wait: a GPU receive enqueues its copy there.
         settle: also settle each here; True when every one completed without an error, so the
         caller need not Wait each (False: the caller's Wait settles, explains and raises)."""
-        cdef P2PRequest q
         cdef Py_ssize_t i, n = len(reqs)
         if n == 0:
             return False
@@ -762,56 +766,67 @@ cdef class P2PRequest(RequestHandle):
             t = type(reqs[i])
             if t is not P2PRequest and t is not _HANDLE:
                 return False
-        if timeout < 0:
-            timeout = (<P2PRequest>reqs[0])._timeout
-        if _wait_many(reqs, True, timeout) < 0:
-            for q in reqs:
-                if not q._native.r.done:
-                    q._waited(-1)
-                    return False
-        if not settle:
-            return False
-        for i in range(n):
-            q = reqs[i]
-            q._settle()
-            if q._error is not None:
-                return False
-        global _settled_together
-        _settled_together += n
-        return True
+        return _wait_settle(reqs, timeout, settle)
 
     @staticmethod
     def _wait_handles(handles, handle_type):
-        """gpucoll.MPI's Waitall of a window, in C: handles (a list), each a live request that is its
-        own handle (the short paths') or a handle of exact type handle_type on a P2PRequest (its
+        """gpucoll.MPI's Waitall of a window, in C: handles, each a live request that is its own
+        handle (the short paths') or a handle of exact type handle_type on a P2PRequest (its
         `_s`), none cancelled: wait for all in one native wait, settle each, null each handle;
         True when every one completed without an error. False when the list is anything else,
         or when one failed (the handles are left for the caller's own path, which completes them
         and raises the first error)."""
+        if type(handles) is not list:
+            handles = list(handles)
         cdef Py_ssize_t i, n = len(handles)
-        cdef list states = []
+        cdef list states = handles  # the handles themselves while each is its own request
         cdef RequestHandle h
         if n == 0:
             return False
         for i in range(n):
             o = handles[i]
-            t = type(o)
             if not isinstance(o, RequestHandle):
                 return False
             h = <RequestHandle>o
             if h._cancelled:
                 return False
-            if t is _HANDLE and h._s is _LIVE:
-                states.append(o)
-            elif t is handle_type and type(h._s) is P2PRequest:
+            if type(o) is _HANDLE and h._s is _LIVE:
+                if states is not handles:
+                    states.append(o)
+            elif type(o) is handle_type and type(h._s) is P2PRequest:
+                if states is handles:
+                    states = handles[:i]
                 states.append(h._s)
             else:
                 return False
-        if not P2PRequest._wait_all(states, -1.0, True):
+        if not _wait_settle(states, -1.0, True):
             return False
         for i in range(n):
             (<RequestHandle>handles[i])._s = None
         return True
+
+
+cdef bint _wait_settle(reqs, double timeout, bint settle) except -1:
+    """P2PRequest._wait_all's work on reqs (a sequence of P2PRequests, not empty)."""
+    cdef P2PRequest q
+    cdef Py_ssize_t i, n = len(reqs)
+    if timeout < 0:
+        timeout = (<P2PRequest>reqs[0])._timeout
+    if _wait_many(reqs, True, timeout) < 0:
+        for q in reqs:
+            if not q._native.r.done:
+                q._waited(-1)
+                return False
+    if not settle:
+        return False
+    for i in range(n):
+        q = reqs[i]
+        q._settle()
+        if q._error is not None:
+            return False
+    global _settled_together
+    _settled_together += n
+    return True
 
 
 cdef unsigned long long _settled_together = 0
@@ -1161,36 +1176,48 @@ cdef class ShortCalls:
         return self._irecv(buf, source, tag, None, stream) if req is None else req
 
 
-cdef class MPIShortCalls:
+cdef class CommStateFields:
+    """The native field of a gpucoll.MPI communicator's state (gpucoll/mpi/comm.py's _CommState
+    derives from this): the short paths of the communicator its point to point runs on, which
+    MPIShortCalls reads with no attribute lookup."""
+    cdef public ShortPaths short
+
+
+cdef inline ShortPaths _short_of(object state):
+    """The short paths of a communicator handle's state; None for MPI.COMM_NULL."""
+    return None if state is None else (<CommStateFields?>state).short
+
+
+cdef class MPIShortCalls(HandleFields):
     """gpucoll.MPI's Send, Isend, Recv, Irecv and Barrier (its Comm derives from this): the communicator's
     short paths (ShortPaths' mpi_* flavour) straight from the caller, with no Python frame
     between; when they decline, the Python class's general path (_send, _isend, _recv, _irecv)
     reads the message specification and checks everything. self._s is the communicator's state
-    (None: MPI.COMM_NULL); its seam.short, the ShortPaths of the communicator point to point
+    (None: MPI.COMM_NULL); its `short`, the ShortPaths of the communicator point to point
     runs on."""
 
     def Send(self, buf, dest, tag=0):
         """Send buf to dest (returns once the bytes are handed over: sends are eager)."""
-        s = self._s
-        if s is None or not (<ShortPaths?>s.seam.short).mpi_send(buf, dest, tag):
+        cdef ShortPaths sp = _short_of(self._s)
+        if sp is None or not sp.mpi_send(buf, dest, tag):
             self._send(buf, dest, tag)
 
     def Isend(self, buf, dest, tag=0):
         """Start sending buf to dest: its Request."""
-        s = self._s
-        req = None if s is None else (<ShortPaths?>s.seam.short).mpi_isend(buf, dest, tag)
+        cdef ShortPaths sp = _short_of(self._s)
+        req = None if sp is None else sp.mpi_isend(buf, dest, tag)
         return self._isend(buf, dest, tag) if req is None else req
 
     def Recv(self, buf, source=_ANY_SOURCE, tag=-1, status=None):
         """Receive into buf; status (an MPI.Status) gets the source, tag and size."""
-        s = self._s
-        if s is None or status is not None or not (<ShortPaths?>s.seam.short).mpi_recv(buf, source, tag, None):
+        cdef ShortPaths sp = _short_of(self._s)
+        if sp is None or status is not None or not sp.mpi_recv(buf, source, tag, None):
             self._recv(buf, source, tag, status)
 
     def Irecv(self, buf, source=_ANY_SOURCE, tag=-1):
         """Start receiving into buf: its Request."""
-        s = self._s
-        req = None if s is None else (<ShortPaths?>s.seam.short).mpi_irecv(buf, source, tag)
+        cdef ShortPaths sp = _short_of(self._s)
+        req = None if sp is None else sp.mpi_irecv(buf, source, tag)
         return self._irecv(buf, source, tag) if req is None else req
 
     def Barrier(self):

@@ -18,6 +18,7 @@ from ..api import comm as _core
 from ..api import world as _world
 from ..base.errors import InvalidUsageError
 from ..base.mpi_constants import INTEGERS as _C
+from ..engines.p2p.host import CommStateFields
 from . import attributes as _attrs
 from . import errhandler as _eh
 from .collectives import Collectives, check_root
@@ -40,8 +41,8 @@ IDENT, CONGRUENT, SIMILAR, UNEQUAL = _C["IDENT"], _C["CONGRUENT"], _C["SIMILAR"]
 TAG_UB = 2**31 - 1  # gpucoll's message tags are 32-bit
 
 
-class _CommState:
-    """What every handle of one communicator shares."""
+class _CommState(CommStateFields):
+    """What every handle of one communicator shares (`short`, native: CommStateFields')."""
 
     __slots__ = ("core", "name", "errhandler", "attrs", "info", "children", "locks", "ctx", "topo", "inter", "cls",
                  "seam", "__weakref__")
@@ -56,7 +57,12 @@ class _CommState:
         self.topo = None    # a topology (topology.py) of a Cartcomm, Graphcomm or Distgraphcomm
         self.inter = None   # the remote side of an Intercomm (intercomm.py)
         self.cls = cls      # the handle class of this kind of communicator (what fromint returns)
-        self.seam = core.seam  # of the communicator point to point runs on (an Intercomm's: its bridge's)
+        self.run_on(core.seam)
+
+    def run_on(self, seam):
+        """Point to point runs on seam's communicator (an Intercomm's: its bridge's); `short`, its
+        short paths, is what the native Send/Isend/Recv/Irecv read (one attribute, not two)."""
+        self.seam, self.short = seam, seam.short
 
 
 def comm_error(message, error_class=ERR_COMM):

@@ -7,6 +7,8 @@ to equal handles, as in mpi4py.
 """
 import weakref
 
+from ..engines.p2p.host import HandleFields
+
 NAMED = {}  # name -> the predefined handle object (MPI.GROUP_EMPTY, MPI.INFO_NULL, ...)
 
 
@@ -14,14 +16,14 @@ def named(name):
     return NAMED[name]
 
 
-class Handle:
-    __slots__ = ("_s", "__weakref__")
+class Handle(HandleFields):
+    __slots__ = ()  # `_s` and weak references: HandleFields' (native)
     _kind = None  # handles of one kind compare with each other (Comm and Intracomm, ...)
 
     def __new__(cls, other=None):
         # The copy is made here, not in __init__, so that subclasses that override __new__ (as
         # mpi4py's own tests do) get a working object.
-        obj = object.__new__(cls)
+        obj = HandleFields.__new__(cls)
         obj._s = None
         if other is not None:
             if not isinstance(other, Handle) or other._kind != cls._kind or not cls._accepts(other):
@@ -37,7 +39,7 @@ class Handle:
 
     @classmethod
     def _of(cls, state):
-        obj = object.__new__(cls)
+        obj = HandleFields.__new__(cls)
         obj._s = state
         return obj
 

@@ -51,7 +51,7 @@ def _attach(handle, remote, bridge):
     """Make handle the intercommunicator of its group with `remote` over `bridge`: point to point
     runs on the bridge, whose short paths reach the remote group's ranks only (its first ones)."""
     handle._s.inter = InterSide(remote, bridge)
-    handle._s.seam = bridge.seam
+    handle._s.run_on(bridge.seam)
     bridge.seam.p2p.short.peers = len(remote)
     return handle
 

@@ -184,7 +184,7 @@ class PointToPoint:
         s = self._s
         if s is not None and status is not None:  # the short path, with a status to fill
             reset(status)
-            if s.seam.short.mpi_recv(buf, source, tag, status):
+            if s.short.mpi_recv(buf, source, tag, status):
                 return
         self._c("Recv").seam.check_alive()   # a freed or revoked communicator raises, PROC_NULL or not
         if source == PROC_NULL:

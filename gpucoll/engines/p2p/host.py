@@ -120,13 +120,14 @@ Request.register(P2PRequest)
 # objects as they are, and the message forms of the datatypes gpucoll.MPI registers.
 register_datatype = _engine.register_datatype
 register_bytes_type = _engine.register_bytes_type
-# gpucoll.MPI's Request derives from the native handle; its short paths (ShortPaths.mpi_*) return
-# requests that are their own handle (MPIP2PRequest, read as a state through OwnState), of the
-# type it registers with its basic dtypes.
-RequestHandle, register_mpi = _engine.RequestHandle, _engine.register_mpi
+# gpucoll.MPI's handles derive from HandleFields (their state `_s`, native), its Request from
+# RequestHandle; its short paths (ShortPaths.mpi_*) return requests that are their own handle
+# (MPIP2PRequest, read as a state through OwnState), of the type it registers with its basic dtypes.
+HandleFields, RequestHandle, register_mpi = _engine.HandleFields, _engine.RequestHandle, _engine.register_mpi
 MPIP2PRequest, OwnState = _engine.MPIP2PRequest, _engine.OwnState
-# ... and its Comm derives from MPIShortCalls: Send, Isend, Recv and Irecv native up to the short paths.
-MPIShortCalls = _engine.MPIShortCalls
+# Its Comm derives from MPIShortCalls (Send, Isend, Recv and Irecv native up to the short paths,
+# which they find in the state's native field: CommStateFields.short).
+MPIShortCalls, CommStateFields = _engine.MPIShortCalls, _engine.CommStateFields
 # gpucoll.Communicator derives from ShortCalls, the same for its own Send, Isend, Recv and Irecv.
 ShortCalls = _engine.ShortCalls
 for _t in (bytearray, bytes, memoryview, array.array):
