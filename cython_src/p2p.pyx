@@ -294,16 +294,31 @@ cdef type _HANDLE = None
 cdef object _RESET = None
 cdef dict _REGISTRY = None
 # The buffer formats of the dtypes whose bare ndarrays are messages there (a basic datatype's: "d",
-# "B", "Zf", ...), compared in C with the format of the array's buffer.
-cdef char _BASIC_FORMATS[32][4]
+# "B", "Zf", ...), each packed in an int (its up to 3 characters and the NUL), compared with the
+# format of the array's buffer packed the same way.
+cdef uint32_t _BASIC_FORMATS[32]
 cdef int _N_BASIC_FORMATS = 0
 
 
-cdef inline bint _basic_format(const char *fmt):
+cdef inline uint32_t _packed_format(const char *fmt):
+    """fmt's characters in one int; 0 for NULL or more than 3 characters."""
+    cdef uint32_t code = 0
+    cdef int i
     if fmt == NULL:
+        return 0
+    for i in range(4):
+        if fmt[i] == 0:
+            return code
+        code |= (<uint32_t><unsigned char>fmt[i]) << (8 * i)
+    return 0
+
+
+cdef inline bint _basic_format(const char *fmt):
+    cdef uint32_t code = _packed_format(fmt)
+    if code == 0:
         return False
     for i in range(_N_BASIC_FORMATS):
-        if strcmp(fmt, _BASIC_FORMATS[i]) == 0:
+        if _BASIC_FORMATS[i] == code:
             return True
     return False
 
@@ -312,18 +327,54 @@ def register_mpi(request_type, basic_formats, reset_status, dict registry):
     """The mpi_* short paths return requests of request_type (a subclass of MPIP2PRequest: each is
     its own MPI.Request), reset a Status with reset_status(status) and keep registry (handle
     number -> state) clean of the handles they complete; they take a bare ndarray only when its
-    buffer's format is one of basic_formats (at most 32 strings of at most 3 characters: the
+    buffer's format is one of basic_formats (at most 32 strings of 1 to 3 characters: the
     formats of the basic datatypes' dtypes)."""
     global _HANDLE, _N_BASIC_FORMATS, _RESET, _REGISTRY
     if not issubclass(request_type, MPIP2PRequest):
         raise TypeError(f"{request_type.__name__} does not derive from MPIP2PRequest")
     formats = sorted(set(basic_formats))
-    if len(formats) > 32 or any(len(f) > 3 for f in formats):
-        raise ValueError(f"register_mpi: {formats} are not up to 32 formats of up to 3 characters")
+    if len(formats) > 32 or any(not 0 < len(f) <= 3 for f in formats):
+        raise ValueError(f"register_mpi: {formats} are not up to 32 formats of 1 to 3 characters")
     for i, f in enumerate(formats):
         encoded = f.encode("ascii")
-        memcpy(_BASIC_FORMATS[i], <const char *>encoded, len(encoded) + 1)
+        _BASIC_FORMATS[i] = _packed_format(encoded)
     _HANDLE, _N_BASIC_FORMATS, _RESET, _REGISTRY = request_type, len(formats), reset_status, registry
+    _dealloc_as_base(request_type, MPIP2PRequest)
+
+
+# A Python class over a native one is freed by CPython's generic subtype_dealloc, which looks for
+# finalizers, slots and a __dict__ the class may have added before calling the native dealloc and
+# dropping the instance's reference to its class: a fifth of what completing a short-path request
+# costs on top of gpucoll's own. A registered handle type that adds none of them is freed by its
+# native base's dealloc and that reference drop alone.
+cdef extern from "Python.h":
+    ctypedef void (*destructor)(PyObject *)
+    ctypedef struct _TypeSlots "PyTypeObject":
+        Py_ssize_t tp_basicsize, tp_dictoffset, tp_weaklistoffset
+        destructor tp_dealloc, tp_finalize, tp_del
+    PyTypeObject *Py_TYPE(PyObject *o)
+    void Py_DECREF(PyObject *o)
+
+cdef destructor _BASE_DEALLOC = NULL
+
+
+cdef void _handle_dealloc(PyObject *o) noexcept:
+    cdef PyObject *cls = <PyObject *>Py_TYPE(o)
+    _BASE_DEALLOC(o)
+    Py_DECREF(cls)   # a heap type's instances hold a reference to it
+
+
+cdef _dealloc_as_base(type cls, type base):
+    """cls's instances are freed by base's dealloc, when cls is a heap type over base that adds
+    no fields, __dict__, __weakref__, finalizer or __del__ (else CPython's generic path stays)."""
+    global _BASE_DEALLOC
+    cdef _TypeSlots *t = <_TypeSlots *>cls
+    cdef _TypeSlots *b = <_TypeSlots *>base
+    if not (cls.__flags__ & (1 << 9)) or t.tp_basicsize != b.tp_basicsize or t.tp_dictoffset != b.tp_dictoffset \
+            or t.tp_weaklistoffset != b.tp_weaklistoffset or t.tp_finalize != NULL or t.tp_del != NULL:
+        return
+    _BASE_DEALLOC = b.tp_dealloc
+    t.tp_dealloc = _handle_dealloc
 
 
 cdef extern from "Python.h":
@@ -619,6 +670,10 @@ cdef class P2PRequest(RequestHandle):
 
     cpdef _settle(self):
         """Turn the engine's outcome into status, value and error (once)."""
+        self._settle_here()
+
+    cdef _settle_here(self):
+        """_settle's work, called without looking for an override (the exact types of a window)."""
         if self._settled:
             return
         self._settled = True
@@ -783,17 +838,20 @@ cdef class P2PRequest(RequestHandle):
         cdef RequestHandle h
         if n == 0:
             return False
+        if not issubclass(handle_type, RequestHandle):
+            raise TypeError(f"{handle_type.__name__} does not derive from RequestHandle")
         for i in range(n):
             o = handles[i]
-            if not isinstance(o, RequestHandle):
+            t = type(o)
+            if t is not _HANDLE and t is not handle_type:
                 return False
-            h = <RequestHandle>o
+            h = <RequestHandle>o  # both types derive from it
             if h._cancelled:
                 return False
-            if type(o) is _HANDLE and h._s is _LIVE:
+            if t is _HANDLE and h._s is _LIVE:
                 if states is not handles:
                     states.append(o)
-            elif type(o) is handle_type and type(h._s) is P2PRequest:
+            elif t is handle_type and type(h._s) is P2PRequest:
                 if states is handles:
                     states = handles[:i]
                 states.append(h._s)
@@ -812,7 +870,7 @@ cdef bint _wait_settle(reqs, double timeout, bint settle) except -1:
     cdef Py_ssize_t i, n = len(reqs)
     if timeout < 0:
         timeout = (<P2PRequest>reqs[0])._timeout
-    if _wait_many(reqs, True, timeout) < 0:
+    if _wait_many(reqs, True, timeout, True) < 0:
         for q in reqs:
             if not q._native.r.done:
                 q._waited(-1)
@@ -820,8 +878,8 @@ cdef bint _wait_settle(reqs, double timeout, bint settle) except -1:
     if not settle:
         return False
     for i in range(n):
-        q = reqs[i]
-        q._settle()
+        q = <P2PRequest>reqs[i]
+        q._settle_here()
         if q._error is not None:
             return False
     global _settled_together
@@ -837,8 +895,9 @@ def settled_together():
     return _settled_together
 
 
-cdef int _wait_many(reqs, bint all, double timeout) except -2:
-    """gc_p2p_wait over the engine requests of reqs (P2PRequests of one engine)."""
+cdef int _wait_many(reqs, bint all, double timeout, bint checked=False) except -2:
+    """gc_p2p_wait over the engine requests of reqs (P2PRequests of one engine; checked: the
+    caller has checked that each is one)."""
     cdef Py_ssize_t n = len(reqs), i
     cdef P2PRequest q
     cdef gc_p2p *e
@@ -850,7 +909,7 @@ cdef int _wait_many(reqs, bint all, double timeout) except -2:
         raise MemoryError()
     try:
         for i in range(n):
-            q = reqs[i]
+            q = <P2PRequest>reqs[i] if checked else reqs[i]
             arr[i] = q._native.r
         e = (<P2PRequest>reqs[0])._native.e
         while True:
@@ -1156,23 +1215,29 @@ cdef class ShortPaths:
 
 cdef class ShortCalls:
     """gpucoll.Communicator's Send, Isend, Recv and Irecv (it derives from this): its short paths
-    (self._short, a ShortPaths) straight from the caller, with no Python frame between; a stream,
-    or a message they decline, takes the communicator's general path (_send, _irecv, Python)."""
+    (self._short, a ShortPaths: a native field, read with no attribute lookup) straight from the
+    caller, with no Python frame between; a stream, a message they decline, or a communicator
+    without them (None) takes its general path (_send, _irecv, Python)."""
+    cdef public ShortPaths _short
 
     def Send(self, buf, dest, tag=0, stream=None):
-        if stream is not None or not (<ShortPaths?>self._short).send(buf, dest, tag):
+        cdef ShortPaths sp = self._short
+        if stream is not None or sp is None or not sp.send(buf, dest, tag):
             self._send(buf, dest, tag, stream, False)
 
     def Isend(self, buf, dest, tag=0, stream=None):
-        req = (<ShortPaths?>self._short).isend(buf, dest, tag) if stream is None else None
+        cdef ShortPaths sp = self._short
+        req = sp.isend(buf, dest, tag) if stream is None and sp is not None else None
         return self._send(buf, dest, tag, stream, True) if req is None else req
 
     def Recv(self, buf, source=_ANY_SOURCE, tag=-1, status=None, stream=None):
-        if stream is not None or not (<ShortPaths?>self._short).recv(buf, source, tag, status):
+        cdef ShortPaths sp = self._short
+        if stream is not None or sp is None or not sp.recv(buf, source, tag, status):
             self._enqueued(self._irecv(buf, source, tag, status, stream))
 
     def Irecv(self, buf, source=_ANY_SOURCE, tag=-1, stream=None):
-        req = (<ShortPaths?>self._short).irecv(buf, source, tag) if stream is None else None
+        cdef ShortPaths sp = self._short
+        req = sp.irecv(buf, source, tag) if stream is None and sp is not None else None
         return self._irecv(buf, source, tag, None, stream) if req is None else req
 
 
