@@ -16,9 +16,12 @@ windows (500 per run) divided by 64: where the time goes on each side, per messa
   free   dropping the request objects
 
 `message` is the slower rank's post + wait + free: what a window of small messages costs per
-message, the inverse of its message rate. Each library runs --repeats times, alternating; a cell is
-the median of the runs with its range; ratio = mpi4py's message time / gpucoll's, run by run
-(above 1: gpucoll costs less). Messages are checked after each run (#wrong).
+message, the inverse of its message rate. gpucoll's two APIs run in one job, window after window
+in turn (a shared VM's cores drift by up to 2x between jobs: so both meet the same speeds), mpi4py
+in its own; each job runs --repeats times, alternating; a cell is the median of the runs with its
+range; ratio = mpi4py's message time / gpucoll's, run by run (above 1: gpucoll costs less); vs
+gpucoll = gpucoll.MPI's message time / gpucoll's own API's in the same job (1.10: 10% more).
+Messages are checked after each window (#wrong).
 """
 import argparse
 import json
@@ -32,17 +35,23 @@ from gpucoll.bench import context, summary  # noqa: E402
 RANK_PROGRAM = r'''
 import json, sys, time
 import numpy as np
-lib, nbytes, windows, spec = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-if lib == "mpi4py":
+libs, nbytes, windows, spec = sys.argv[1].split("+"), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+if "mpi4py" in libs:
     from mpi4py import MPI
-    comm, Waitall = MPI.COMM_WORLD, MPI.Request.Waitall
-elif lib == "gpucoll.MPI":
+elif "gpucoll.MPI" in libs:
     from gpucoll import MPI
-    comm, Waitall = MPI.COMM_WORLD, MPI.Request.Waitall
-else:
+if "gpucoll" in libs:
     import gpucoll
-    comm, Waitall = gpucoll.COMM_WORLD, gpucoll.Request.Waitall
-rank = comm.Get_rank()
+
+
+def api(lib):
+    if lib == "gpucoll":
+        return gpucoll.COMM_WORLD, gpucoll.Request.Waitall
+    return MPI.COMM_WORLD, MPI.Request.Waitall
+
+
+apis = [api(lib) for lib in libs]   # several: their windows alternate, in one job
+rank = apis[0][0].Get_rank()
 peer, W, pc = 1 - rank, 64, time.perf_counter
 if spec == "alloc":  # as mpi4py's demos write messages: views a and b to stamp and check
     amem, bmem = MPI.Alloc_mem(nbytes), MPI.Alloc_mem(nbytes)
@@ -53,29 +62,33 @@ else:
     a = (np.arange(nbytes) % 251).astype(np.uint8)
     b = np.zeros(nbytes, np.uint8)
     A, B = a, b
-post, wait, free, wrong = [], [], [], 0
+times = [([], [], []) for _ in apis]
+wrong = [0 for _ in apis]
 for i in range(windows + 20):
-    comm.Barrier()
-    a[0] = i % 256
-    t0 = pc()
-    if rank == 0:
-        reqs = [comm.Isend(A, peer, 2) for _ in range(W)]
-    else:
-        reqs = [comm.Irecv(B, peer, 2) for _ in range(W)]
-    t1 = pc()
-    Waitall(reqs)
-    t2 = pc()
-    del reqs
-    t3 = pc()
-    if i >= 20:
-        post.append(t1 - t0); wait.append(t2 - t1); free.append(t3 - t2)
-        wrong += rank == 1 and int(b[0]) != i % 256
-wrong += rank == 1 and not bool((a[1:] == b[1:]).all())
+    for k, (comm, Waitall) in enumerate(apis):
+        comm.Barrier()
+        stamp = (i * len(apis) + k) % 256
+        a[0] = stamp
+        t0 = pc()
+        if rank == 0:
+            reqs = [comm.Isend(A, peer, 2) for _ in range(W)]
+        else:
+            reqs = [comm.Irecv(B, peer, 2) for _ in range(W)]
+        t1 = pc()
+        Waitall(reqs)
+        t2 = pc()
+        del reqs
+        t3 = pc()
+        if i >= 20:
+            post, wait, free = times[k]
+            post.append(t1 - t0); wait.append(t2 - t1); free.append(t3 - t2)
+            wrong[k] += rank == 1 and int(b[0]) != stamp
+wrong[-1] += rank == 1 and not bool((a[1:] == b[1:]).all())
 med = lambda x: sorted(x)[len(x) // 2] * 1e9 / W
-mine = {"post": med(post), "wait": med(wait), "free": med(free), "wrong": int(wrong)}
-both = comm.gather(mine, root=0)
+mine = [{"post": med(p), "wait": med(w), "free": med(f), "wrong": int(n)} for (p, w, f), n in zip(times, wrong)]
+both = apis[0][0].gather(mine, root=0)
 if rank == 0:
-    sys.stdout.write("RESULT " + json.dumps({"0": both}) + "\n")
+    sys.stdout.write("RESULT " + json.dumps({str(k): [r[k] for r in both] for k in range(len(apis))}) + "\n")
 '''
 
 LIBS = ("gpucoll", "gpucoll.MPI", "mpi4py")
@@ -110,21 +123,25 @@ def main():
         with open(prog, "w") as f:
             f.write(RANK_PROGRAM)
         spec = [str(args.bytes), str(args.windows), args.spec]
-        libs = LIBS if args.spec == "array" else LIBS[1:]  # gpucoll's own API has no MPI datatypes
+        # gpucoll's two APIs in one job, their windows alternating: both meet the same core speeds
+        # (on a shared VM they drift by 2x between jobs), so their ratio is read run by run
+        jobs = [("gpucoll", "gpucoll.MPI") if args.spec == "array" else ("gpucoll.MPI",)]  # own API: no datatypes
+        if mpirun is not None:
+            jobs.append(("mpi4py",))
         for rep in range(args.repeats):
             print(f"# run {rep + 1}/{args.repeats} ...", flush=True)
-            for lib in libs:
-                if lib == "mpi4py" and mpirun is None:
-                    continue
-                launcher = mpirun if lib == "mpi4py" else gpurun
-                runs[lib].append(bench_p2p.run([*launcher, sys.executable, prog, lib, *spec], env=env)[0])
+            for job in jobs:
+                launcher = mpirun if job == ("mpi4py",) else gpurun
+                got = bench_p2p.run([*launcher, sys.executable, prog, "+".join(job), *spec], env=env)
+                for k, lib in enumerate(job):
+                    runs[lib].append(got[k])
 
     peer = runs["mpi4py"]
     form = "[MPI.Alloc_mem(n), n, MPI.BYTE] messages" if args.spec == "alloc" else "NumPy arrays"
     print(f"\n# per message: Isend + Irecv + Waitall, {args.bytes}-byte {form} in windows of 64, 2 ranks of one "
           f"host; ns, median [min-max] of {args.repeats} runs; ratio: mpi4py's message time / this one's, run by run")
     print(f"{'API':>12} {'post (send)':>12} {'wait (send)':>12} {'free (send)':>12} {'post (recv)':>12} "
-          f"{'wait (recv)':>12} {'free (recv)':>12} {'message':>18} {'#wrong':>6} {'ratio':>18}")
+          f"{'wait (recv)':>12} {'free (recv)':>12} {'message':>18} {'#wrong':>6} {'ratio':>18} {'vs gpucoll':>18}")
     rows = []
     for lib in LIBS:
         mine = runs[lib]
@@ -135,12 +152,15 @@ def main():
         message = [message_ns(r) for r in mine]
         wrong = sum(x["wrong"] for r in mine for x in r)
         ratios = [message_ns(p) / m for p, m in zip(peer, message)] if len(peer) == len(message) else []
+        own = runs["gpucoll"]  # gpucoll.MPI's time over gpucoll's own, in the same job
+        over = [m / message_ns(o) for o, m in zip(own, message)] if lib == "gpucoll.MPI" and own else []
         row = dict(api=lib, message=summary.spread(message), wrong=wrong,
-                   ratio=summary.spread(ratios) if ratios else None, **cells)
+                   ratio=summary.spread(ratios) if ratios else None,
+                   over_own=summary.spread(over) if over else None, **cells)
         rows.append(row)
         parts = [f"{cells[f'{s}_{side}'][0]:12.0f}" for side in ("send", "recv") for s in STEPS]
         print(f"{lib:>12} {' '.join(parts)} {summary.spread_text(message, '{:.0f}'):>18} {wrong:6d} "
-              f"{summary.spread_text(ratios) if ratios else '-':>18}")
+              f"{summary.spread_text(ratios) if ratios else '-':>18} {summary.spread_text(over) if over else '-':>18}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(settings=context.describe(command=" ".join(sys.argv), bytes=args.bytes, spec=args.spec,

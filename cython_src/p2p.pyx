@@ -1050,8 +1050,9 @@ cdef P2PRequest _request(Req native, object p2p, str name, bint recv, object pee
                          Py_ssize_t cap, double timeout, object status, bint mpi=False):
     """A P2PRequest over native; mpi: of gpucoll.MPI's registered type, its own live handle."""
     cdef P2PRequest q
-    if mpi:  # the registered type's own tp_new (MPIP2PRequest's): `MPIP2PRequest.__new__(_HANDLE)` is a Python call
-        q = (<PyTypeObject *>_HANDLE).tp_new(_HANDLE, <PyObject *>_NO_ARGS, NULL)
+    if mpi:  # the registered type's own tp_new (MPIP2PRequest's): `MPIP2PRequest.__new__(_HANDLE)` is a Python call;
+        # register_mpi checked that it derives from MPIP2PRequest (no type test here)
+        q = <P2PRequest>(<PyTypeObject *>_HANDLE).tp_new(_HANDLE, <PyObject *>_NO_ARGS, NULL)
         q._s = _LIVE
     else:
         q = P2PRequest.__new__(P2PRequest)
@@ -1197,7 +1198,8 @@ cdef class ShortPaths:
         return True
 
     # gpucoll.MPI's flavour (register_mpi): a bare ndarray only of a basic datatype's dtype (MPI
-    # reads any other as the general path says), and requests that are their own MPI.Request.
+    # reads any other as the general path says), and requests that are their own MPI.Request;
+    # for Python callers (MPIShortCalls calls the methods above with mpi=True).
     cpdef bint mpi_send(self, buf, dest, tag) except -1:
         return self.send(buf, dest, tag, True)
 
@@ -1255,7 +1257,7 @@ cdef inline ShortPaths _short_of(object state):
 
 cdef class MPIShortCalls(HandleFields):
     """gpucoll.MPI's Send, Isend, Recv, Irecv and Barrier (its Comm derives from this): the communicator's
-    short paths (ShortPaths' mpi_* flavour) straight from the caller, with no Python frame
+    short paths (ShortPaths' gpucoll.MPI flavour, mpi=True) straight from the caller, with no Python frame
     between; when they decline, the Python class's general path (_send, _isend, _recv, _irecv)
     reads the message specification and checks everything. self._s is the communicator's state
     (None: MPI.COMM_NULL); its `short`, the ShortPaths of the communicator point to point
@@ -1264,25 +1266,25 @@ cdef class MPIShortCalls(HandleFields):
     def Send(self, buf, dest, tag=0):
         """Send buf to dest (returns once the bytes are handed over: sends are eager)."""
         cdef ShortPaths sp = _short_of(self._s)
-        if sp is None or not sp.mpi_send(buf, dest, tag):
+        if sp is None or not sp.send(buf, dest, tag, True):
             self._send(buf, dest, tag)
 
     def Isend(self, buf, dest, tag=0):
         """Start sending buf to dest: its Request."""
         cdef ShortPaths sp = _short_of(self._s)
-        req = None if sp is None else sp.mpi_isend(buf, dest, tag)
+        req = None if sp is None else sp.isend(buf, dest, tag, True)
         return self._isend(buf, dest, tag) if req is None else req
 
     def Recv(self, buf, source=_ANY_SOURCE, tag=-1, status=None):
         """Receive into buf; status (an MPI.Status) gets the source, tag and size."""
         cdef ShortPaths sp = _short_of(self._s)
-        if sp is None or status is not None or not sp.mpi_recv(buf, source, tag, None):
+        if sp is None or status is not None or not sp.recv(buf, source, tag, None, True):
             self._recv(buf, source, tag, status)
 
     def Irecv(self, buf, source=_ANY_SOURCE, tag=-1):
         """Start receiving into buf: its Request."""
         cdef ShortPaths sp = _short_of(self._s)
-        req = None if sp is None else sp.mpi_irecv(buf, source, tag)
+        req = None if sp is None else sp.irecv(buf, source, tag, True)
         return self._irecv(buf, source, tag) if req is None else req
 
     def Barrier(self):
