@@ -134,8 +134,8 @@ bench-vector: $(STAMP)
 # What one Isend + Irecv + Waitall per message costs through each API, beside mpi4py.
 bench-request-cost: $(STAMP)
 	@mkdir -p $(BENCH_OUT)
-	$(PY) benchmarks/bench_request_cost.py --repeats 5 --json $(BENCH_OUT)/request-cost.json
-	$(PY) benchmarks/bench_request_cost.py --repeats 5 --spec alloc --json $(BENCH_OUT)/request-cost-alloc.json
+	for form in array alloc pair bytearray; do \
+	  $(PY) benchmarks/bench_request_cost.py --repeats 5 --spec $$form --json $(BENCH_OUT)/request-cost-$$form.json || exit 1; done
 
 # Host all-reduce beside torch.distributed's gloo, 2 and 4 ranks.
 bench-gloo: $(STAMP)

@@ -38,7 +38,7 @@ import numpy as np
 libs, nbytes, windows, spec = sys.argv[1].split("+"), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 if "mpi4py" in libs:
     from mpi4py import MPI
-elif "gpucoll.MPI" in libs:
+elif "gpucoll.MPI" in libs or spec != "array":  # MPI's datatypes and Alloc_mem for gpucoll's API too
     from gpucoll import MPI
 if "gpucoll" in libs:
     import gpucoll
@@ -56,12 +56,15 @@ peer, W, pc = 1 - rank, 64, time.perf_counter
 if spec == "alloc":  # as mpi4py's demos write messages: views a and b to stamp and check
     amem, bmem = MPI.Alloc_mem(nbytes), MPI.Alloc_mem(nbytes)
     a, b = np.frombuffer(amem, np.uint8), np.frombuffer(bmem, np.uint8)
-    a[:] = np.arange(nbytes) % 251
     A, B = [amem, nbytes, MPI.BYTE], [bmem, nbytes, MPI.BYTE]
-else:
-    a = (np.arange(nbytes) % 251).astype(np.uint8)
-    b = np.zeros(nbytes, np.uint8)
-    A, B = a, b
+elif spec == "bytearray":
+    amem, bmem = bytearray(nbytes), bytearray(nbytes)
+    a, b = np.frombuffer(amem, np.uint8), np.frombuffer(bmem, np.uint8)
+    A, B = amem, bmem
+else:  # array, or pair: [array, MPI.BYTE]
+    a, b = np.zeros(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+    A, B = ([a, MPI.BYTE], [b, MPI.BYTE]) if spec == "pair" else (a, b)
+a[:] = np.arange(nbytes) % 251
 times = [([], [], []) for _ in apis]
 wrong = [0 for _ in apis]
 for i in range(windows + 20):
@@ -92,6 +95,8 @@ if rank == 0:
 '''
 
 LIBS = ("gpucoll", "gpucoll.MPI", "mpi4py")
+FORMS = {"array": "a NumPy array", "alloc": "[MPI.Alloc_mem(n), n, MPI.BYTE], as mpi4py's demos write it",
+         "pair": "[array, MPI.BYTE]", "bytearray": "a bytearray"}
 STEPS = ("post", "wait", "free")
 
 
@@ -105,9 +110,8 @@ def main():
     ap.add_argument("--bytes", type=int, default=8, help="message size (8)")
     ap.add_argument("--windows", type=int, default=500, help="windows of 64 messages per run (500)")
     ap.add_argument("--repeats", type=int, default=5, help="runs of each library, alternating (5)")
-    ap.add_argument("--spec", choices=("array", "alloc"), default="array",
-                    help="messages as NumPy arrays, or as mpi4py's demos write them: [MPI.Alloc_mem(n), n, "
-                         "MPI.BYTE] (gpucoll.MPI and mpi4py only)")
+    ap.add_argument("--spec", choices=tuple(FORMS), default="array",
+                    help="how a message is written: " + "; ".join(f"{k}: {v}" for k, v in FORMS.items()))
     ap.add_argument("--json", help="write the settings, every run and the rows here")
     args = ap.parse_args()
 
@@ -125,7 +129,7 @@ def main():
         spec = [str(args.bytes), str(args.windows), args.spec]
         # gpucoll's two APIs in one job, their windows alternating: both meet the same core speeds
         # (on a shared VM they drift by 2x between jobs), so their ratio is read run by run
-        jobs = [("gpucoll", "gpucoll.MPI") if args.spec == "array" else ("gpucoll.MPI",)]  # own API: no datatypes
+        jobs = [("gpucoll", "gpucoll.MPI")]
         if mpirun is not None:
             jobs.append(("mpi4py",))
         for rep in range(args.repeats):
@@ -137,9 +141,8 @@ def main():
                     runs[lib].append(got[k])
 
     peer = runs["mpi4py"]
-    form = "[MPI.Alloc_mem(n), n, MPI.BYTE] messages" if args.spec == "alloc" else "NumPy arrays"
-    print(f"\n# per message: Isend + Irecv + Waitall, {args.bytes}-byte {form} in windows of 64, 2 ranks of one "
-          f"host; ns, median [min-max] of {args.repeats} runs; ratio: mpi4py's message time / this one's, run by run")
+    print(f"\n# per message: Isend + Irecv + Waitall, {args.bytes}-byte messages, each {FORMS[args.spec]}, in "
+          f"windows of 64, 2 ranks of one host; ns, median [min-max] of {args.repeats} runs; ratio: mpi4py's message time / this one's, run by run")
     print(f"{'API':>12} {'post (send)':>12} {'wait (send)':>12} {'free (send)':>12} {'post (recv)':>12} "
           f"{'wait (recv)':>12} {'free (recv)':>12} {'message':>18} {'#wrong':>6} {'ratio':>18} {'vs gpucoll':>18}")
     rows = []
