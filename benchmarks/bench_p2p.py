@@ -303,6 +303,7 @@ def main():
     ap.add_argument("--iters", type=int, default=2000, help="round trips per size up to 64 KiB")
     ap.add_argument("--min", type=size, default=8, help="smallest message (8)")
     ap.add_argument("--max", type=size, default=256 << 20, help="largest message (256M)")
+    ap.add_argument("--step", type=int, default=8, help="each size this many times the one before (8)")
     ap.add_argument("--tests", default="latency,bw,bibw,barrier", help="which of latency,bw,bibw,barrier (all)")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each library, alternating (3)")
     ap.add_argument("--gpu", action="store_true", help="also GPU rows (latency; CuPy and 2 GPUs), NCCL beside")
@@ -319,7 +320,7 @@ def main():
     sizes, s = [], args.min
     while s <= args.max:
         sizes.append(s)
-        s *= 8
+        s *= max(2, args.step)
     if sizes[-1] != args.max and args.max > args.min:
         sizes.append(args.max)
     spec = [",".join(map(str, sizes)), str(args.iters), args.tests]
