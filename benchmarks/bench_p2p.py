@@ -14,7 +14,8 @@ Each run starts the same rank program under `gpurun -np 2` with gpucoll, then un
   bw       rank 0 starts a window of Isends (64, fewer for large messages), rank 1 as many
            Irecvs; Waitall; rank 1 answers with a 4-byte message; bandwidth = window bytes / time
   bibw     both ranks do both at once (Irecvs, Isends, Waitall): bytes both ways / time
-  barrier  a window as in bw (up to 64 KiB), rank 1's answer, then Barrier: its time on the slower rank
+  barrier  a window as in bw (up to 64 KiB), rank 1's answer, then Barrier: its time on the slower rank;
+           beside it (row `step`) the whole step, window to the end of the Barrier, on the slower rank
 
 Both libraries' ranks are bound to a core each: gpucoll's by gpurun, Open MPI's by `mpiexec
 --bind-to core` (which --oversubscribe alone would turn off). Unbound, a busy machine may put both
@@ -173,8 +174,9 @@ for nbytes in sizes:
         # one sample per window, so at least 200 of them (the spread is wide on both sides)
         w = window(nbytes)
         ack = np.zeros(4, np.uint8)
-        times = []
+        times, steps = [], []
         for i in range(max(200, n // w) + 2):
+            t_step = time.perf_counter()  # the previous barrier lined both ranks up here
             if rank == 1:
                 Waitall([comm.Irecv(B, peer, 2) for _ in range(w)])
             else:
@@ -183,9 +185,13 @@ for nbytes in sizes:
             t0 = time.perf_counter()
             comm.Barrier()
             if i >= 2:
-                times.append(time.perf_counter() - t0)
+                t1 = time.perf_counter()
+                times.append(t1 - t0)
+                steps.append(t1 - t_step)
         times.sort()
+        steps.sort()
         res["barrier"] = {"t": times[len(times) // 2], "wrong": 0}
+        res["step"] = {"t": steps[len(steps) // 2], "wrong": 0}
     out[nbytes] = res
 everything = comm.gather(out, root=0)
 if rank == 0:
@@ -193,8 +199,9 @@ if rank == 0:
     for nbytes in sizes:  # the wrong counts of both ranks
         r0, r1 = everything[0][nbytes], everything[1][nbytes]
         merged[nbytes] = {k: dict(v, wrong=v["wrong"] + r1[k]["wrong"]) for k, v in r0.items()}
-        if "barrier" in merged[nbytes]:  # the slower rank's
-            merged[nbytes]["barrier"]["t"] = max(r0["barrier"]["t"], r1["barrier"]["t"])
+        for timed in ("barrier", "step"):  # the slower rank's
+            if timed in merged[nbytes]:
+                merged[nbytes][timed]["t"] = max(r0[timed]["t"], r1[timed]["t"])
     sys.stdout.write("RESULT " + json.dumps(merged) + "\n")
 '''
 
@@ -223,7 +230,7 @@ def size(text):
 
 def table(title, runs, sizes, test, ours, peer, peer_name, repeats):
     """Print and return the rows of one test."""
-    latency = test in ("latency", "barrier")
+    latency = test in ("latency", "barrier", "step")
     unit = "us" if latency else "GB/s"
     print(f"\n# {title}; each cell: median [min-max] of {repeats} runs; ratio: "
           + ("peer time / gpucoll time" if latency else "gpucoll bandwidth / peer bandwidth") + ", run by run")
@@ -358,10 +365,13 @@ def main():
     rows = []
     names = {"latency": "one-way time (blocking Send + Recv ping-pong / 2)",
              "bw": "bandwidth (a window of Isends, one way)", "bibw": "bidirectional bandwidth (windows both ways)",
-             "barrier": "a 2-rank Barrier right after a window of this size (the slower rank's time)"}
+             "barrier": "a 2-rank Barrier right after a window of this size (the slower rank's time)",
+             "step": "the whole step of the barrier test: window, answer and Barrier (the slower rank's time)"}
     where = ("point to point between 2 hosts (network namespaces + veth, TCP)" if args.hosts
              else "host point to point, 2 ranks of one host")
-    for test in args.tests.split(","):
+    tests = args.tests.split(",")
+    tests += ["step"] if "barrier" in tests else []
+    for test in tests:
         how = " through gpucoll.MPI" if args.api == "mpi" else ""
         how += ", messages [MPI.Alloc_mem(n), n, MPI.BYTE]" if args.spec == "alloc" else ""
         rows += table(f"{where}{how}: {names[test]}", runs, sizes,

@@ -28,7 +28,7 @@ def test_every_row_is_checked_and_compared_through_either_api(tmp_path, api, spe
     assert ("[MPI.Alloc_mem(n), n, MPI.BYTE]" in proc.stdout) == (spec == "alloc"), proc.stdout
     rows = doc["rows"]
     assert sorted((r["test"], r["size"]) for r in rows) == sorted(
-        (test, size) for test in ("latency", "bw", "bibw", "barrier") for size in (8, 64, 512, 4096))
+        (test, size) for test in ("latency", "bw", "bibw", "barrier", "step") for size in (8, 64, 512, 4096))
     # both libraries ran every row, nothing came back wrong, so every row has its ratio
     assert all(r["gpucoll_wrong"] == 0 and r["peer_wrong"] == 0 and r["ratio"] for r in rows), rows
     assert ("through gpucoll.MPI" in proc.stdout) == (api == "mpi"), proc.stdout
