@@ -15,7 +15,7 @@ are here too: a short call, and the wait of its request, that succeed stay in C:
 cimport cython
 from cpython.object cimport PyObject, PyTypeObject
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
-from libc.stdlib cimport malloc, free
+from libc.stdlib cimport calloc, malloc, free
 from libc.string cimport memcpy, strchr, strcmp
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE, PyBUF_WRITABLE, PyBUF_ANY_CONTIGUOUS,
                              PyBUF_FORMAT)
@@ -136,6 +136,7 @@ cdef class Req:
     cdef P2PCore eng
     cdef Py_buffer view
     cdef bint has_view
+    cdef bint shared  # P2PCore.sent: the one done request of every eager Isend; never released
 
     @property
     def done(self):
@@ -195,7 +196,7 @@ cdef class Req:
 
     def __dealloc__(self):
         cdef _Pin pin
-        if self.r == NULL:
+        if self.r == NULL or self.shared:
             return
         if self.r.done or not self.has_view:
             if self.has_view:
@@ -478,6 +479,9 @@ cdef class P2PCore:
     """The process's engine; ranks are world ranks."""
     cdef gc_p2p *e
     cdef readonly int rank, size
+    # The request of every Isend that the channel took whole at its start: done, nothing to
+    # wait for or release, shared (an eager send needs no engine request of its own)
+    cdef Req sent
 
     def __cinit__(self, int rank, int size, uint64_t max_message):
         self.e = gc_p2p_create(rank, size, max_message)
@@ -485,6 +489,12 @@ cdef class P2PCore:
             raise MemoryError("point to point: no memory for the engine")
         self.rank, self.size = rank, size
         # never freed: requests and channels may outlive any Python object (interpreter exit)
+        cdef gc_p2p_req *done = <gc_p2p_req *>calloc(1, sizeof(gc_p2p_req))
+        if done == NULL:
+            raise MemoryError("point to point: no memory for the engine")
+        done.done, done.err, done.src = 1, GC_OK, -1
+        self.sent = Req.__new__(Req)
+        self.sent.r, self.sent.e, self.sent.shared = done, self.e, True
 
     def grow(self, int size):
         """Room for world ranks up to size - 1 (processes spawned later)."""
@@ -1155,6 +1165,15 @@ cdef class ShortPaths:
             return None
         self._count(buf)
         cdef Py_ssize_t n = view.len
+        cdef P2PRequest done
+        # a small message the channel takes whole is sent now (GIL held, as _start does): its
+        # request is born complete, over the engine's shared done request (nothing to release)
+        if n <= _HOLD_GIL_BYTES and gc_p2p_send_now(self.eng.e, self.key, world, <int32_t>tag,
+                                                    <const char *>view.buf, <uint64_t>n):
+            PyBuffer_Release(&view)
+            done = _request(self.eng.sent, self.p2p, "Isend", False, dest, tag, None, n, self.timeout, None, mpi)
+            done._settled = True
+            return done
         return _request(_start(self.eng, True, self.key, world, <int32_t>tag, &view), self.p2p, "Isend", False,
                         dest, tag, buf, n, self.timeout, None, mpi)
 
