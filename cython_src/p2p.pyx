@@ -325,7 +325,7 @@ cdef inline bint _basic_format(const char *fmt):
 
 
 def register_mpi(request_type, basic_formats, reset_status, dict registry):
-    """The mpi_* short paths return requests of request_type (a subclass of MPIP2PRequest: each is
+    """The short paths called with mpi=True return requests of request_type (a subclass of MPIP2PRequest: each is
     its own MPI.Request), reset a Status with reset_status(status) and keep registry (handle
     number -> state) clean of the handles they complete; they take a bare ndarray only when its
     buffer's format is one of basic_formats (at most 32 strings of 1 to 3 characters: the
@@ -898,6 +898,12 @@ cdef bint _wait_settle(reqs, double timeout, bint settle) except -1:
 
 
 cdef unsigned long long _settled_together = 0
+cdef unsigned long long _sent_at_start = 0
+
+
+def sent_at_start():
+    """How many Isends the channel took whole at their start, born complete (tests)."""
+    return _sent_at_start
 
 
 def settled_together():
@@ -1093,7 +1099,10 @@ cdef class ShortPaths:
     """The short paths of one communicator's host point to point: a message in contiguous host
     memory of plain values (an array of the exact type `ndarray`, or a form _message reads), rank
     and tag plain in-range ints, and (sends) a channel that exists. Each answers done (True, or the request) or declines (False,
-    None): the communicator's general path then checks everything and says what is wrong."""
+    None): the communicator's general path then checks everything and says what is wrong.
+    mpi=True is gpucoll.MPI's flavour (register_mpi): a bare ndarray only of a basic datatype's
+    dtype (MPI reads any other as its general path says), and requests that are their own
+    MPI.Request."""
     cdef P2PCore eng
     cdef uint64_t key
     cdef list world
@@ -1173,6 +1182,8 @@ cdef class ShortPaths:
             PyBuffer_Release(&view)
             done = _request(self.eng.sent, self.p2p, "Isend", False, dest, tag, None, n, self.timeout, None, mpi)
             done._settled = True
+            global _sent_at_start
+            _sent_at_start += 1
             return done
         return _request(_start(self.eng, True, self.key, world, <int32_t>tag, &view), self.p2p, "Isend", False,
                         dest, tag, buf, n, self.timeout, None, mpi)
@@ -1215,23 +1226,6 @@ cdef class ShortPaths:
         req._waited(got)
         req._outcome(None)
         return True
-
-    # gpucoll.MPI's flavour (register_mpi): a bare ndarray only of a basic datatype's dtype (MPI
-    # reads any other as the general path says), and requests that are their own MPI.Request;
-    # for Python callers (MPIShortCalls calls the methods above with mpi=True).
-    cpdef bint mpi_send(self, buf, dest, tag) except -1:
-        return self.send(buf, dest, tag, True)
-
-    cpdef bint mpi_recv(self, buf, source, tag, status) except -1:
-        return self.recv(buf, source, tag, status, True)
-
-    cpdef mpi_isend(self, buf, dest, tag):
-        """Isend: the request (an MPI.Request), or None to decline."""
-        return self.isend(buf, dest, tag, True)
-
-    cpdef mpi_irecv(self, buf, source, tag):
-        """Irecv: the request (an MPI.Request), or None to decline."""
-        return self.irecv(buf, source, tag, True)
 
 
 cdef class ShortCalls:

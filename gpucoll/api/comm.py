@@ -581,7 +581,7 @@ class CommSeam:
     - `p2p`: its point-to-point engine (gpucoll/engines/p2p/host.py: object messages, probes,
       synchronous sends);
     - `short`: the short paths of host point to point (gpucoll._native.p2p.ShortPaths); gpucoll.MPI
-      calls their mpi_* flavour (done: True, or its Request handle; or declined, nothing done);
+      calls them with mpi=True (done: True, or its Request handle; or declined, nothing done);
     - `dispatch`: its dispatcher (gpucoll/dispatch/dispatcher.py), whose direct engine and ordered
       queue run gpucoll.MPI's vector collectives within a host;
     - `host_fast`: its native host fast paths (gpucoll._native.direct.HostFast), None until its

@@ -36,7 +36,7 @@ ANY_SOURCE, ANY_TAG, PROC_NULL = _C["ANY_SOURCE"], _C["ANY_TAG"], _C["PROC_NULL"
 # objects (MPI.buffer, bytearray, ...) and [buf, TYPE] / [buf, count, TYPE] of the predefined
 # datatypes registered below, and decline anything else; then the general path reads the message
 # specification and checks everything. A bare NumPy array is its message only when its dtype is a
-# basic datatype's (checked there too: ShortPaths.mpi_*, whose requests are their own MPI.Request:
+# basic datatype's (checked there too: ShortPaths with mpi=True, whose requests are their own MPI.Request:
 # P2PHandle).
 _p2p.register_mpi(P2PHandle, _m.BASIC_FORMATS, reset, _REGISTRY)
 
@@ -184,7 +184,7 @@ class PointToPoint:
         s = self._s
         if s is not None and status is not None:  # the short path, with a status to fill
             reset(status)
-            if s.short.mpi_recv(buf, source, tag, status):
+            if s.short.recv(buf, source, tag, status, True):
                 return
         self._c("Recv").seam.check_alive()   # a freed or revoked communicator raises, PROC_NULL or not
         if source == PROC_NULL:

@@ -113,21 +113,23 @@ out["declined"] = declined
 # Waitall of a window: waited for, settled and (gpucoll.MPI) nulled in one native call when no
 # status is asked for; with statuses, each request on its own
 import gpucoll  # noqa: E402
-from gpucoll._native.p2p import settled_together  # noqa: E402
+from gpucoll._native.p2p import sent_at_start, settled_together  # noqa: E402
 
 windows = {}
 for api, comm_, waitall in (("gpucoll.MPI", comm, MPI.Request.Waitall),
                             ("gpucoll", gpucoll.COMM_WORLD, gpucoll.Request.Waitall)):
     for with_status in (False, True):
         got = [np.full(4, -1, np.int64) for _ in range(16)]
-        before = settled_together()
+        before, sent_before = settled_together(), sent_at_start()
         reqs = [comm_.Irecv(g, peer, 8) for g in got]
         reqs += [comm_.Isend(np.arange(4, dtype=np.int64) + 10 * k + 1000 * r, peer, 8) for k in range(16)]
+        born_complete = sent_at_start() - sent_before
         statuses = [MPI.Status() if api == "gpucoll.MPI" else gpucoll.Status() for _ in reqs] if with_status else None
         waitall(reqs, statuses)
         exact = all((g == np.arange(4) + 10 * k + 1000 * peer).all() for k, g in enumerate(got))
         nulled = all(not q for q in reqs) if api == "gpucoll.MPI" else None
-        windows[f"{api}{' statuses' if with_status else ''}"] = [exact, nulled, settled_together() - before]
+        windows[f"{api}{' statuses' if with_status else ''}"] = [exact, nulled, settled_together() - before,
+                                                                   born_complete]
 out["windows"] = windows
 
 # A request of gpucoll.MPI's short paths is one native object: the engine's request is its own

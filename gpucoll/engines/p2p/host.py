@@ -121,7 +121,7 @@ Request.register(P2PRequest)
 register_datatype = _engine.register_datatype
 register_bytes_type = _engine.register_bytes_type
 # gpucoll.MPI's handles derive from HandleFields (their state `_s`, native), its Request from
-# RequestHandle; its short paths (ShortPaths.mpi_*) return requests that are their own handle
+# RequestHandle; its short paths (ShortPaths, mpi=True) return requests that are their own handle
 # (MPIP2PRequest, read as a state through OwnState), of the type it registers with its basic dtypes.
 HandleFields, RequestHandle, register_mpi = _engine.HandleFields, _engine.RequestHandle, _engine.register_mpi
 MPIP2PRequest, OwnState = _engine.MPIP2PRequest, _engine.OwnState
