@@ -15,7 +15,7 @@ are here too: a short call, and the wait of its request, that succeed stay in C:
 cimport cython
 from cpython.object cimport PyObject, PyTypeObject
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
-from libc.stdlib cimport calloc, malloc, free
+from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, strchr, strcmp
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE, PyBUF_WRITABLE, PyBUF_ANY_CONTIGUOUS,
                              PyBUF_FORMAT)
@@ -74,6 +74,7 @@ cdef extern from "gc_p2p.h" nogil:
     uint32_t gc_p2p_check_peers(gc_p2p *e)
     int gc_p2p_loss_unseen(gc_p2p *e, gc_p2p_req *r)
     void gc_p2p_release(gc_p2p *e, gc_p2p_req *r)
+    gc_p2p_req *gc_p2p_sent(gc_p2p *e)
     int gc_p2p_lost(gc_p2p *e, int peer, uint64_t *value, uint64_t *cut_nbytes, int32_t *cut_tag)
     int gc_p2p_raw(gc_p2p *e, int peer, const char *buf, uint64_t len)
 
@@ -136,7 +137,6 @@ cdef class Req:
     cdef P2PCore eng
     cdef Py_buffer view
     cdef bint has_view
-    cdef bint shared  # P2PCore.sent: the one done request of every eager Isend; never released
 
     @property
     def done(self):
@@ -196,7 +196,7 @@ cdef class Req:
 
     def __dealloc__(self):
         cdef _Pin pin
-        if self.r == NULL or self.shared:
+        if self.r == NULL:
             return
         if self.r.done or not self.has_view:
             if self.has_view:
@@ -479,8 +479,8 @@ cdef class P2PCore:
     """The process's engine; ranks are world ranks."""
     cdef gc_p2p *e
     cdef readonly int rank, size
-    # The request of every Isend that the channel took whole at its start: done, nothing to
-    # wait for or release, shared (an eager send needs no engine request of its own)
+    # The request of every Isend that the channel took whole at its start (the engine's
+    # gc_p2p_sent: done, shared, its release a no-op)
     cdef Req sent
 
     def __cinit__(self, int rank, int size, uint64_t max_message):
@@ -489,12 +489,8 @@ cdef class P2PCore:
             raise MemoryError("point to point: no memory for the engine")
         self.rank, self.size = rank, size
         # never freed: requests and channels may outlive any Python object (interpreter exit)
-        cdef gc_p2p_req *done = <gc_p2p_req *>calloc(1, sizeof(gc_p2p_req))
-        if done == NULL:
-            raise MemoryError("point to point: no memory for the engine")
-        done.done, done.err, done.src = 1, GC_OK, -1
         self.sent = Req.__new__(Req)
-        self.sent.r, self.sent.e, self.sent.shared = done, self.e, True
+        self.sent.r, self.sent.e = gc_p2p_sent(self.e), self.e  # no `eng`: the core holds it
 
     def grow(self, int size):
         """Room for world ranks up to size - 1 (processes spawned later)."""
@@ -1146,19 +1142,30 @@ cdef class ShortPaths:
             return -2
         return _ANY_SOURCE if s < 0 else self.world[s]
 
+    cdef bint _send_now(self, int world, int32_t tag, Py_buffer *view) except -1:
+        """Write the message whole into the channel now (gc_p2p_send_now; the GIL held for a
+        small one, as _start holds it): True, and view released; False: nothing written."""
+        cdef int sent
+        if view.len <= _HOLD_GIL_BYTES:
+            sent = gc_p2p_send_now(self.eng.e, self.key, world, tag, <const char *>view.buf, <uint64_t>view.len)
+        else:
+            with nogil:
+                sent = gc_p2p_send_now(self.eng.e, self.key, world, tag, <const char *>view.buf,
+                                       <uint64_t>view.len)
+        if sent:
+            PyBuffer_Release(view)
+        return sent != 0
+
     cpdef bint send(self, buf, dest, tag, bint mpi=False) except -1:
         """Send: True once done (small messages at once; large ones waited for), False to decline."""
         cdef Py_buffer view
-        cdef int world = self._dest(buf, dest, tag), sent
+        cdef int world = self._dest(buf, dest, tag)
         cdef int32_t t
         if self.closed or self.grouped or world < 0 or not _message(buf, &view, PyBUF_SIMPLE, self.ndarray, mpi):
             return False
         self._count(buf)
         t = tag
-        with nogil:
-            sent = gc_p2p_send_now(self.eng.e, self.key, world, t, <const char *>view.buf, <uint64_t>view.len)
-        if sent:
-            PyBuffer_Release(&view)
+        if self._send_now(world, t, &view):
             return True
         cdef Py_ssize_t n = view.len
         cdef Req q = _start(self.eng, True, self.key, world, t, &view)
@@ -1175,11 +1182,9 @@ cdef class ShortPaths:
         self._count(buf)
         cdef Py_ssize_t n = view.len
         cdef P2PRequest done
-        # a small message the channel takes whole is sent now (GIL held, as _start does): its
-        # request is born complete, over the engine's shared done request (nothing to release)
-        if n <= _HOLD_GIL_BYTES and gc_p2p_send_now(self.eng.e, self.key, world, <int32_t>tag,
-                                                    <const char *>view.buf, <uint64_t>n):
-            PyBuffer_Release(&view)
+        # a small message the channel takes whole is sent now: its request is born complete,
+        # over the engine's shared done request (nothing to release)
+        if n <= _HOLD_GIL_BYTES and self._send_now(world, <int32_t>tag, &view):
             done = _request(self.eng.sent, self.p2p, "Isend", False, dest, tag, None, n, self.timeout, None, mpi)
             done._settled = True
             global _sent_at_start

@@ -239,6 +239,8 @@ typedef struct {
     uint32_t losses;           /* peers lost so far: a wait on an ANY_SOURCE receive that has not
                                 * looked at the latest loss returns for its owner to decide */
     double peers_checked;      /* when gc_p2p_check_peers last asked (a probe's loop) */
+    gc_p2p_req sent;           /* the request of every Isend written whole at its start
+                                * (gc_p2p_send_now): done, shared, never freed (gc_p2p_sent) */
 } gc_p2p;
 
 /* ---- lists ------------------------------------------------------------------------------ */
@@ -1141,7 +1143,18 @@ static gc_p2p *gc_p2p_create(int me, int n, uint64_t max_message)
     e->next_id = 1;
     e->max_message = max_message;
     e->share = 1;
+    e->sent.op = GC_P2P_SEND;
+    e->sent.refs = 1;
+    e->sent.peer = e->sent.src = e->sent.tag = e->sent.rtag = GC_P2P_ANY;
+    e->sent.done = 1;          /* err GC_OK (0), where GC_W_NONE (0) */
     return e;
+}
+
+/* The request an Isend stands for when gc_p2p_send_now wrote it whole: done without an error;
+ * shared by every such send (gc_p2p_release leaves it alone). */
+static gc_p2p_req *gc_p2p_sent(gc_p2p *e)
+{
+    return &e->sent;
 }
 
 /* Room for peers up to world rank n - 1 (processes started later: MPI's Spawn). Every access to
@@ -1687,6 +1700,8 @@ static int gc_p2p_test(gc_p2p *e, gc_p2p_req *r)
 /* The caller lets go of its handle. */
 static void gc_p2p_release(gc_p2p *e, gc_p2p_req *r)
 {
+    if (r == &e->sent)         /* shared by every send written at its start */
+        return;
     pthread_mutex_lock(&e->mu);
     gc_p2p__unref(r);
     pthread_mutex_unlock(&e->mu);
