@@ -162,16 +162,23 @@ class CudaError(GpucollError):
         self.code = code
 
 
+RELEASED = 1 << 62     # error word bit: the host's abort word ended the wait (coll.cu: wait_word)
+ABORT_ALL = 1 << 63    # abort word bit that releases every wait; bit (peer % 63) those on one peer
+
+
 class DeviceTimeout(CudaError):
-    """A kernel of the team gave up waiting for a peer; `word` is the error word it recorded:
-    (host sequence number << 8) | (1 + the peer's rank). The dispatcher turns it into a
-    gpucoll.TimeoutError naming the operation."""
+    """A kernel of the team gave up waiting for a peer, or the host released it (the abort word);
+    `word` is the error word: (host sequence number << 8) | (1 + the peer's rank), with
+    RELEASED set for a release. The dispatcher turns it into the error that names the
+    operation (gpucoll.TimeoutError; ProcFailedError or RevokedError for a release)."""
 
     def __init__(self, word):
-        super().__init__(f"a GPU kernel gave up waiting for rank {(word & 0xff) - 1}", GC_ERR_DEVICE_TIMEOUT)
         self.word = word
-        self.seq = word >> 8
+        self.released = bool(word & RELEASED)
+        self.seq = (word & ~RELEASED) >> 8
         self.peer = (word & 0xff) - 1
+        what = "was released from its wait for" if self.released else "gave up waiting for"
+        super().__init__(f"a GPU kernel {what} rank {self.peer}", GC_ERR_DEVICE_TIMEOUT)
 
 
 cdef int _check(CUresult rc, str what) except -1:
@@ -293,14 +300,24 @@ def read_word(uintptr_t h):
     return (<volatile unsigned long long *>h)[0]
 
 
+_allocated = {}  # device address -> bytes, of what mem_alloc made and mem_free has not freed
+
+
 def mem_alloc(size_t nbytes):
     cdef CUdeviceptr p = 0
     _check(gc_cu.MemAlloc(&p, nbytes), f"cuMemAlloc({nbytes})")
+    _allocated[p] = nbytes
     return p
 
 
 def mem_free(CUdeviceptr p):
     _check(gc_cu.MemFree(p), "cuMemFree")
+    _allocated.pop(p, None)
+
+
+def allocated():
+    """(allocations, bytes) of GPU memory that gpucoll holds in this process (IPC blocks, outboxes)."""
+    return len(_allocated), sum(_allocated.values())
 
 
 def memset_d8(CUdeviceptr p, unsigned char value, size_t nbytes):
@@ -483,7 +500,8 @@ def stream_is_capturing(uintptr_t stream):
 
 cdef int _launch_failed(gc_launch *l, CUresult rc) except -1:
     if rc == GC_ERR_DEVICE_TIMEOUT:
-        raise DeviceTimeout(l.err_host[0])
+        # no kernel recorded anything yet: the host set the abort word, so nothing is launched
+        raise DeviceTimeout(l.err_host[0] or (l.team.seq << 8) | RELEASED)
     _check(rc, "cuLaunchKernel")
     return 0
 
@@ -520,8 +538,18 @@ cdef class Launcher:
         self.l.team.seq = seq
 
     def error_word(self):
-        """The mapped error word: 0, or (seq << 8) | (1 + peer) once a kernel timed out."""
+        """The mapped error word: 0, or (seq << 8) | (1 + peer) once a kernel timed out (with
+        RELEASED set when the abort word released it)."""
         return self.l.err_host[0] if self.l.err_host != NULL else 0
+
+    def abort(self, unsigned long long bits):
+        """Set bits of the abort word (ABORT_ALL, or 1 << (peer % 63)): kernels waiting on what
+        they name return within microseconds; after ABORT_ALL no launch starts. Any thread may call it."""
+        if self.l.err_host != NULL:
+            self.l.err_host[1] = self.l.err_host[1] | bits
+
+    def abort_word(self):
+        return self.l.err_host[1] if self.l.err_host != NULL else 0
 
     def set_peer_buffers(self, psend, precv):
         """Registered buffers of every rank for the direct kernels (0 where unused)."""

@@ -247,7 +247,9 @@ static void gc_cuda_describe(CUresult rc, char *out, size_t len)
 
 /* One pre-packed kernel launch: params point into team and args, which live here.
  * err_host is the host side of team.err: a launch refuses to start once a kernel of the
- * team has recorded a timeout there (the peers' epochs are out of step from then on). */
+ * team has recorded a timeout or a release there (the peers' epochs are out of step from
+ * then on), or once the host has released every wait (err_host[1], the abort word: bit 63;
+ * the other bits release the waits on one peer and let the rest go on). */
 typedef struct {
     gc_team team;
     gc_args args;
@@ -282,7 +284,7 @@ static inline CUresult gc_launch_make_current(gc_launch *l)
 static inline CUresult gc_launch_with(gc_launch *l, CUfunction fn, unsigned grid, unsigned block,
                                       CUstream stream, void **params)
 {
-    if (l->err_host && *l->err_host)
+    if (l->err_host && (l->err_host[0] || (l->err_host[1] >> 63)))
         return GC_ERR_DEVICE_TIMEOUT;
     CUresult rc = gc_launch_make_current(l);
     if (rc != 0)

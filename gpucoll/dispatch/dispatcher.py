@@ -88,9 +88,12 @@ class Dispatcher:
             self._gpu.quiesce()
 
     def revoke(self):
-        """Fail the waits of this communicator's collectives on this host (ULFM's revoke)."""
+        """Fail the waits of this communicator's collectives on this host (ULFM's revoke), on the
+        GPU too."""
         if self.direct is not None:
             self.direct.revoke()
+        if self._gpu is not None:
+            self._gpu.revoke()
 
     def close(self):
         self.queue.close()

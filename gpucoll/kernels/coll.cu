@@ -34,7 +34,8 @@ struct Team {
     int rank;
     int nranks;
     i64 timeout_ns;
-    u64 err;        // pinned host word mapped for the device (0: none): see wait_all
+    u64 err;        // pinned host words mapped for the device (0: none): the error word, then
+                    // the abort word (see wait_word)
     u64 seq;        // the host's sequence number of the operation this launch belongs to
 };
 
@@ -110,19 +111,41 @@ __device__ __forceinline__ void signal_all(const Team &t, u64 value)
             st_release_sys(flag_at(t, t.flags[p], t.rank), value);
 }
 
-// Spin until *f >= value; false (and the timeout recorded) after t.timeout_ns. The host reads
-// the error word without synchronising: (seq << 8) | (1 + peer).
+// The abort word, next to the error word in mapped host memory (t.err + 8), lets the host release
+// waits that can never end: bit 63 releases every wait (the communicator was revoked, or a rank of
+// a collective's team died), bit (peer % 63) the waits on that peer (a point-to-point partner
+// died). Read over PCIe, so only every ABORT_POLL_NS of a wait that has not ended at once.
+#define ABORT_POLL_NS 10000ull
+#define ABORT_ALL (1ull << 63)
+#define RELEASED (1ull << 62)
+
+__device__ __forceinline__ bool released(const Team &t, u64 peer)
+{
+    if (!t.err)
+        return false;
+    u64 a = ((volatile u64 *)t.err)[1];
+    return (a & (ABORT_ALL | (1ull << (peer % 63)))) != 0;
+}
+
+// Spin until *f >= value; false after t.timeout_ns, or once the host's abort word releases the
+// wait. The host reads the error word without synchronising: (seq << 8) | (1 + peer), with
+// RELEASED (bit 62) set when the abort word ended the wait.
 __device__ __forceinline__ bool wait_word(const Team &t, const u64 *f, u64 value, u64 peer)
 {
     if (ld_acquire_sys(f) >= value)
         return true;
-    u64 t0 = now_ns();
+    u64 t0 = now_ns(), poll = t0 + ABORT_POLL_NS;
     while (ld_acquire_sys(f) < value) {
-        if (now_ns() - t0 > (u64)t.timeout_ns) {
-            if (t.sync)
+        u64 now = now_ns();
+        bool out = now - t0 > (u64)t.timeout_ns;
+        bool abort = !out && now >= poll && released(t, peer);
+        if (now >= poll)
+            poll = now + ABORT_POLL_NS;
+        if (out || abort) {
+            if (t.sync && out)
                 atomicExch((u64 *)t.sync + 2, 1ull + peer);
             if (t.err) {
-                *(volatile u64 *)t.err = (t.seq << 8) | (1ull + peer);
+                *(volatile u64 *)t.err = (t.seq << 8) | (abort ? RELEASED : 0) | (1ull + peer);
                 __threadfence_system();
             }
             return false;

@@ -18,7 +18,10 @@ costs one Python call and one cuLaunchKernel. Anything else takes the general pa
 
 A kernel that gives up waiting for a peer records (seq << 8) | (1 + peer) in the team's
 mapped host word; the next launch, GpuRequest.Wait/Test and Free() see it and raise
-gpucoll.TimeoutError naming the operation, its sequence number and the peer.
+gpucoll.TimeoutError naming the operation, its sequence number and the peer. When a peer's
+process ends, or the communicator is revoked, the team's abort word releases the kernels that
+wait at once (team.py); they record the release the same way, and the same calls raise
+ProcFailedError naming the lost rank (RevokedError after a revoke).
 """
 import numpy as np
 
@@ -27,8 +30,9 @@ from ...algorithms import selector
 from ...base import config, dtypes, log
 from ...base import ops as _ops
 from ...base.call import IN_PLACE, KINDS, ROOTED, Call, addresses
-from ...base.errors import InvalidUsageError
+from ...base.errors import InvalidUsageError, ProcFailedError, RevokedError
 from ...base.errors import TimeoutError as GpucollTimeout
+from ...base.ranks import ranges
 from . import ipc, streams
 from .staged import HostStaging
 
@@ -123,8 +127,15 @@ class GpuEngine:
             return
         cuda.set_current(team.ctx)
         cuda.ctx_synchronize()
+        if team.aborted():  # a rank is gone or the communicator revoked: no barrier can end; the
+            return          # survivors' kernels were released as ours were
         self.view.barrier()
         self.check_error()
+
+    def revoke(self):
+        """Release this rank's kernels that wait on the communicator's peers (ULFM's revoke)."""
+        if self._team is not None and self._team.ok:
+            self._team.abort(revoked=True)
 
     def close(self):
         self.view.fast.gpu = None
@@ -145,9 +156,12 @@ class GpuEngine:
                 raise self._timeout_error(word)
 
     def _timeout_error(self, word):
-        seq, peer = word >> 8, (word & 0xff) - 1
+        seq, peer = (word & ~cuda.RELEASED) >> 8, (word & 0xff) - 1
         kind = self._kinds[seq & 255] if self.host.seq - seq <= 256 else None
         view = self.view
+        if word & cuda.RELEASED:
+            return self._released_error(f"{kind or 'collective'} #{seq} on communicator {view.name} (rank "
+                                        f"{view.rank} of {view.size})")
         err = GpucollTimeout(
             f"{kind or 'collective'} #{seq} on communicator {view.name} (rank {view.rank} of {view.size}): a GPU "
             f"kernel waited more than {self.host.timeout:g} s (GPUCOLL_TIMEOUT) for rank {peer}, which did not "
@@ -156,6 +170,17 @@ class GpuEngine:
         err.ranks = (peer,)
         err.seq = seq
         return err
+
+    def _released_error(self, what):
+        """What a call raises once the team's abort word released its kernels (or refused them)."""
+        lost = sorted(set(self._team.lost))
+        if lost:
+            return ProcFailedError(
+                f"{what}: rank(s) {ranges(lost)} failed (the process ended) and this rank's GPU kernels, which "
+                "waited for it, were released; the communicator's GPU collectives cannot go on: revoke() and "
+                "shrink() it to go on with the survivors", ranks=lost)
+        return RevokedError(f"{what}: the communicator was revoked and this rank's GPU kernels were released; "
+                            "shrink() it to go on with the survivors")
 
     # --- checks and streams -------------------------------------------------------------------
     def _check(self, call):
@@ -452,7 +477,8 @@ class GpuEngine:
                 elif table[q, 1 + i]:
                     base = 8 + i * 72
                     offset = int(table[q, base + 64:base + 72].view(np.uint64)[0])
-                    peers[i].append(ipc.open_memory(table[q, base:base + 64].tobytes()) + offset)
+                    owner = self.view.ctx.watch_pid(self.view.world_ranks[q])
+                    peers[i].append(ipc.open_memory(table[q, base:base + 64].tobytes(), owner) + offset)
                 else:
                     peers[i].append(0)
         team.launcher.set_peer_buffers(*peers)

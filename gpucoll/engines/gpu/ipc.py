@@ -12,6 +12,8 @@ GPU point-to-point):
   that no kernel or copy still reads them (a peer that freed its buffer re-exports a new handle,
   so old mappings only ever age out).
 * open_event(handle) -> another process's interprocess event, opened once.
+* close_from(pids): unmap what was opened of these processes (given as open_memory's owner),
+  once they have ended: nothing of theirs is read again.
 
 The caller makes the right context current first (its device's primary context).
 """
@@ -28,6 +30,7 @@ _lock = threading.Lock()
 _exported = {}              # allocation id -> (base, handle)
 _opened = OrderedDict()     # memory handle -> base address here, oldest first
 _events = {}                # event handle -> event here
+_owners = {}                # memory handle -> pid of the process that exported it, where known
 
 
 def export(ptr):
@@ -48,8 +51,9 @@ def export(ptr):
         return None
 
 
-def open_memory(handle):
-    """Base address, in this process, of the peer allocation behind an IPC memory handle."""
+def open_memory(handle, owner=0):
+    """Base address, in this process, of the peer allocation behind an IPC memory handle
+    (exported by process `owner`, where known)."""
     with _lock:
         base = _opened.get(handle)
         if base is not None:
@@ -60,13 +64,33 @@ def open_memory(handle):
     base = cuda.ipc_open_mem_handle(handle)
     with _lock:
         _opened[handle] = base
+        if owner:
+            _owners[handle] = owner
     return base
 
 
 def _close_oldest(k):
+    with _lock:
+        handles = list(_opened)[:k]
+    _close(handles)
+
+
+def close_from(pids):
+    """Unmap every allocation opened of the processes `pids` (ended ones); how many."""
+    with _lock:
+        handles = [h for h, pid in _owners.items() if pid in pids]
+    _close(handles)
+    return len(handles)
+
+
+def _close(handles):
+    if not handles:
+        return
     cuda.ctx_synchronize()  # nothing in flight may still read what is unmapped
     with _lock:
-        victims = [_opened.popitem(last=False)[1] for _ in range(min(k, len(_opened)))]
+        victims = [_opened.pop(h) for h in handles if h in _opened]
+        for h in handles:
+            _owners.pop(h, None)
     for base in victims:
         try:
             cuda.ipc_close_mem_handle(base)

@@ -5,14 +5,21 @@ and staging slots that peers push into (layout in gpucoll/kernels/coll.cu). The 
 exchange the block's IPC handle with the communicator's own object allgather and open each
 other's blocks once. A word of pinned host memory, mapped for the device, is where a kernel
 that gives up waiting for a peer (GPUCOLL_TIMEOUT) records which; the host reads it without
-synchronising (gpucoll/engines/gpu/engine.py raises it as gpucoll.TimeoutError). Caller buffers
+synchronising (gpucoll/engines/gpu/engine.py raises it as gpucoll.TimeoutError); the next word
+is the abort word, which the host sets when a peer's process ends (gpucoll/transports/
+process_watch.py tells the team from a thread of its own) or the communicator is revoked: every
+kernel still waiting then returns within microseconds, and no later launch starts. Caller buffers
 of the "registered" algorithms are registered per call (their IPC handles exchanged by the GPU
 engine; every peer allocation is opened once, in the process's cache of
 gpucoll/engines/gpu/ipc.py).
 """
+import threading
+
 from ..._native import cuda
 from ...base import config, log
 from ...base.errors import GpucollError
+from ...transports import process_watch
+from . import ipc
 
 MAXR = 8
 MAXB = 256
@@ -40,6 +47,10 @@ class Team:
         self.peers_mapped = []
         self.launcher = None
         self.err_host = 0
+        self.lost = []          # ranks whose process ended while the team was up
+        self.revoked = False
+        self._watch = None
+        self._abort_lock = threading.Lock()  # the watcher thread's abort() against close()
         self.ok, self.reason = True, ""
         self.links = {}
         if self.size > MAXR:
@@ -94,6 +105,8 @@ class Team:
         self.launcher.set_team(self.ctx, stage, flags, self.base + SYNC_OFFSET, self.slot, self.rank, self.size,
                                timeout_ns, self.err_host, err_dev)
         view.exchange(None)  # every rank mapped every block before anyone signals
+        self._pids = {view.ctx.watch_pid(w): r for r, w in enumerate(view.world_ranks) if r != self.rank}
+        self._watch = process_watch.watch(self._pids, self._peer_ended)
         if log.enabled("info", "INIT"):
             log.info("INIT", "GPU team on communicator %s: rank %d GPU %d, peers %s via P2P/IPC (%s), "
                      "%d B of IPC memory, staging slot %d B", view.name, self.rank, device,
@@ -113,20 +126,44 @@ class Team:
                 kinds.add("NVLink" if link.startswith("NV") else (link or "P2P"))
         return ",".join(sorted(kinds)) or "-"
 
+    def _peer_ended(self, pid):
+        """(The watcher thread.) A collective needs every rank: release every wait."""
+        self.lost.append(self._pids[pid])
+        self.abort()
+
+    def abort(self, revoked=False):
+        """Release the kernels that wait and refuse later launches (any thread)."""
+        with self._abort_lock:
+            if revoked:
+                self.revoked = True
+            if self.launcher is not None:
+                self.launcher.abort(cuda.ABORT_ALL)
+
+    def aborted(self):
+        return self.launcher is not None and self.launcher.abort_word() != 0
+
     def error_word(self):
         """Non-zero once a kernel gave up waiting for a peer: (seq << 8) | (1 + the peer's rank)."""
         return self.launcher.error_word() if self.launcher is not None else 0
 
     def close(self):
+        if self.base:
+            cuda.set_current(self.ctx)
+        if self._watch is not None:
+            process_watch.unwatch(self._watch)
+            self._watch = None
+        if self.lost:  # the registered buffers of ranks that ended (their blocks are below)
+            ipc.close_from({pid for pid, r in self._pids.items() if r in self.lost})
         for ptr in self.peers_mapped:
             try:
                 cuda.ipc_close_mem_handle(ptr)
             except GpucollError:
                 pass
         self.peers_mapped = []
-        if self.launcher is not None:
-            self.launcher.set_team(self.ctx, [], [], 0, 0, self.rank, 0, 0)  # forget the error word first
-            self.launcher = None
+        with self._abort_lock:
+            if self.launcher is not None:
+                self.launcher.set_team(self.ctx, [], [], 0, 0, self.rank, 0, 0)  # forget the error word first
+                self.launcher = None
         if self.err_host:
             try:
                 cuda.free_host(self.err_host)

@@ -170,7 +170,7 @@ class GpuPointToPoint:
     def _slots(self, device, ctx):
         out = self._outboxes.get(device)
         if out is None:
-            out = self._outboxes[device] = slots.Outboxes(device, ctx, self.p2p.view.name)
+            out = self._outboxes[device] = slots.Outboxes(device, ctx, self.p2p.view)
         out.check()
         return out
 
@@ -355,6 +355,11 @@ class GpuPointToPoint:
                 target = req.target
                 cuda.stream_wait_event(target.stream, target.event)  # a large copy's side stream, if any
                 cuda.event_record(target.event, target.stream)
+
+    def revoke(self):
+        """Release this rank's slot kernels that wait (ULFM's revoke)."""
+        for out in self._outboxes.values():
+            out.revoke()
 
     def drop_group(self):
         """A comm.group() block raised: its sends are dropped with it (they were never

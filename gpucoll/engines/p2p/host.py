@@ -419,8 +419,11 @@ class PointToPoint:
         return self._native.unexpected(self._key)
 
     def revoke(self):
-        """Fail this communicator's pending receives and the offers made to it (ULFM's revoke)."""
+        """Fail this communicator's pending receives and the offers made to it (ULFM's revoke), and
+        release the waits of its GPU messages on the device."""
         self._native.revoke(self._key)
+        if self.gpu is not None:
+            self.gpu.revoke()
 
     def close(self):
         try:

@@ -26,7 +26,10 @@ ahead of its receiver makes its stream wait on the device (as NCCL's sends do); 
 waits longer than GPUCOLL_TIMEOUT gives up and records the peer in a mapped host word, raised
 as gpucoll.TimeoutError by the next point-to-point call of the communicator, by a receive's
 Wait, or by the communicator's Free; one that nothing raised by the time the process exits is
-reported then (settle_at_exit()). Layout and steps in gpucoll/kernels/coll.cu (p2p_slots).
+reported then (settle_at_exit()). When a peer's process ends, the abort word releases the
+kernels that wait on it (and only those) at once, and the same calls raise ProcFailedError
+naming it; a revoke releases them all (RevokedError). Layout and steps in
+gpucoll/kernels/coll.cu (p2p_slots).
 """
 import collections
 import struct
@@ -35,8 +38,9 @@ import weakref
 
 from ..._native import cuda
 from ...base import config
-from ...base.errors import GpucollError
+from ...base.errors import GpucollError, ProcFailedError, RevokedError
 from ...base.errors import TimeoutError as GpucollTimeout
+from ...transports import process_watch
 from ..gpu import ipc
 from ..gpu.kernels import Kernels
 
@@ -81,8 +85,8 @@ def kernels(arch):
 class Outboxes:
     """One device's outboxes and slot kernel launches for one communicator's point to point."""
 
-    def __init__(self, device, ctx, name):
-        self.device, self.ctx, self.name = device, ctx, name
+    def __init__(self, device, ctx, view):
+        self.device, self.ctx, self.name = device, ctx, view.name
         arch = cuda.device_attribute(device, 75) * 10 + cuda.device_attribute(device, 76)
         self.fn = kernels(arch).copy()["p2p_slots"]
         self.err_host, err_dev = cuda.host_alloc_mapped(64)
@@ -92,7 +96,28 @@ class Outboxes:
         self._sent = collections.Counter()  # destination rank -> messages numbered so far
         self._lock = threading.Lock()
         self.heard = False  # whether a recorded timeout was raised to the program
+        self.lost, self.revoked = set(), False
+        self._pid_of = {r: view.ctx.watch_pid(w) for r, w in enumerate(view.world_ranks) if r != view.rank}
+        self._rank_of = {pid: r for r, pid in self._pid_of.items() if pid}
+        self._watch = process_watch.watch(self._rank_of, self._peer_ended)
         _open.add(self)
+
+    def _peer_ended(self, pid):
+        """(The watcher thread.) Release the waits on that rank only: messages between live
+        ranks go on."""
+        rank = self._rank_of[pid]
+        self._abort(1 << (rank % 63), lost=rank)
+
+    def revoke(self):
+        self._abort(cuda.ABORT_ALL, revoked=True)
+
+    def _abort(self, bits, lost=None, revoked=False):
+        with self._lock:
+            if lost is not None:
+                self.lost.add(lost)
+            self.revoked = self.revoked or revoked
+            if self.launcher is not None:
+                self.launcher.abort(bits)
 
     def _box(self, dest):
         box = self._boxes.get(dest)
@@ -135,7 +160,7 @@ class Outboxes:
     def _map(self, handle, source):
         cuda.set_current(self.ctx)
         try:
-            return ipc.open_memory(handle)
+            return ipc.open_memory(handle, self._pid_of.get(source, 0))
         except GpucollError as exc:
             raise GpucollError(f"cannot map rank {source}'s GPU memory to receive its message ({exc}); set "
                                "GPUCOLL_P2P_DISABLE=1 on every rank to send GPU messages through host memory") from None
@@ -172,8 +197,10 @@ class Outboxes:
         """Every entry in one launch (or a few: at most MAXMSGS messages each) on stream."""
         try:
             self._launch_all(cuda, entries, stream)
-        except cuda.DeviceTimeout:
+        except cuda.DeviceTimeout as exc:
             self.check()
+            if exc.released:  # refused: every wait released (a revoke), nothing recorded
+                raise self._released_error(exc.peer) from None
             raise
 
     def _launch_all(self, cuda, entries, stream):
@@ -211,22 +238,41 @@ class Outboxes:
         word = self.launcher.error_word() if self.launcher is not None else 0
         if not word:
             return None
-        peer = word - 1
+        peer = (word & ~cuda.RELEASED) - 1
+        if word & cuda.RELEASED:
+            return self._released_error(peer)
         return GpucollTimeout(
             f"point to point on GPU (communicator {self.name}): a GPU message to or from rank {peer} waited "
             f"more than {config.TIMEOUT.get():g} s (GPUCOLL_TIMEOUT) on the device; rank {peer} fell behind "
             f"by more than {SLOTS} small messages or stopped, and this communicator's GPU point to point "
             "cannot go on")
 
+    def _released_error(self, peer):
+        where = f"point to point on GPU (communicator {self.name})"
+        if peer in self.lost:
+            return ProcFailedError(f"{where}: rank {peer} failed (the process ended) while a GPU message to or "
+                                   "from it waited on the device; its wait was released", ranks=[peer])
+        if self.lost and not self.revoked:  # a rank above 62 whose bit it shares (peer % 63)
+            lost = sorted(self.lost)
+            return ProcFailedError(f"{where}: rank(s) {lost} failed (the process ended); the wait of a GPU "
+                                   f"message with rank {peer} was released with theirs", ranks=lost)
+        return RevokedError(f"{where}: the communicator was revoked while a GPU message to or from rank {peer} "
+                            "waited on the device; its wait was released")
+
     def close(self):
         """Release the outboxes once no slot kernel of ours runs; raises the timeout one of them
-        recorded (after releasing), so Free does not drop it."""
+        recorded (after releasing), so Free does not drop it. What this process mapped of
+        ranks that ended is unmapped."""
         if self.launcher is None:
             return
+        process_watch.unwatch(self._watch)
         self.settle()
         error = self.timeout()
-        self.launcher.set_team(self.ctx, [], [], 0, 0, 0, 0, 0)  # forget the error word first
-        self.launcher = None
+        if self.lost:
+            ipc.close_from({self._pid_of[r] for r in self.lost})
+        with self._lock:
+            self.launcher.set_team(self.ctx, [], [], 0, 0, 0, 0, 0)  # forget the error word first
+            self.launcher = None
         _open.discard(self)
         for base, _ in self._boxes.values():
             try:
