@@ -13,6 +13,7 @@ from test_gpu_collectives import job_env, needs_gpu
 
 pytestmark = pytest.mark.gpu
 
+# ProcFailedError is LostPeerError (gpucoll.base.errors): the name a rank reports.
 NO_TIMEOUT_RESCUE = {"GPUCOLL_TIMEOUT": "600"}  # a kernel that waited for the timeout would fail the job
 
 
@@ -39,7 +40,7 @@ def test_survivor_of_a_gpu_job_is_released_shrinks_and_finishes_exact(gpurun_job
     assert sorted(results) == [0], job.describe()
     got = results[0]
     assert got["world"] == [0] and got["sizes"][-1] == 1, got
-    assert got["errors"][0] == "ProcFailedError" and "rank(s) 1 failed" in got["messages"][0], got
+    assert got["errors"][0] == "LostPeerError" and "rank(s) 1 failed" in got["messages"][0], got
     assert max(got["waits"]) < 10, got   # released by the abort word, not by GPUCOLL_TIMEOUT
     assert "gpurun: rank 1 (pid" in job.stderr, job.describe()
     _check_clean(results)
@@ -54,7 +55,7 @@ def test_a_replacement_rejoins_a_gpu_job_and_the_sums_are_the_full_worlds(gpurun
     for w, got in results.items():
         assert got["world"] == [0, 2] and got["rank"] == [0, 2].index(w), (w, got)
     survivor, replacement = results[0], results[2]
-    assert survivor["errors"][0] == "ProcFailedError" and survivor["sizes"][-1] == 2, survivor
+    assert survivor["errors"][0] == "LostPeerError" and survivor["sizes"][-1] == 2, survivor
     assert max(survivor["waits"]) < 10, survivor
     assert replacement["started"] is not None and replacement["errors"] == [], replacement
     _check_clean(results)
