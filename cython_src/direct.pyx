@@ -67,6 +67,7 @@ cdef extern from "gc_direct.h" nogil:
     int gc_direct_attach(gc_direct *g, void *base, size_t size, int rank, int nranks, int *nattached)
     void gc_direct_detach(gc_direct *g)
     void gc_direct_revoke(gc_direct *g)
+    void gc_direct_nudge(gc_direct *g)
 
     int gc_direct_allreduce(gc_direct *g, const void *send, void *recv, size_t count,
                             gc_dtype dt, gc_op op, double timeout_s)
@@ -253,6 +254,12 @@ cdef class DirectGroup:
         (or entering one) fails with RevokedError. No-op once closed."""
         if self.have_view:
             gc_direct_revoke(&self.g)
+
+    def nudge(self):
+        """A process of this host ended: every rank waiting in a collective here checks the
+        liveness of the ranks it waits for now (any thread; no-op once closed)."""
+        if self.have_view:
+            gc_direct_nudge(&self.g)
 
     def __dealloc__(self):
         if self.have_view:

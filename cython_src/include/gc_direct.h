@@ -132,7 +132,8 @@ typedef struct {
     uint64_t creator_pidns;
     uint64_t token;       /* from the job secret and the segment's name (shm_segment.py) */
     int32_t revoked;      /* 1 once a rank revoked the communicator: every wait on it fails */
-    int32_t pad_;
+    int32_t nudged;       /* counts processes of this host seen ended by a watcher thread
+                           * (gc_direct_nudge): a wait that sees it change checks every rank now */
 } gc_direct_hdr;
 typedef char gc__hdr_fits_two_lines[sizeof(gc_direct_hdr) <= GC_DIRECT_HDR_BYTES ? 1 : -1];
 
@@ -201,6 +202,7 @@ typedef struct {
     const int32_t *watch;     /* per rank: its pid from the bootstrap (0: unknown), owned by the
                                  caller, watched while the rank has not attached (gc__rank_dead) */
     int live_next;            /* the rank the next liveness check starts from (gc__wait_slow) */
+    int32_t nudge_seen;       /* hdr->nudged as of this rank's last liveness check */
     /* single copy between processes (process_vm_readv): 1 this rank can read every peer's
      * memory, -1 it cannot, 0 not probed yet; probe_word is what peers read to find out */
     int cma;
@@ -451,6 +453,15 @@ static inline void gc_direct_revoke(gc_direct *g)
     gc__wake_all(g);
 }
 
+/* A process of this host ended (a watcher thread saw its pidfd): every waiter, asleep or not,
+ * checks the liveness of every rank it still waits for now, not at its next periodic check
+ * (which may be 32 ms away). Any thread may call it. */
+static inline void gc_direct_nudge(gc_direct *g)
+{
+    __atomic_add_fetch(&g->hdr->nudged, 1, __ATOMIC_SEQ_CST);
+    gc__wake_all(g);
+}
+
 static inline uint8_t *gc__slot(const gc_direct *g, int r)
 {
     return g->slots + ((size_t)r * 2 + (size_t)g->parity) * g->slot_bytes;
@@ -567,8 +578,10 @@ static int gc__wait_slow(gc_direct *g, int peer, uint64_t target, int64_t deadli
             g->broken = 1;
             return GC_ERR_REVOKED;
         }
-        if (now < next_check && __atomic_load_n(&g->hdr->lost, __ATOMIC_ACQUIRE) > 0)
-            next_check = now;   /* another rank found one dead (and woke us): check now */
+        int32_t nudged = __atomic_load_n(&g->hdr->nudged, __ATOMIC_ACQUIRE);
+        if (now < next_check && (__atomic_load_n(&g->hdr->lost, __ATOMIC_ACQUIRE) > 0 ||
+                                 nudged != g->nudge_seen))
+            next_check = now;   /* another rank found one dead, or a process ended: check now */
         if (now >= next_check) {
             /* The post may have come while this rank slept or yielded: a wait that is
              * satisfied never fails (a mismatch found meanwhile belongs to a later call). */
@@ -579,11 +592,13 @@ static int gc__wait_slow(gc_direct *g, int peer, uint64_t target, int64_t deadli
             if (deadline >= 0 && next_check > deadline && now < deadline)
                 next_check = deadline;
             int failed = __atomic_load_n(&g->hdr->lost, __ATOMIC_ACQUIRE) > 0;
+            int look = nudged != g->nudge_seen ? g->nranks : batch;   /* nudged: every rank */
+            g->nudge_seen = nudged;
             /* A few missing ranks per check, round robin: a liveness check reads /proc (a few
              * microseconds a rank), and hundreds of ranks waiting for each other would spend
              * their cores on it. A dead rank is still found within 16 checks (at most 0.5 s
              * once the period has grown), or nranks / GC_DIRECT_LIVE_BATCH in small groups. */
-            for (int k = 0, looked = 0; k < g->nranks && looked < batch && !failed; k++) {
+            for (int k = 0, looked = 0; k < g->nranks && looked < look && !failed; k++) {
                 int r = (g->live_next + k) % g->nranks;
                 if (__atomic_load_n(gc__flag(g, r), __ATOMIC_ACQUIRE) >= target)
                     continue;

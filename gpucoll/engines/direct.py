@@ -8,6 +8,7 @@ Reduce and Allgather try first on NumPy arrays.
 """
 from ..base import config, dtypes
 from ..base.call import IN_PLACE, KINDS, VECTOR_KINDS, addresses
+from ..transports import process_watch
 
 ROWS = ("direct",)
 FAST_KINDS = frozenset({"allreduce", "bcast", "reduce", "allgather", "alltoall", "reduce_scatter", "barrier"})
@@ -40,6 +41,7 @@ class DirectEngine:
         self.timeout = timeout
         self._check_alive = check_alive
         self._group = None
+        self._watch = None
 
     def group(self):
         """The DirectGroup, made on first use (every rank makes it in the same call). Its waits
@@ -54,6 +56,11 @@ class DirectEngine:
                                      creator_pid=ctx.pids[h.world_ranks[0]], timeout=self.timeout,
                                      check=self._check_alive)
             group.watch([ctx.watch_pid(w) for w in h.world_ranks])  # ranks that never attach
+            if config.ON_FAILURE.get() == "continue":
+                # The survivors go on: they must hear of a death now, not at a wait's next
+                # periodic check (up to 32 ms away). Elsewhere gpurun ends the job anyway.
+                peers = [ctx.watch_pid(w) for r, w in enumerate(h.world_ranks) if r != h.rank]
+                self._watch = process_watch.watch(peers, lambda pid: group.nudge())
             oneshot_max = config.HOST_ONESHOT_MAX.get()
             if oneshot_max is not None:  # else the group's own, by its size (gc_direct.h)
                 group.oneshot_max = oneshot_max
@@ -103,5 +110,8 @@ class DirectEngine:
             self._group.revoke()
 
     def close(self):
+        if self._watch is not None:
+            process_watch.unwatch(self._watch)
+            self._watch = None
         if self._group is not None:
             self._group.close()
