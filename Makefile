@@ -6,7 +6,7 @@ NP ?= 4
 STAMP := $(VENV)/.installed
 SOURCES := pyproject.toml setup.py $(wildcard cython_src/*.pyx cython_src/*.pxd cython_src/include/*.h)
 
-.PHONY: install demo docs-environment test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref test-mpi4py-gpu test-mpi4py-demos bench bench-many bench-vector bench-request-cost bench-gloo bench-launch bench-spawn bench-shrink bench-ofi bench-multihost bench-p2p bench-p2p-mpi bench-p2p-mpi-alloc bench-p2p-hosts bench-reproduce bench-gpu calibrate-gpu calibrate-host clean
+.PHONY: install demo docs-environment test test-deps test-multihost test-fast test-gpu test-mutants test-mpi4py test-mpi4py-ref test-mpi4py-gpu test-mpi4py-demos bench bench-many bench-vector bench-vector-gpu bench-request-cost bench-gloo bench-launch bench-spawn bench-shrink bench-ofi bench-multihost bench-p2p bench-p2p-mpi bench-p2p-mpi-alloc bench-p2p-hosts bench-reproduce bench-gpu calibrate-gpu calibrate-host clean
 
 install: $(STAMP)
 
@@ -130,6 +130,13 @@ bench-many: $(STAMP)
 bench-vector: $(STAMP)
 	@mkdir -p $(BENCH_OUT)
 	$(PY) benchmarks/bench_vector.py --np 2 --repeats $(REPEATS) --json $(BENCH_OUT)/vector-np2.json
+
+# Alltoallv and Allgatherv of CuPy arrays through gpucoll.MPI beside Open MPI (where its build is
+# CUDA-aware) or NCCL (a GPU per rank), 2 ranks: on a GPU machine, as make test-gpu.
+bench-vector-gpu:
+	$(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
+	@mkdir -p $(BENCH_OUT)
+	$(PYTHON) benchmarks/bench_vector_gpu.py --np 2 --repeats $(REPEATS) --json $(BENCH_OUT)/vector-gpu-np2.json
 
 # What one Isend + Irecv + Waitall per message costs through each API, beside mpi4py.
 bench-request-cost: $(STAMP)

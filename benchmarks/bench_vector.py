@@ -95,22 +95,24 @@ def _run(cmd, env):
     return {int(k): v for k, v in json.loads(line[len("RESULT "):]).items()}
 
 
-def table(kind, runs, sizes, nranks):
-    """Printed lines and JSON rows of one collective."""
-    print(f"\n# {kind}, {nranks} ranks of one host, [array, counts, displs, MPI.DOUBLE]: time per call (us), "
-          "median [min-max] of the runs; ratio: Open MPI time / gpucoll time, run by run")
-    print(f"{'size':>10} {'gpucoll (us)':>24} {'#wrong':>6} {'Open MPI (us)':>24} {'#wrong':>6} {'ratio':>20}")
+def table(kind, runs, sizes, nranks, peer="Open MPI", where="of one host, [array, counts, displs, MPI.DOUBLE]"):
+    """Printed lines and JSON rows of one collective; runs without a "peer" entry leave its
+    columns empty (a peer that cannot run here)."""
+    print(f"\n# {kind}, {nranks} ranks {where}: time per call (us), median [min-max] of the runs; ratio: "
+          f"{peer} time / gpucoll time, run by run")
+    print(f"{'size':>10} {'gpucoll (us)':>24} {'#wrong':>6} {peer + ' (us)':>24} {'#wrong':>6} {'ratio':>20}")
     rows = []
-    span = lambda v, f: f"{f(_median(v))} [{f(min(v))}-{f(max(v))}]"  # noqa: E731
+    span = lambda v, f: f"{f(_median(v))} [{f(min(v))}-{f(max(v))}]" if v else "-"  # noqa: E731
     us = lambda x: f"{x * 1e6:.2f}" if x < 1e-4 else f"{x * 1e6:.0f}"  # noqa: E731
     for s in sizes:
         ours = [run["gpucoll"][s][kind] for run in runs]
-        peer = [run["mpi"][s][kind] for run in runs]
-        ratios = [b["t"] / a["t"] for a, b in zip(ours, peer)]
-        wrong = (sum(a["wrong"] for a in ours), sum(b["wrong"] for b in peer))
+        theirs = [run["peer"][s][kind] for run in runs if "peer" in run]
+        ratios = [b["t"] / a["t"] for a, b in zip(ours, theirs)]
+        wrong = (sum(a["wrong"] for a in ours), sum(b["wrong"] for b in theirs))
         print(f"{_label(s):>10} {span([a['t'] for a in ours], us):>24} {wrong[0]:>6} "
-              f"{span([b['t'] for b in peer], us):>24} {wrong[1]:>6} {span(ratios, lambda x: f'{x:.2f}'):>20}")
-        rows.append(dict(test=kind, size=s, gpucoll=[a["t"] for a in ours], peer=[b["t"] for b in peer],
+              f"{span([b['t'] for b in theirs], us):>24} {wrong[1] if theirs else '-':>6} "
+              f"{span(ratios, lambda x: f'{x:.2f}'):>20}")
+        rows.append(dict(test=kind, size=s, gpucoll=[a["t"] for a in ours], peer=[b["t"] for b in theirs],
                          ratio=ratios, gpucoll_wrong=wrong[0], peer_wrong=wrong[1]))
     return rows
 
@@ -147,7 +149,7 @@ def main():
             runs.append({
                 "gpucoll": _run([*gpurun, "-np", str(args.np), "--no-tag-output", sys.executable, prog, "gpucoll", *spec],
                                 env),
-                "mpi": _run([mpiexec, "--oversubscribe", "--bind-to", "core", "-n", str(args.np), sys.executable, prog,
+                "peer": _run([mpiexec, "--oversubscribe", "--bind-to", "core", "-n", str(args.np), sys.executable, prog,
                              "mpi", *spec], env)})
     rows = [row for kind in KINDS for row in table(kind, runs, sizes, args.np)]
     if args.json:
