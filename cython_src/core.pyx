@@ -59,6 +59,7 @@ cdef extern from "gc_exec.h" nogil:
         int op
         int root
         int64_t deadline_ns
+        const int32_t *revoked
     ctypedef struct gc_exec_err:
         int code
         int peer
@@ -306,13 +307,16 @@ cdef class ShmChannel:
 def run_schedule(const int64_t[:, ::1] steps, const uint64_t[::1] chan_ptrs,
                  uintptr_t send_addr, uintptr_t recv_addr, uintptr_t scratch_addr,
                  size_t itemsize, int dtype_code, int op_code, double timeout_s,
-                 int64_t send_bytes=-1, int64_t recv_bytes=-1, int64_t scratch_bytes=-1, int root=-1):
+                 int64_t send_bytes=-1, int64_t recv_bytes=-1, int64_t scratch_bytes=-1, int root=-1,
+                 uintptr_t revoked_addr=0):
     """Run one rank's schedule (int64 array (nsteps, 9)) without the GIL.
 
     chan_ptrs[r] is the gc_chan address for peer rank r (0 where there is none), from any
     transport. Addresses are raw pointers: the caller keeps the buffers alive. The *_bytes
     sizes, when given (>= 0), bound every step's offsets. timeout_s <= 0 waits forever. `root`
     (-1 for none) and the op travel in every message header and must match the peer's.
+    revoked_addr: the address of an int32 that another thread sets to revoke the communicator
+    (0: none); the run then raises RevokedError within a few milliseconds.
     Raises TimeoutError, LostPeerError or InvalidUsageError naming the peer rank and step.
     """
     if steps.shape[1] != GC_STEP_COLS:
@@ -337,6 +341,7 @@ def run_schedule(const int64_t[:, ::1] steps, const uint64_t[::1] chan_ptrs,
     a.op = op_code
     a.root = root
     a.deadline_ns = gc_now_ns() + <int64_t>(timeout_s * 1e9) if timeout_s > 0 else 0
+    a.revoked = <const int32_t *>revoked_addr
     cdef int rc
     with nogil:
         rc = gc_exec_run(&a, &e)

@@ -91,6 +91,17 @@ class AgentJob(Job):
     def report(self, lines):
         pass  # the head reports for the whole job
 
+    # --on-failure=continue: this host's ranks go on when one fails; the head, which hears of
+    # every exit (_reap above), records each in the job's store and reports it.
+    def continues(self):
+        return self.opts.on_failure == "continue"
+
+    def _tolerate(self, failed):
+        self.tolerated.extend(rank for rank in failed if rank not in self.tolerated)
+
+    def _record_ended_well(self, ended):
+        pass
+
 
 def _read_secret(args):
     text = sys.stdin.readline().strip() if args.secret_stdin else None
@@ -127,7 +138,7 @@ def run_agent(master, node, secret, slots=None, host=None):
                    tag_output=start.get("tag_output", True), output_dir=start.get("output_dir"),
                    grace=start.get("grace", 3.0), exports=start.get("exports", {}),
                    bind_to=start.get("bind_to"), verbose=start.get("verbose", False),
-                   preload=start.get("preload"))
+                   preload=start.get("preload"), on_failure=start.get("on_failure", "end"))
     try:
         argv = program_argv(opts.command, opts.module)
         make_output_dir(opts.output_dir)
@@ -136,7 +147,7 @@ def run_agent(master, node, secret, slots=None, host=None):
         return exc.exit_code
     store_host, _, store_port = start["store"].rpartition(":")
     common = envmod.common_environ(os.environ, start["size"], len(start["ranks"]), store_host,
-                                   int(store_port), secret.hex(), start["job_id"])
+                                   int(store_port), secret.hex(), start["job_id"], opts.on_failure)
     become_subreaper()
     inbox = SignalInbox()
     job = AgentJob(opts, inbox, sock, host)

@@ -185,8 +185,9 @@ def gpurun(nprocs, module, tag_output, output_dir, timeout, grace, exports, comm
                    on_failure="continue" if respawn else on_failure, respawn=respawn)
     if multi is None:
         raise SystemExit(launch(opts))
-    if opts.on_failure != "end":
-        raise click.UsageError("--on-failure=continue runs on one host (leave out --hosts, --hostfile and --nnodes)")
+    if opts.respawn:
+        raise click.UsageError("--respawn runs on one host (leave out --hosts, --hostfile and --nnodes); "
+                               "--on-failure=continue works across hosts")
     if multi.launcher == "agent":
         from .agent import run_agent
         from .wire import job_secret

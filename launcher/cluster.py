@@ -121,6 +121,10 @@ def launch_hosts(opts, hopts):
         return exc.exit_code
     inbox = SignalInbox()
     head = Head(opts, hopts, inbox, listener, secret_hex, f"{advertise}:{store.port}", master)
+    if opts.on_failure == "continue":
+        from gpucoll.bootstrap import failures
+
+        head.failures = failures.FailureBoard(store)
     try:
         head.start_agents()
         return head.run()
@@ -129,6 +133,9 @@ def launch_hosts(opts, hopts):
         store.close()
         inbox.close()
         listener.close()
+
+
+NO_RESPAWN = "gpurun --respawn runs on one host; a job across hosts goes on without replacements"
 
 
 class Head:
@@ -158,6 +165,8 @@ class Head:
         self.stop_signal = None
         self.stop_at = None
         self.first_failure = None  # exit message of the rank that failed first
+        self.failures = None       # the FailureBoard, under --on-failure=continue
+        self.tolerated = []        # exit messages of the ranks that failed while the job went on
         self.lost_node = None
         self.startup_error = None
         self.still_running_at_stop = []
@@ -325,6 +334,7 @@ class Head:
                 "exports": self.opts.exports, "tag_output": self.opts.tag_output,
                 "output_dir": self.opts.output_dir, "grace": self.opts.grace, "cwd": os.getcwd(),
                 "bind_to": bind_to, "verbose": self.opts.verbose, "preload": self.opts.preload,
+                "on_failure": self.opts.on_failure,
             })
 
     def _on_control(self, node):
@@ -335,7 +345,9 @@ class Head:
             node.conn = None
             if node.done is None:
                 node.lost = True
-                if self.stop_reason is None:
+                if self.stop_reason is None and self.failures is not None:
+                    self._lose_host(node)
+                elif self.stop_reason is None:
                     self.lost_node = node
                     self._stop("lost")
             return
@@ -343,7 +355,9 @@ class Head:
             kind = msg.get("type")
             if kind == "exit":
                 node.running.discard(msg["rank"])
-                if msg["returncode"] != 0 and self.first_failure is None and self.stop_reason in (None, "lost"):
+                if self.failures is not None and self.stop_reason is None:
+                    self._tolerate(msg, node)
+                elif msg["returncode"] != 0 and self.first_failure is None and self.stop_reason in (None, "lost"):
                     msg["host"] = node.host
                     self.first_failure = msg
                     if self.stop_reason is None:
@@ -355,6 +369,34 @@ class Head:
                 if self.stop_reason is None:
                     self.startup_error = (f"on {node.host}: {msg.get('message')}", msg.get("code", 126))
                     self._stop("startup")
+
+    # --- --on-failure=continue ------------------------------------------------------------
+    def _tolerate(self, msg, node):
+        """Record a rank's end in the store for the survivors (a failure, or an end in good
+        health) and say so: the job goes on."""
+        rank = msg["rank"]
+        if msg["returncode"] == 0:
+            self.failures.ended_well(rank)
+            return
+        msg["host"] = node.host
+        self.tolerated.append(msg)
+        self.failures.record(rank)
+        self.failures.replaced(rank, None, NO_RESPAWN)   # what the survivors' grow() reads
+        self.stderr.write(f"gpurun: rank {rank} (pid {msg['pid']}) on {node.host} ended with "
+                          f"{report.how_it_ended(msg['returncode'])}; the job goes on without it "
+                          "(--on-failure=continue)\n".encode())
+
+    def _lose_host(self, node):
+        """A host's agent is gone (the host, or the connection to it): its ranks count as failed."""
+        lost = sorted(node.running)
+        node.running.clear()
+        for rank in lost:
+            self.tolerated.append({"rank": rank, "pid": 0, "returncode": -signal.SIGKILL, "host": node.host})
+            self.failures.record(rank)
+            self.failures.replaced(rank, None, NO_RESPAWN)
+        self.stderr.write(f"gpurun: lost host {node.host} (node {node.index}): its agent's connection dropped; "
+                          f"the job goes on without its rank(s) {ranges(lost) or 'none'} "
+                          "(--on-failure=continue)\n".encode())
 
     def _reap_agents(self):
         for proc, label in self.procs:
@@ -420,12 +462,17 @@ class Head:
                 lines.append(f"gpurun: stopped {len(stopped)} other rank(s): {report.ranks_text(stopped)}")
             lines.append(f"gpurun: exiting with {code}")
         else:
+            if self.tolerated and self.first_failure is None and \
+                    len(self.tolerated) == sum(len(n.ranks) for n in self.nodes):
+                self.first_failure = self.tolerated[0]   # no rank survived: the job failed after all
             f = self.first_failure
             ended = report.end_of_job(self.stop_reason, self.stop_signal, self.opts.timeout,
                                       self.still_running_at_stop,
                                       None if f is None else (f["rank"], f["host"], f["pid"], f["returncode"],
                                                               f.get("tail")))
             if ended is None:
+                if self.tolerated:   # survivors ended well: the failures were the job's to survive
+                    return 0
                 codes = [n.done for n in self.nodes if n.done]
                 return codes[0] if codes else 0
             code, lines = ended

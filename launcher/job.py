@@ -294,9 +294,9 @@ class Job:
         failed = [rank for rank in ended if rank.returncode != 0
                   and not (self.spawner is not None and self.spawner.ended_early(rank))
                   and not self._ended_by_stacks_request(rank)]
-        if self.failures is not None:
+        if self.continues():
             self._record_ended_well([rank for rank in ended if rank not in failed])
-        if failed and self.stop_reason is None and self.failures is not None:
+        if failed and self.stop_reason is None and self.continues():
             self._tolerate(failed)
         elif failed and self.stop_reason is None:
             self.first_failure = failed[0]
@@ -305,6 +305,10 @@ class Job:
             self.all_ended_at = time.monotonic()
         if self.all_ended_at is not None:
             reap_orphans()
+
+    def continues(self):
+        """Whether the job goes on when a rank fails (--on-failure=continue)."""
+        return self.failures is not None
 
     def _ended_by_stacks_request(self, rank):
         """A rank with no handler for the stacks signal (not Python, or not yet joined) ends by it:

@@ -178,10 +178,11 @@ def test_every_rank_failing_still_fails_the_job(tmp_path):
     assert "the job goes on without it" in job.stderr and "failed first" in job.stderr, job.describe()
 
 
-def test_continue_is_refused_across_hosts():
-    job = run_job(2, "fault_tolerance.py", "misuse", launcher_args=("--on-failure=continue", "--hosts", "a:1,b:1"),
+def test_respawn_is_refused_across_hosts():
+    # --on-failure=continue works across hosts (tests/test_multihost.py); replacements do not
+    job = run_job(2, "fault_tolerance.py", "misuse", launcher_args=("--respawn", "1", "--hosts", "a:1,b:1"),
                   timeout=30)
-    assert job.returncode == 2 and "--on-failure=continue runs on one host" in job.stderr, job.describe()
+    assert job.returncode == 2 and "--respawn runs on one host" in job.stderr, job.describe()
 
 
 def test_an_agreement_is_the_first_offer_even_for_a_survivor_that_saw_less():

@@ -192,6 +192,38 @@ def test_lost_host_ends_the_job_and_is_named(hosts):
     assert not leftover.strip(), "ranks outlived their job"
 
 
+FAULTS = os.path.join(SCRIPTS, "fault_tolerance.py")
+
+
+@pytest.mark.multihost
+@pytest.mark.parametrize("args, alive", [
+    (("loop", "3", 300), [0, 1, 2]),          # a rank of the other host, not its leader
+    (("loop", "0", 300), [1, 2, 3]),          # the leader of the head's host
+    (("loop", "1,3", -1, 5), [0, 2]),         # one on each host, each at a random moment
+    (("lose-host", "2", 300), [0, 1]),        # host b's agent dies, and its ranks with it
+])
+def test_survivors_on_both_hosts_shrink_and_finish_exact_sums(hosts, args, alive):
+    # gpurun --on-failure=continue across hosts: the head records each failure (or a lost
+    # host's ranks) for the survivors, whose revoke reaches ranks waiting on the other host's
+    # leader; every sum they check after the recovery is exact (tests/scripts/fault_tolerance.py).
+    a, b = hosts.names
+    code, out, err, _ = gpurun_on(hosts, 0, ["--hosts", f"{a}:2,{b}:2", *LOCAL, "--on-failure=continue",
+                                             sys.executable, FAULTS, *args], env={"GPUCOLL_TIMEOUT": "30"})
+    assert code == 0, err
+    res = results(out)
+    assert sorted(res) == alive, (out, err)
+    for rank, got in res.items():
+        assert got["world"] == alive and got["sizes"][-1] == len(alive), (rank, got)
+    if args[0] == "lose-host":
+        assert f"lost host {b} (node 1): its agent's connection dropped; the job goes on without its rank(s) 2-3" in err
+    else:
+        for dead in sorted(set(range(4)) - set(alive)):
+            host = a if dead < 2 else b
+            assert f"gpurun: rank {dead} (pid" in err and f"on {host} ended with signal" in err, err
+    leftover = subprocess.run(["pgrep", "-f", FAULTS], capture_output=True, text=True).stdout
+    assert not leftover.strip(), "ranks outlived their job"
+
+
 @pytest.mark.multihost
 def test_rank_failure_on_the_other_host_is_reported_with_its_traceback(hosts):
     a, b = hosts.names

@@ -78,6 +78,9 @@ typedef struct {
     gc_op op;                /* AVG reduces as SUM here (the caller divides at the end) */
     int root;                /* the call's root rank, -1 for none: checked, not used */
     int64_t deadline_ns;     /* CLOCK_MONOTONIC; <= 0 means none */
+    const volatile int32_t *revoked;  /* non-NULL: the run fails with GC_ERR_REVOKED once it is
+                                       * non-zero (ULFM's revoke, set by another thread; looked
+                                       * at with the deadline, while idle) */
 } gc_exec_args;
 
 /* Which field of a peer's message header differed from what this rank expects. */
@@ -401,6 +404,8 @@ static int gc_exec_run(const gc_exec_args *a, gc_exec_err *e)
             }
             if (now - last_check >= GC_EXEC_CHECK_NS) {
                 last_check = now;
+                if (a->revoked && *a->revoked)
+                    return gc__fail(e, GC_ERR_REVOKED, -1, "the communicator was revoked while waiting");
                 if (a->deadline_ns > 0 && now >= a->deadline_ns) {
                     /* name the peer we are still waiting for: the sender if the receive is
                      * open (nothing to read is the usual reason), else the receiver */

@@ -88,10 +88,11 @@ class Dispatcher:
             self._gpu.quiesce()
 
     def revoke(self):
-        """Fail the waits of this communicator's collectives on this host (ULFM's revoke), on the
-        GPU too."""
+        """Fail the waits of this communicator's collectives (ULFM's revoke): on this host's
+        segment, over the channels to other hosts, on the GPU."""
         if self.direct is not None:
             self.direct.revoke()
+        self.schedules.revoke()
         if self._gpu is not None:
             self._gpu.revoke()
 

@@ -30,6 +30,10 @@ class ScheduleEngine:
         self._check_alive = check_alive
         self._channels = None
         self._scratch = np.empty(0, np.uint8)
+        # Set by revoke() (possibly from the watcher thread): a run waiting on a peer ends with
+        # RevokedError (gc_exec.h looks at it with its deadline)
+        self._revoked = np.zeros(1, np.int32)
+        self._revoked_addr = self._revoked.ctypes.data
 
     def channels(self):
         if self._channels is None:
@@ -66,9 +70,10 @@ class ScheduleEngine:
             # rank waits for the peers of its schedule to connect, which differ with the root.
             bar = build_schedule("barrier", "dissemination", h.rank, h.size)
             core.run_schedule(bar.steps, self.channels().pointers(_peers_of(bar)), send, recv, 0, isz, call.code,
-                              op, self.timeout, root=root)
+                              op, self.timeout, root=root, revoked_addr=self._revoked_addr)
         chans = self.channels().pointers(_peers_of(sched))
-        core.run_schedule(sched.steps, chans, send, recv, scratch, isz, call.code, op, self.timeout, root=root)
+        core.run_schedule(sched.steps, chans, send, recv, scratch, isz, call.code, op, self.timeout, root=root,
+                          revoked_addr=self._revoked_addr)
         if call.op is _ops.AVG and call.recv is not None and (call.kind != "reduce" or h.rank == call.root):
             core.scale_avg(call.recv.array[:call.count], call.code, h.size)
 
@@ -81,8 +86,13 @@ class ScheduleEngine:
         table = np.empty(h.size * mine.size, dtype=np.int64)
         sched = build_schedule("allgather", "ring", h.rank, h.size, mine.size)
         core.run_schedule(sched.steps, self.channels().pointers(_peers_of(sched)), mine.__array_interface__["data"][0],
-                          table.__array_interface__["data"][0], 0, 8, dtypes.INT64, 0, self.timeout)
+                          table.__array_interface__["data"][0], 0, 8, dtypes.INT64, 0, self.timeout,
+                          revoked_addr=self._revoked_addr)
         return table.reshape(h.size, mine.size)
+
+    def revoke(self):
+        """Fail the runs that wait on this communicator's peers (ULFM's revoke; any thread)."""
+        self._revoked[0] = 1
 
     def close_channels(self):
         if self._channels is not None:

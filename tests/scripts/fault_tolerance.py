@@ -4,6 +4,8 @@ random moment) and survivors that revoke, shrink and agree. Each survivor prints
     loop VICTIMS STEP [SEED]   1,000 all-reduces; the world ranks in VICTIMS (comma-separated) kill
                                themselves at STEP (-1: each at a step and then a delay of up to 2 ms
                                drawn from SEED, wherever it is then); survivors check every sum
+    lose-host RANK STEP        (across hosts) RANK kills its host's gpurun agent at STEP: the
+                               host's ranks die with it; the others go on as in loop
     shrink-death VICTIM OTHER  VICTIM dies at step 200; OTHER dies at a random moment while the
                                others shrink (a timer started as it enters its recovery)
     respawn VICTIM STEP [HOW]  under gpurun --respawn: VICTIM dies at STEP; the survivors shrink and
@@ -51,22 +53,32 @@ def report(**fields):
     print("RESULT " + json.dumps(fields), flush=True)
 
 
-def recover(comm, errors):
-    """Revoke and shrink until a shrunk communicator runs an all-reduce (a rank may die meanwhile)."""
+def recover(comm, errors, step=0):
+    """Revoke and shrink until a shrunk communicator runs an all-reduce (a rank may die meanwhile).
+    Returns it and the step to go on from, the furthest any survivor reached: a collective may
+    complete on some ranks and fail on others (ULFM's failures are not uniform; across hosts a
+    rank that received its result can be done while its host's leader still waits on the dead)."""
     while True:
         comm.revoke()
         comm = comm.shrink()
         probe = np.ones(1)
         try:
             comm.Allreduce(gpucoll.IN_PLACE, probe)
+            step = comm.allreduce(step, op=gpucoll.MAX)
         except (gpucoll.ProcFailedError, gpucoll.RevokedError) as exc:
             errors.append(type(exc).__name__)
             continue
         assert probe[0] == comm.size, (probe[0], comm.size)
-        return comm
+        return comm, step
 
 
-def loop(comm, victims, at, seed, on_recovery=None):
+def kill_agent():
+    """The whole host is lost: its gpurun agent dies, and its ranks with it (PR_SET_PDEATHSIG)."""
+    os.kill(os.getppid(), signal.SIGKILL)
+    time.sleep(60)
+
+
+def loop(comm, victims, at, seed, on_recovery=None, end=die):
     me = comm.world_ranks[comm.rank]
     rng = random.Random(seed * 1000 + me)
     timer_at = rng.randrange(50, 900) if me in victims and at < 0 else -1
@@ -74,7 +86,7 @@ def loop(comm, victims, at, seed, on_recovery=None):
     errors, sizes, step = [], [], 0
     while step < STEPS:
         if me in victims and (step == at or (at < 0 and step == STEPS - 1)):
-            die()   # a timed victim still alive at the last step dies there, before the others end
+            end()   # a timed victim still alive at the last step dies there, before the others end
         if step == timer_at:   # the death lands inside an all-reduce, between two, or in a recovery
             die_within(0.002, rng)
             timer_at = -1
@@ -85,7 +97,7 @@ def loop(comm, victims, at, seed, on_recovery=None):
             errors.append(type(exc).__name__)
             if on_recovery is not None:
                 on_recovery(me)
-            comm = recover(comm, errors)
+            comm, step = recover(comm, errors, step)
             sizes.append(comm.size)
             continue
         want = sum(comm.world_ranks) + step * comm.size
@@ -100,7 +112,7 @@ def regroup(comm, step, errors, failed=True):
     while True:
         try:
             if failed:
-                comm = recover(comm, errors).grow()
+                comm = recover(comm, errors)[0].grow()
             return comm, comm.allreduce(step, op=gpucoll.MAX)
         except (gpucoll.ProcFailedError, gpucoll.RevokedError) as exc:   # a rank died meanwhile
             errors.append(type(exc).__name__)
@@ -150,6 +162,9 @@ def main():
     if mode == "loop":
         victims = {int(v) for v in args[0].split(",")}
         comm, errors, sizes = loop(comm, victims, int(args[1]), int(args[2]) if len(args) > 2 else 0)
+        report(world=list(comm.world_ranks), errors=errors, sizes=sizes)
+    elif mode == "lose-host":
+        comm, errors, sizes = loop(comm, {int(args[0])}, int(args[1]), 0, end=kill_agent)
         report(world=list(comm.world_ranks), errors=errors, sizes=sizes)
     elif mode == "shrink-death":
         victim, other = int(args[0]), int(args[1])

@@ -52,7 +52,7 @@ def main(mode, seed):
             if mode == "respawn":
                 comm, step = regroup(comm, step, errors)
             else:
-                comm = recover(comm, errors)
+                comm, step = recover(comm, errors, step)
             sizes.append(comm.size)
             last_ok = time.monotonic()
             continue
