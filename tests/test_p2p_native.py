@@ -41,6 +41,16 @@ def test_messages_arrive_whole_and_in_order_whatever_their_protocol(gpurun_job, 
     assert [t for t in got["threads"] if not t.startswith("gpucoll-accept-")] == ["MainThread"], got["threads"]
 
 
+@pytest.mark.parametrize("transport", ["shm", "tcp", "narrow-tcp"])
+def test_runs_of_equal_small_messages_cross_stripe_chunks_whole(gpurun_job, transport):
+    """Between hosts a frame that would leave less room in its stripe chunk than it takes is
+    followed by a PAD frame up to the chunk's end (gc_p2p__pad): the padding is read away, whole
+    or written in parts, and every message arrives as sent."""
+    job = run(gpurun_job, "stripes", transport).check()
+    for rank, got in job.json_lines().items():
+        assert all(got["whole"]) and len(got["whole"]) == (6 if rank == 1 else 3), (rank, got)
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_truncation_raises_on_the_receiver_naming_both_sizes(gpurun_job, transport):
     job = run(gpurun_job, "truncate", transport).check()

@@ -45,6 +45,11 @@ struct gc_chan {
      * one-sided, with no copy, once the peer reads it (OFI): a caller that would cut a large
      * payload into pieces offers it whole instead. */
     size_t whole_from;
+    /* Optional (NULL where the transport has none): how many more bytes the send stream takes
+     * before its next stripe boundary, counted from the end of what send took so far; 0 when
+     * the stream is not striped (TCP over one socket). Bytes past the boundary go on another
+     * socket: a frame written across it reaches the peer as two short TCP segments. */
+    uint64_t (*stripe_room)(gc_chan *c);
 };
 
 /* Every message a step sends is padded to a multiple of GC_CHAN_ALIGN bytes, and every

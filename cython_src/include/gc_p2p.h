@@ -13,6 +13,7 @@
  *   DEST   id, addr            receiver -> sender: the bytes of send id go to addr (a shared copy)
  *   DONE   id, status, addr    sender -> receiver: it wrote status chunks of send id; addr: 0, or
  *                              1 + a chunk it claimed but could not write
+ *   PAD    nbytes + nbytes bytes that are read away (striped TCP: see gc_p2p__pad)
  *
  * Matching (MPI's rules). A receive names (communicator key, source or ANY, tag or ANY; ANY_TAG
  * matches tags >= 0 only: negative tags are gpucoll's own). An arriving EAGER or RTS header is
@@ -109,7 +110,7 @@
                                                 own frames in between */
 
 enum { GC_P2P_EAGER = 1, GC_P2P_RTS = 2, GC_P2P_CTS = 3, GC_P2P_DATA = 4, GC_P2P_ACK = 5, GC_P2P_DEST = 6,
-       GC_P2P_DONE = 7 };
+       GC_P2P_DONE = 7, GC_P2P_PAD = 8 };
 #define GC_P2P_KIND_MASK 0xffu
 #define GC_P2P_SYNC  0x100u   /* answer the match with ACK (synchronous send) */
 #define GC_P2P_OFFER 0x200u   /* a GPU offer: delivered into its own buffer whatever the receive holds */
@@ -191,6 +192,8 @@ struct gc_p2p_out {            /* a frame queued toward one peer */
     gc_p2p_req *req;           /* completes when pushed (EAGER, DATA) */
     char *own;                 /* a copy of the payload this frame owns (freed with it), or NULL */
     int answer;                /* CTS, ACK, DEST or DONE: queued ahead of frames not started */
+    uint64_t pad;              /* bytes of a PAD frame written right after this one (gc_p2p__pad) */
+    gc_p2p_hdr padh;           /* that PAD frame's header */
 };
 
 typedef struct {
@@ -369,6 +372,44 @@ static void gc_p2p__control(gc_p2p *e, int peer, int kind, uint64_t id, int64_t 
     gc_p2p__control_at(e, peer, kind, id, status, 0);
 }
 
+/* Stripe padding. A TCP channel over several sockets cuts its stream into fixed chunks, one
+ * socket each in turn: a frame written across a chunk's end arrives as two short TCP segments on
+ * two sockets. Short segments among a stream of longer frames cost every later frame of two
+ * segments or more an ACK sent from inside the receiver's recv(), after the frame arrived: each
+ * such segment lets the receive window's threshold (rcv_ssthresh) grow to the free space it left,
+ * which a longer frame's arrival then no longer reaches, so the kernel no longer ACKs at arrival
+ * (in the sender's softirq) but when the data is read (tcp_cleanup_rbuf), in the receiver's
+ * recv() before the frame is handed over (over veth, with the ACK's whole path). So a frame of up
+ * to half GC_P2P_COALESCE that leaves less room in its chunk than it takes itself (plus a header)
+ * is followed, in the same write, by a PAD frame up to the chunk's end: a stream of equal frames
+ * never crosses a stripe boundary, at the cost of less than one frame per chunk. Returns the PAD
+ * frame's size for a frame of `total` bytes written now (no earlier bytes still to be offered),
+ * or 0. */
+static const char gc_p2p__zeros[GC_P2P_COALESCE / 2];
+
+static inline uint64_t gc_p2p__pad(gc_chan *c, uint64_t total)
+{
+    if (!c->stripe_room)
+        return 0;
+    uint64_t room = c->stripe_room(c);
+    if (room <= total)             /* not striped, ends at the boundary, or crosses it anyway */
+        return 0;
+    uint64_t rest = room - total;
+    if (rest < GC_P2P_HDR_BYTES || rest >= total + GC_P2P_HDR_BYTES || total + rest > GC_P2P_COALESCE)
+        return 0;
+    return rest;
+}
+
+/* A PAD frame of `pad` bytes (a header and zeros) at `at`; its header also in *h. */
+static inline void gc_p2p__pad_write(char *at, uint64_t pad, gc_p2p_hdr *h)
+{
+    memset(h, 0, sizeof *h);
+    h->kind = GC_P2P_PAD;
+    h->nbytes = pad - GC_P2P_HDR_BYTES;
+    memcpy(at, h, GC_P2P_HDR_BYTES);
+    memset(at + GC_P2P_HDR_BYTES, 0, (size_t)(pad - GC_P2P_HDR_BYTES));
+}
+
 /* Push what the channel takes of peer's queued frames; 1 when something moved. */
 static int gc_p2p__push(gc_p2p *e, int peer)
 {
@@ -378,14 +419,24 @@ static int gc_p2p__push(gc_p2p *e, int peer)
     uint64_t pushed = 0;
     gc_p2p_out *o;
     while ((o = p->out_head) != NULL) {
-        const uint64_t total = GC_P2P_HDR_BYTES + o->plen;
+        const uint64_t body = GC_P2P_HDR_BYTES + o->plen;
+        if (o->off == 0 && body <= GC_P2P_COALESCE / 2)   /* every earlier byte is taken */
+            o->pad = gc_p2p__pad(c, body);
+        const uint64_t total = body + o->pad;
         while (o->off < total) {
             ssize_t k;
             if (o->off == 0 && total <= GC_P2P_COALESCE) {
                 char *frame = e->frame;
                 memcpy(frame, &o->h, GC_P2P_HDR_BYTES);
                 if (o->plen) memcpy(frame + GC_P2P_HDR_BYTES, o->payload, o->plen);
+                if (o->pad) gc_p2p__pad_write(frame + body, o->pad, &o->padh);
                 k = c->send(c, frame, (size_t)total);
+            } else if (o->off >= body) {   /* the rest of its PAD frame */
+                uint64_t at = o->off - body;
+                if (at < GC_P2P_HDR_BYTES)
+                    k = c->send(c, (const char *)&o->padh + at, GC_P2P_HDR_BYTES - at);
+                else
+                    k = c->send(c, gc_p2p__zeros, (size_t)(o->pad - at));
             } else if (o->off < GC_P2P_HDR_BYTES) {
                 k = c->send(c, (const char *)&o->h + o->off, GC_P2P_HDR_BYTES - o->off);
             } else {
@@ -758,6 +809,15 @@ static int gc_p2p__arrive(gc_p2p *e, int peer, const gc_p2p_hdr *h)
     p->fill_req = NULL;
     p->fill_msg = NULL;
     p->cur = *h;
+    if (kind == GC_P2P_PAD) {     /* stripe padding: its bytes are read away */
+        if (h->nbytes > GC_P2P_COALESCE) {
+            gc_p2p__lose(e, peer, GC_P2P_BAD_SIZE, h->nbytes);
+            return -1;
+        }
+        p->filling = 1;
+        p->left = p->total = h->nbytes;
+        return 0;
+    }
     if (kind == GC_P2P_EAGER) {
         uint64_t limit = (h->kind & GC_P2P_OFFER) ? GC_P2P_OFFER_MAX : GC_P2P_WIRE_EAGER_MAX;
         if (h->nbytes > limit) {
@@ -1338,10 +1398,14 @@ static int gc_p2p_send_now(gc_p2p *e, uint64_t comm, int dest, int32_t tag, cons
         h->nbytes = len;
         h->id = e->next_id++;
         if (len) memcpy(frame + GC_P2P_HDR_BYTES, buf, len);
+        const uint64_t body = GC_P2P_HDR_BYTES + len;
+        gc_p2p_hdr padh;
+        const uint64_t pad = body <= GC_P2P_COALESCE / 2 ? gc_p2p__pad(p->chan, body) : 0;
+        if (pad) gc_p2p__pad_write(frame + body, pad, &padh);
         /* A shared-memory ring takes all or nothing below cap/8; a TCP channel may take a part,
          * which must then be offered again unchanged: queue the rest. */
-        ssize_t k = p->chan->send(p->chan, frame, (size_t)(GC_P2P_HDR_BYTES + len));
-        if (k == (ssize_t)(GC_P2P_HDR_BYTES + len)) {
+        ssize_t k = p->chan->send(p->chan, frame, (size_t)(body + pad));
+        if (k == (ssize_t)(body + pad)) {
             sent = 1;
         } else if (k > 0) {   /* the rest goes at the next progress pass, from a copy */
             char *own = (char *)malloc(len ? len : 1);
@@ -1350,6 +1414,8 @@ static int gc_p2p_send_now(gc_p2p *e, uint64_t comm, int dest, int32_t tag, cons
                 if (len) memcpy(own, buf, len);
                 o->own = own;
                 o->off = (uint64_t)k;
+                o->pad = pad;
+                if (pad) o->padh = padh;
                 sent = 1;
             } else {          /* half a frame in the stream and no memory: the stream is broken */
                 free(own);

@@ -204,7 +204,8 @@ static ssize_t gc_tcp_send(gc_chan *c, const void *buf, size_t len) {
         for (;;) {
             const uint64_t o = t->soff[j];
             if (o >= end) break;
-            uint64_t stop = (o / t->chunk + 1) * t->chunk;
+            /* one socket: its stream is contiguous, so a send is not cut at chunk boundaries */
+            uint64_t stop = n > 1 ? (o / t->chunk + 1) * t->chunk : end;
             if (stop > end) stop = end;
             ssize_t r = send(t->fds[j], (const char *)buf + (o - base), (size_t)(stop - o),
                              MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -232,6 +233,12 @@ static ssize_t gc_tcp_send(gc_chan *c, const void *buf, size_t len) {
         gc_tcp_pull(t);
     }
     return (ssize_t)(sent - base);
+}
+
+/* gc_chan.stripe_room: bytes of the current chunk not written yet (0 for one socket). */
+static uint64_t gc_tcp_stripe_room(gc_chan *c) {
+    gc_tcpchan *t = (gc_tcpchan *)c;
+    return t->nsocks > 1 ? t->chunk - t->sent % t->chunk : 0;
 }
 
 static ssize_t gc_tcp_peek(gc_chan *c, const void **ptr) {
@@ -377,6 +384,7 @@ static int gc_tcpchan_create(const int *fds, int nsocks, size_t ring_bytes, size
     t->base.consume = gc_tcp_consume;
     t->base.recv_direct = gc_tcp_recv_direct;
     t->base.alive = gc_tcp_alive;
+    t->base.stripe_room = gc_tcp_stripe_room;
     t->base.peer = peer;
     t->base.impl = t;
     *out = t;

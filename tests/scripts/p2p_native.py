@@ -20,6 +20,9 @@
                  LostPeerError naming rank 0
   stray-ack, stray-cts, stray-data  rank 0 writes an answer (ACK, CTS or DATA frame) naming a send
              rank 1 never made: rank 1's pending receive from rank 0 raises LostPeerError saying so
+  stripes    runs of equal small messages through several TCP stripe chunks, by Send, by windows of
+             Isends the receiver reads late (the socket fills: frames and their padding go out in
+             parts) and as a ping-pong: every message whole, in order
   huge       (opt-in) a message of 2^31 + 4099 bytes arrives intact
   envelope   rank 0 sends envelopes of GPU messages (gpucoll/engines/p2p/outboxes.py) that nothing can map;
              rank 1 receives into host buffers with Recv, Irecv and Recv with a status: each raises
@@ -68,6 +71,39 @@ if mode == "order":
         # once the channel is open, no Python thread moves messages: only the listener remains
         threads = sorted(t.name for t in threading.enumerate())
         out = {"got": got, "whole": whole, "tagged": tagged, "threads": threads}
+elif mode == "stripes":
+    runs = [(100, 12000), (2000, 3000), (20000, 3000)]   # 1-60 MB: chunk ends on every socket, full sockets
+    ok = []
+    for n, count in runs:
+        if rank == 0:
+            for i in range(count):
+                comm.Send(pattern(n, i), 1, tag=1)
+            reqs = [comm.Isend(pattern(n, i), 1, tag=2) for i in range(count)]
+            gpucoll.Request.Waitall(reqs)
+        else:
+            buf = np.zeros(n, np.uint8)
+            whole = True
+            for i in range(count):
+                comm.Recv(buf, 0, tag=1)
+                whole &= bool(np.array_equal(buf, pattern(n, i)))
+            time.sleep(0.2)   # the window waits in the sockets meanwhile
+            bufs = [np.zeros(n, np.uint8) for _ in range(count)]
+            gpucoll.Request.Waitall([comm.Irecv(b, 0, tag=2) for b in bufs])
+            whole &= all(np.array_equal(b, pattern(n, i)) for i, b in enumerate(bufs))
+            ok.append(whole)
+        a, b = pattern(n, 7), np.zeros(n, np.uint8)
+        pingpong = True
+        for i in range(count // 2):
+            if rank == 0:
+                comm.Send(a, 1, tag=3)
+                comm.Recv(b, 1, tag=3)
+            else:
+                comm.Recv(b, 0, tag=3)
+                comm.Send(b, 0, tag=3)
+            pingpong &= bool(np.array_equal(b, a))
+        ok.append(pingpong)
+    out = {"whole": ok}
+
 elif mode == "truncate":
     if rank == 0:
         times = []
