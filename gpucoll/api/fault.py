@@ -138,13 +138,19 @@ def agree(comm, flag):
 
 def failed(comm):
     """The ranks of comm known to have failed: those gpurun recorded under --on-failure=continue
-    (a rank that ended well is not one). Elsewhere none: a failure ends such a job."""
+    (a rank that ended well is not one), and those this process saw end, once gpurun has said
+    they failed (this process may see a death before gpurun has recorded it: an error naming a
+    rank, then failed() without it, would contradict itself). Elsewhere none: a failure ends such
+    a job."""
     comm.seam.check_usable("failed")
     store = _store(comm)
     if store is None or config.ON_FAILURE.get() != "continue":
         return []
+    ctx = comm.seam.context
+    seen = [r for r, w in enumerate(comm.world_ranks) if ctx.has_ended(w)]
+    verdict = set(_failed_of(comm, store, seen))
     gone = failures.failed_world_ranks(store)
-    return [r for r, w in enumerate(comm.world_ranks) if w in gone]
+    return [r for r, w in enumerate(comm.world_ranks) if w in gone or r in verdict]
 
 
 def ack_failed(comm, count=None):
@@ -169,8 +175,13 @@ def unacknowledged(comm, ranks):
     store = _store(comm)
     if store is None or config.ON_FAILURE.get() != "continue":  # gpurun records verdicts only there
         return []
+    return _failed_of(comm, store, [r for r in ranks if r not in comm.seam.fault.acked_ranks])
+
+
+def _failed_of(comm, store, ranks):
+    """Those of comm's `ranks` (whose process ended) that failed, by gpurun's verdict on each,
+    waited for (it records both failures and ends in good health)."""
     world = comm.world_ranks
-    ranks = [r for r in ranks if r not in comm.seam.fault.acked_ranks]
     timeout = config.TIMEOUT.get()
     deadline = time.monotonic() + timeout
     while ranks:
