@@ -18,6 +18,7 @@ so that GPUCOLL_TEST_REQUIRE can turn the skip into a failure where the piece mu
 
     GPUCOLL_TEST_REQUIRE=slurm,mpich,multihost make test     # those skips now fail
 """
+import glob
 import json
 import os
 import subprocess
@@ -101,6 +102,15 @@ def run_job(np_, script, *args, env=None, timeout=60, launcher_args=()):
         pytest.fail(f"gpurun did not end within {timeout} s: {' '.join(cmd)}\n"
                     f"stdout: {exc.stdout!r:.3000}\nstderr: {exc.stderr!r:.3000}")
     return Job(cmd, proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
+
+
+@pytest.fixture
+def no_leftover_segments():
+    """Fails the test if it leaves a gpucoll segment in /dev/shm."""
+    before = set(glob.glob("/dev/shm/gpucoll-*"))
+    yield
+    left = set(glob.glob("/dev/shm/gpucoll-*")) - before
+    assert not left, f"shared-memory segments left behind: {sorted(left)}"
 
 
 @pytest.fixture
